@@ -1,0 +1,72 @@
+// The pool's view of where device memory comes from.
+//
+// The pool never calls CUDA: the shim gives it an Upstream backed by the driver
+// (cuMemAlloc/cuMemFree, or cuMemAddressReserve/cuMemCreate/cuMemMap for the virtual-memory
+// design), tests and `vramscope replay` give it a virtual one that only does address bookkeeping.
+//
+// Error convention: every call returns an UpstreamStatus; kOutOfMemory is the only failure the
+// pool treats as recoverable (it releases idle memory and retries once). Implementations must be
+// callable from any thread; the pool serialises its own calls per Pool instance.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace vramscope::pool {
+
+enum class [[nodiscard]] UpstreamStatus{
+    kOk = 0,
+    kOutOfMemory,      // the device (or the virtual capacity) has no room
+    kNotSupported,     // e.g. virtual-memory calls on an upstream without VMM
+    kInvalidArgument,  // a caller bug: unknown address, zero size
+    kError,            // anything else the driver reported
+};
+
+class Upstream {
+ public:
+  virtual ~Upstream() = default;
+
+  // --- Plain segments (every upstream) ---------------------------------------------------------
+  // Takes `bytes` of device memory at a fresh address (cuMemAlloc).
+  virtual UpstreamStatus Allocate(std::size_t bytes, std::uintptr_t* address) = 0;
+  // Gives back exactly what one Allocate returned.
+  virtual UpstreamStatus Free(std::uintptr_t address, std::size_t bytes) = 0;
+
+  // --- Virtual memory (optional) ---------------------------------------------------------------
+  // Granularity of Map/Unmap in bytes (cuMemGetAllocationGranularity); 0 = no VMM support, in
+  // which case the four calls below are never made.
+  virtual std::size_t MapGranularity() const { return 0; }
+  // Reserves address space only (cuMemAddressReserve); no memory is taken.
+  virtual UpstreamStatus ReserveRange(std::size_t /*bytes*/, std::uintptr_t* /*address*/) {
+    return UpstreamStatus::kNotSupported;
+  }
+  virtual UpstreamStatus ReleaseRange(std::uintptr_t /*address*/, std::size_t /*bytes*/) {
+    return UpstreamStatus::kNotSupported;
+  }
+  // Backs [address, address + bytes) with physical memory (cuMemCreate + cuMemMap +
+  // cuMemSetAccess). Both are multiples of MapGranularity() inside a reserved range.
+  virtual UpstreamStatus Map(std::uintptr_t /*address*/, std::size_t /*bytes*/) {
+    return UpstreamStatus::kNotSupported;
+  }
+  // Returns the physical memory behind a range Map made (cuMemUnmap + cuMemRelease).
+  virtual UpstreamStatus Unmap(std::uintptr_t /*address*/, std::size_t /*bytes*/) {
+    return UpstreamStatus::kNotSupported;
+  }
+};
+
+// Reuse safety. Each free carries a fence token supplied by the caller (the shim: a CUDA event
+// recorded on every stream that could touch the block, or an epoch of its device-wide sync);
+// a freed block is not handed out again until IsComplete(fence) has returned true.
+// Token 0 means "already complete" and is never passed to the tracker.
+class FenceTracker {
+ public:
+  virtual ~FenceTracker() = default;
+  // Cheap, non-blocking (cuEventQuery). Called in batches, oldest fence first.
+  virtual bool IsComplete(std::uint64_t fence) = 0;
+  // Blocks until the fence completes (cuEventSynchronize); used under memory pressure.
+  virtual void Wait(std::uint64_t fence) = 0;
+  // The pool no longer refers to `fence` (after it completed); the tracker may recycle it.
+  virtual void Retire(std::uint64_t /*fence*/) {}
+};
+
+}  // namespace vramscope::pool
