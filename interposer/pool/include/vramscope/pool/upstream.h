@@ -31,6 +31,9 @@ class Upstream {
   virtual UpstreamStatus Allocate(std::size_t bytes, std::uintptr_t* address) = 0;
   // Gives back exactly what one Allocate returned.
   virtual UpstreamStatus Free(std::uintptr_t address, std::size_t bytes) = 0;
+  // Physical bytes the device has (cuMemGetInfo total); 0 = unknown. The virtual-memory policy
+  // sizes its reserved address range from it.
+  virtual std::size_t TotalBytes() const { return 0; }
 
   // --- Virtual memory (optional) ---------------------------------------------------------------
   // Granularity of Map/Unmap in bytes (cuMemGetAllocationGranularity); 0 = no VMM support, in
@@ -48,7 +51,11 @@ class Upstream {
   virtual UpstreamStatus Map(std::uintptr_t /*address*/, std::size_t /*bytes*/) {
     return UpstreamStatus::kNotSupported;
   }
-  // Returns the physical memory behind a range Map made (cuMemUnmap + cuMemRelease).
+  // Returns the physical memory behind [address, address + bytes) (cuMemUnmap + cuMemRelease).
+  // The range is granule-aligned and fully mapped, but need not be exactly one earlier Map: the
+  // pool unmaps whole free granules, which may be part of one Map or span several. A driver
+  // upstream therefore keeps one physical handle per granule (as PyTorch's expandable segments
+  // do), so any granule-aligned sub-range can be unmapped.
   virtual UpstreamStatus Unmap(std::uintptr_t /*address*/, std::size_t /*bytes*/) {
     return UpstreamStatus::kNotSupported;
   }
