@@ -1,0 +1,303 @@
+#include "replay/replay_command.h"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "command.h"
+#include "vramscope/pool/pool.h"
+
+namespace vramscope::cli {
+namespace {
+
+// A progress bar on stderr, drawn only when stderr is a terminal and only once the work has taken
+// half a second (short traces, pipes and CI logs see nothing). Redrawn at most ten times a second.
+class ProgressBar {
+ public:
+  ProgressBar() : enabled_(isatty(STDERR_FILENO) == 1), start_(Clock::now()) {}
+  ~ProgressBar() { Clear(); }
+
+  void Update(std::string_view phase, double fraction) {
+    if (!enabled_) return;
+    const Clock::time_point now = Clock::now();
+    if (now - start_ < std::chrono::milliseconds(500)) return;
+    if (drawn_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    last_draw_ = now;
+    drawn_ = true;
+    constexpr int kWidth = 40;
+    fraction = std::clamp(fraction, 0.0, 1.0);
+    const int filled = static_cast<int>(fraction * kWidth);
+    std::fprintf(stderr, "\r%-7.*s [%s%s] %3d%%", static_cast<int>(phase.size()), phase.data(),
+                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(),
+                 static_cast<int>(fraction * 100));
+    std::fflush(stderr);
+  }
+
+  void Clear() {
+    if (!drawn_) return;
+    std::fputs("\r\033[K", stderr);  // back to the line start, erase it
+    std::fflush(stderr);
+    drawn_ = false;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool enabled_;
+  bool drawn_ = false;
+  Clock::time_point start_;
+  Clock::time_point last_draw_;
+};
+
+std::string Thousands(std::uint64_t value) {
+  std::string digits = absl::StrCat(value);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
+// "7.17 GiB (7,701,353,160 B)"
+std::string Bytes(std::uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 5) {
+    value /= 1024;
+    ++unit;
+  }
+  if (unit == 0) return absl::StrCat(bytes, " B");
+  return absl::StrFormat("%.2f %s (%s B)", value, kUnits[unit], Thousands(bytes));
+}
+
+double Ratio(std::uint64_t numerator, std::uint64_t denominator) {
+  return denominator == 0 ? 0.0 : static_cast<double>(numerator) / static_cast<double>(denominator);
+}
+
+std::string JsonString(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
+// PolicyNames() split at its commas, the default first.
+std::vector<std::string_view> PolicyList() {
+  std::vector<std::string_view> names;
+  std::string_view rest = vramscope::pool::PolicyNames();
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    names.push_back(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return names;
+}
+
+void PrintHelp(std::FILE* out) {
+  std::string policies;
+  for (std::string_view name : PolicyList()) {
+    policies +=
+        policies.empty() ? absl::StrFormat("%s (default)", name) : absl::StrFormat(", %s", name);
+  }
+  std::fprintf(
+      out,
+      "usage: vramscope replay TRACE [--json] [--policy NAME]\n"
+      "\n"
+      "Replays the alloc and free_requested events of a recorded allocation trace through\n"
+      "vramscope's pool over a virtual upstream: address bookkeeping only, no GPU needed, every\n"
+      "free reusable at once. Reports peak live, requested, allocated and reserved bytes,\n"
+      "reserved over live, external fragmentation (1 - largest free block / free bytes) when\n"
+      "reserved bytes reach their peak, upstream (driver) calls, and the host time the pool\n"
+      "spends per alloc or free (the fastest of up to 5 runs, pool calls only).\n"
+      "\n"
+      "TRACE is a CSV file, plain or gzip-compressed, with the header\n"
+      "  action,addr,size,stream,time_us,site\n"
+      "as recorded from PyTorch (see traces/README.md). free_completed, segment_alloc and\n"
+      "segment_free rows are checked and skipped. The trace must be consistent: a free of an\n"
+      "address that is not live, an alloc of a live address, a size of 0 or above 2^48, a\n"
+      "malformed number or an unknown action is an error naming FILE:LINE.\n"
+      "\n"
+      "options:\n"
+      "  --json          print one JSON object on stdout instead of the table\n"
+      "  --policy NAME   the pool's layout policy: %s\n"
+      "  -h, --help      print this help\n"
+      "\n"
+      "A progress bar is drawn on stderr when stderr is a terminal and the replay takes more\n"
+      "than half a second.\n"
+      "exit codes: 0 ok; 2 bad usage, or a trace that cannot be read or is invalid; 1 the pool\n"
+      "broke its contract (a bug: please report it).\n",
+      policies.c_str());
+}
+
+int UsageError(std::string_view message) {
+  std::fprintf(stderr,
+               "vramscope replay: %.*s\n"
+               "usage: vramscope replay TRACE [--json] [--policy NAME]  (--help for more)\n",
+               static_cast<int>(message.size()), message.data());
+  return kExitUsage;
+}
+
+}  // namespace
+
+std::string FormatReplayJson(const LoadedTrace& trace, const ReplayResult& result) {
+  const vramscope::pool::PoolStats& s = result.stats;
+  const std::uint64_t upstream_calls = s.upstream_grow_calls + s.upstream_shrink_calls;
+  std::string out = "{\n";
+  auto field = [&out](std::string_view key, const std::string& value) {
+    absl::StrAppendFormat(&out, "%s  \"%s\": %s", out.size() > 2 ? ",\n" : "", key, value);
+  };
+  field("trace", JsonString(trace.name));
+  field("policy", JsonString(result.policy));
+  field("events", absl::StrCat(trace.ops.size()));
+  field("alloc_events", absl::StrCat(trace.alloc_events));
+  field("free_events", absl::StrCat(trace.free_events));
+  field("skipped_events", absl::StrCat(trace.skipped_events));
+  field("peak_live_bytes", absl::StrCat(trace.peak_live_bytes));
+  field("peak_requested_bytes", absl::StrCat(s.peak_requested_bytes));
+  field("peak_allocated_bytes", absl::StrCat(s.peak_allocated_bytes));
+  field("peak_reserved_bytes", absl::StrCat(s.peak_reserved_bytes));
+  field("reserved_over_live",
+        absl::StrFormat("%.6f", Ratio(s.peak_reserved_bytes, trace.peak_live_bytes)));
+  field("reserved_over_allocated",
+        absl::StrFormat("%.6f", Ratio(s.peak_reserved_bytes, s.peak_allocated_bytes)));
+  field("fragmentation_at_peak", absl::StrFormat("%.6f", result.fragmentation_at_peak));
+  field("free_bytes_at_peak", absl::StrCat(result.free_bytes_at_peak));
+  field("largest_free_block_at_peak", absl::StrCat(result.largest_free_block_at_peak));
+  field("upstream_calls", absl::StrCat(upstream_calls));
+  field("upstream_grow_calls", absl::StrCat(s.upstream_grow_calls));
+  field("upstream_shrink_calls", absl::StrCat(s.upstream_shrink_calls));
+  field("upstream_calls_per_alloc",
+        absl::StrFormat("%.6f", Ratio(upstream_calls, trace.alloc_events)));
+  field("ns_per_event", absl::StrFormat("%.1f", result.ns_per_event));
+  field("timed_runs", absl::StrCat(result.timed_runs));
+  field("oom_count", absl::StrCat(s.oom_count));
+  field("failed_allocs", absl::StrCat(result.failed_allocs));
+  field("live_at_end_count", absl::StrCat(trace.live_at_end_count));
+  field("live_at_end_bytes", absl::StrCat(trace.live_at_end_bytes));
+  out += "\n}\n";
+  return out;
+}
+
+std::string FormatReplayText(const LoadedTrace& trace, const ReplayResult& result) {
+  const std::string_view names = vramscope::pool::PolicyNames();
+  const bool default_policy = result.policy == names.substr(0, names.find(','));
+  const vramscope::pool::PoolStats& s = result.stats;
+  const std::uint64_t upstream_calls = s.upstream_grow_calls + s.upstream_shrink_calls;
+  std::string out;
+  auto row = [&out](std::string_view label, const std::string& value) {
+    absl::StrAppendFormat(&out, "  %-23s %s\n", label, value);
+  };
+  absl::StrAppendFormat(&out, "replay of %s\n", trace.name);
+  row("policy", absl::StrCat(result.policy, default_policy ? " (default)" : ""));
+  row("events replayed",
+      absl::StrFormat("%s (%s alloc, %s free; %s other rows skipped)", Thousands(trace.ops.size()),
+                      Thousands(trace.alloc_events), Thousands(trace.free_events),
+                      Thousands(trace.skipped_events)));
+  row("peak live", Bytes(trace.peak_live_bytes));
+  row("peak requested", Bytes(s.peak_requested_bytes));
+  row("peak allocated", Bytes(s.peak_allocated_bytes));
+  row("peak reserved", Bytes(s.peak_reserved_bytes));
+  row("reserved / live",
+      absl::StrFormat("%.3f", Ratio(s.peak_reserved_bytes, trace.peak_live_bytes)));
+  row("fragmentation at peak",
+      absl::StrFormat("%.3f (largest free block %s of %s free)", result.fragmentation_at_peak,
+                      Bytes(result.largest_free_block_at_peak), Bytes(result.free_bytes_at_peak)));
+  row("upstream calls",
+      absl::StrFormat("%s (%s grow, %s shrink; %.4f per alloc)", Thousands(upstream_calls),
+                      Thousands(s.upstream_grow_calls), Thousands(s.upstream_shrink_calls),
+                      Ratio(upstream_calls, trace.alloc_events)));
+  row("pool host time", absl::StrFormat("%.1f ns per event (fastest of %d runs)",
+                                        result.ns_per_event, result.timed_runs));
+  row("out of memory", absl::StrCat(s.oom_count, result.failed_allocs > s.oom_count
+                                                     ? absl::StrCat(" (", result.failed_allocs,
+                                                                    " allocations refused)")
+                                                     : ""));
+  row("live at end", absl::StrFormat("%s allocations, %s", Thousands(trace.live_at_end_count),
+                                     Bytes(trace.live_at_end_bytes)));
+  return out;
+}
+
+int RunReplay(int argc, char** argv) {
+  bool json = false;
+  std::string policy;
+  std::vector<std::string> traces;
+  bool options_done = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (options_done || arg.empty() || arg[0] != '-' || arg == "-") {
+      traces.emplace_back(arg);
+    } else if (arg == "--") {
+      options_done = true;
+    } else if (arg == "-h" || arg == "--help") {
+      PrintHelp(stdout);
+      return kExitOk;
+    } else if (arg == "--json") {
+      json = true;
+    } else if (arg == "--policy") {
+      if (i + 1 >= argc) return UsageError("--policy needs a NAME");
+      policy = argv[++i];
+    } else if (arg.substr(0, 9) == "--policy=") {
+      policy = std::string(arg.substr(9));
+    } else {
+      return UsageError(absl::StrFormat("unknown option '%s'", arg));
+    }
+  }
+  if (traces.size() != 1) {
+    return UsageError(traces.empty() ? "missing TRACE"
+                                     : absl::StrCat("expected one TRACE, got ", traces.size()));
+  }
+  if (!policy.empty()) {
+    bool known = false;
+    for (std::string_view name : PolicyList()) known = known || name == policy;
+    if (!known) {
+      return UsageError(absl::StrFormat("unknown policy '%s' (known: %s)", policy,
+                                        vramscope::pool::PolicyNames()));
+    }
+  }
+
+  ProgressBar bar;
+  absl::StatusOr<LoadedTrace> trace =
+      LoadTraceFile(traces[0], [&bar](double fraction) { bar.Update("reading", fraction); });
+  if (!trace.ok()) {
+    bar.Clear();
+    std::fprintf(stderr, "vramscope replay: %s\n", std::string(trace.status().message()).c_str());
+    return kExitUsage;
+  }
+  absl::StatusOr<ReplayResult> result =
+      ReplayTrace(*trace, policy,
+                  [&bar](std::string_view phase, double fraction) { bar.Update(phase, fraction); });
+  bar.Clear();
+  if (!result.ok()) {
+    std::fprintf(stderr, "vramscope replay: %s: %s\n", traces[0].c_str(),
+                 std::string(result.status().message()).c_str());
+    return result.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage
+                                                                        : kExitCheckFailed;
+  }
+  const std::string report =
+      json ? FormatReplayJson(*trace, *result) : FormatReplayText(*trace, *result);
+  std::fputs(report.c_str(), stdout);
+  return kExitOk;
+}
+
+}  // namespace vramscope::cli
