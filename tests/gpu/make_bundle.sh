@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds, on the build machine, everything tests/gpu/run_all.sh needs and gathers it with the
+# shared libraries the GPU machine lacks into .device-bundle/ (bin/, lib/), to carry there.
+#   bash tests/gpu/make_bundle.sh [BUILD_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build}
+[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
+targets=(interposer/shim/libvramscope.so viewer-cli/vramscope examples/alloc_churn
+         examples/alloc_churn_shared_rt tests/gpu/thrust_loop tests/gpu/stream_stress
+         tests/gpu/alloc_bench)
+ninja -C "$build" "${targets[@]}"
+rm -rf .device-bundle
+files=()
+for t in "${targets[@]}"; do files+=("$build/$t"); done
+bundler=${DEVICE_BUNDLE:-../shared/tools/device-bundle}
+"$bundler" .device-bundle "${files[@]}"

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark of vramscope, in one go, on a machine with an NVIDIA GPU.
+#
+#   bash tests/gpu/run_all.sh [BUNDLE]
+#
+# BUNDLE (default .device-bundle) is what tests/gpu/make_bundle.sh gathered on the build machine:
+# bin/ with libvramscope.so, vramscope and the CUDA programs, lib/ with the libraries they need.
+# CUDA programs missing from it are built here with nvcc. Each program runs without the shim and
+# under it; the script compares output, time, peak and driver calls, and prints a table last.
+# Logs go to $OUT (or /tmp/vramscope-gpu). Exit status: 0 when every check passed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+bundle=${1:-.device-bundle}
+bin=$(cd "$bundle/bin" && pwd)
+export LD_LIBRARY_PATH="$(cd "$bundle/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+shim="$bin/libvramscope.so"
+logs=${OUT:-/tmp/vramscope-gpu}
+mkdir -p "$logs"
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+nvflags=(-O2 -std=c++17 -gencode 'arch=compute_90,code=[sm_90,compute_90]')
+python=${PYTHON:-python3}
+
+rows=()
+failed=0
+row() {  # check | without shim | with shim | verdict
+  rows+=("$(printf '%-34s | %-24s | %-24s | %s' "$1" "$2" "$3" "$4")")
+  case "$4" in FAIL*) failed=1 ;; esac
+}
+# Runs a command with a timeout; stdout to $1.out, stderr to $1.err; returns its status.
+run() {
+  local name=$1
+  shift
+  timeout 300 "$@" >"$logs/$name.out" 2>"$logs/$name.err"
+}
+under_shim() { env LD_PRELOAD="$shim" VRAMSCOPE_SUMMARY=1 "$@"; }
+summary_field() {  # summary_field LOGNAME FIELD -> value from the shim's exit summary line
+  grep -ho "$2=[0-9.]*" "$logs/$1.err" | tail -1 | cut -d= -f2
+}
+ms_of() { grep -ho '[0-9.]* ms' "$logs/$1.err" | tail -1 | cut -d' ' -f1; }
+
+echo "== device"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/device.txt"
+
+echo "== building the CUDA test programs that are not in the bundle"
+for prog in thrust_loop stream_stress alloc_bench; do
+  if [ ! -x "$bin/$prog" ]; then
+    "$nvcc" "${nvflags[@]}" -o "$bin/$prog" "tests/gpu/$prog.cu" || { echo "nvcc failed for $prog"; failed=1; }
+  fi
+done
+
+echo "== 1. examples, static and shared runtime"
+for ex in alloc_churn alloc_churn_shared_rt; do
+  run "$ex.base" "$bin/$ex" 2000
+  run "$ex.shim" under_shim "$bin/$ex" 2000
+  same=$(cmp -s "$logs/$ex.base.out" "$logs/$ex.shim.out" && echo same || echo DIFFERENT)
+  b=$(ms_of "$ex.base")
+  s=$(ms_of "$ex.shim")
+  avoided=$(summary_field "$ex.shim" driver_calls_avoided)
+  verdict="ok"
+  [ "$same" = same ] || verdict="FAIL output differs"
+  awk -v b="$b" -v s="$s" 'BEGIN{exit !(s+0 > 0 && s <= b)}' || verdict="FAIL slower"
+  row "$ex (2000 it.)" "${b} ms" "${s} ms, ${avoided:-?} calls saved" "$verdict ($same)"
+done
+
+echo "== 2. thrust sort+reduce loop"
+run thrust.base "$bin/thrust_loop" 300
+run thrust.shim under_shim "$bin/thrust_loop" 300
+run thrust.cached "$bin/thrust_loop" --cached 300
+tb=$(grep -ho '[0-9.]* ms/iteration' "$logs/thrust.base.err" | cut -d' ' -f1)
+ts=$(grep -ho '[0-9.]* ms/iteration' "$logs/thrust.shim.err" | cut -d' ' -f1)
+tc=$(grep -ho '[0-9.]* ms/iteration' "$logs/thrust.cached.err" | cut -d' ' -f1)
+same=$(cmp -s "$logs/thrust.base.out" "$logs/thrust.shim.out" && cmp -s "$logs/thrust.base.out" "$logs/thrust.cached.out" && echo same || echo DIFFERENT)
+verdict=$(awk -v b="$tb" -v s="$ts" -v c="$tc" 'BEGIN{
+  if (s+0 <= 0) {print "FAIL no timing"; exit}
+  printf "%s %.2fx faster, %.0f%% of cached", (b/s >= 2 && s <= c*1.10) ? "ok" : "FAIL", b/s, 100*c/s}')
+row "thrust loop (300 it.)" "${tb} ms/it" "${ts} ms/it (cached ${tc})" "$verdict ($same)"
+
+echo "== 3. PyTorch GPT-2 small training step"
+PYTHONUNBUFFERED=1 run torch.caching "$python" tests/gpu/torch_gpt2.py 8
+PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.nocache "$python" tests/gpu/torch_gpt2.py 4
+PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.shim under_shim "$python" tests/gpu/torch_gpt2.py 8
+jfield() { grep -ho "\"$2\": [0-9.]*" "$logs/$1.out" | tail -1 | awk '{print $2}'; }
+pc=$(jfield torch.caching ms_per_step)
+pn=$(jfield torch.nocache ms_per_step)
+ps=$(jfield torch.shim ms_per_step)
+maxmem=$(jfield torch.caching max_memory_allocated)
+peak=$(summary_field torch.shim peak_requested)
+verdict=$(awk -v c="$pc" -v s="$ps" 'BEGIN{ if (s+0<=0) {print "FAIL no timing"; exit}
+  printf "%s %.1f%% vs own cache", (s <= c*1.05) ? "ok" : "FAIL", 100*(s-c)/c}')
+row "torch step, no-cache+shim" "${pn} ms (own cache ${pc})" "${ps} ms" "$verdict"
+verdict=$(awk -v m="$maxmem" -v p="$peak" 'BEGIN{ if (m+0<=0 || p+0<=0) {print "FAIL missing"; exit}
+  d=(p-m)/m; if (d<0) d=-d; printf "%s %.2f%% apart", (d <= 0.01) ? "ok" : "FAIL", 100*d}')
+row "torch peak vs max_memory_alloc" "${maxmem} B" "${peak:-?} B" "$verdict"
+echo "losses: caching $(jfield torch.caching loss), shim $(jfield torch.shim loss)"
+
+echo "== 4. JAX and CuPy observed under passthrough"
+for fw in jax cupy; do
+  PYTHONUNBUFFERED=1 run "$fw.base" "$python" tests/gpu/jax_cupy_observe.py "$fw"
+  PYTHONUNBUFFERED=1 VRAMSCOPE_MODE=passthrough run "$fw.shim" under_shim "$python" tests/gpu/jax_cupy_observe.py "$fw"
+  same=$(cmp -s "$logs/$fw.base.out" "$logs/$fw.shim.out" && echo same || echo DIFFERENT)
+  seen=$(grep -h '^vramscope:' "$logs/$fw.shim.err" | tail -1 | grep -o 'peak_[a-z_]*=[0-9]*' | tr '\n' ' ')
+  verdict="ok"
+  [ "$same" = same ] || verdict="FAIL output differs"
+  [ -n "$seen" ] || verdict="FAIL nothing recorded"
+  row "$fw (passthrough)" "$(head -c 24 "$logs/$fw.base.out")" "${seen:0:24}" "$verdict ($same)"
+done
+
+echo "== 5. stream reuse stress"
+for mode in pool strict; do
+  VRAMSCOPE_MODE=$mode run "stress.$mode" under_shim "$bin/stream_stress" 8 400
+  st=$?
+  races=$(grep -ho 'races=[0-9]*' "$logs/stress.$mode.out" | cut -d= -f2)
+  row "stream stress ($mode)" "-" "races=${races:-?}" "$([ $st -eq 0 ] && [ "${races:-1}" = 0 ] && echo ok || echo "FAIL status $st")"
+done
+
+echo "== 6. compute-sanitizer memcheck under the shim"
+if command -v compute-sanitizer >/dev/null; then
+  run sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 env LD_PRELOAD="$shim" "$bin/alloc_churn" 100
+  st=$?
+  errs=$(grep -ho 'ERROR SUMMARY: [0-9]* error' "$logs/sanitizer.out" | tail -1)
+  row "memcheck alloc_churn+shim" "-" "${errs:-?}" "$([ $st -eq 0 ] && echo ok || echo "FAIL status $st")"
+else
+  row "memcheck alloc_churn+shim" "-" "-" "skipped: no compute-sanitizer"
+fi
+
+echo "== 7. allocation + free cost"
+run bench.base "$bin/alloc_bench" 2000
+run bench.shim under_shim "$bin/alloc_bench" 1000000
+bb=$(grep -ho 'malloc_free_ns=[0-9.]*' "$logs/bench.base.out" | cut -d= -f2)
+ba=$(grep -ho 'malloc_async_ns=[0-9.]*' "$logs/bench.base.out" | cut -d= -f2)
+bs=$(grep -ho 'malloc_free_ns=[0-9.]*' "$logs/bench.shim.out" | cut -d= -f2)
+row "cudaMalloc+cudaFree pair" "${bb} ns (async ${ba})" "${bs} ns" "$(awk -v s="$bs" 'BEGIN{print (s+0>0 && s<150) ? "ok < 150 ns" : "FAIL"}')"
+
+echo
+echo "== summary (logs in $logs)"
+printf '%-34s | %-24s | %-24s | %s\n' "check" "without shim" "with shim" "verdict"
+printf '%s\n' "$(printf '%.0s-' {1..110})"
+printf '%s\n' "${rows[@]}"
+exit $failed
