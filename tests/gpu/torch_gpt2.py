@@ -79,7 +79,7 @@ def main():
     timed = times[2:] if len(times) > 2 else times
     print(json.dumps({
         "ms_per_step": sum(timed) / len(timed),
-        "loss": round(float(loss), 4),
+        "loss": round(float(loss.detach()), 4),
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
         "caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1",
     }))
