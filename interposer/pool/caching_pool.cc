@@ -1,0 +1,775 @@
+// The caching pool: one implementation, two layouts.
+//
+//  kVmm (default): one reserved address range; physical granules are mapped on demand exactly
+//    where the best placement needs them, and free granules are unmapped lazily (soft cap on
+//    mapped bytes relative to the peak allocated, ReleaseIdle, out-of-memory).
+//  kSegments: PyTorch-like; small requests (<= 1 MiB) packed into 2 MiB segments, larger ones in
+//    20 MiB segments (or exact 2 MiB-rounded segments above 10 MiB); whole free segments go back.
+//
+// Both share the blocks, the best-fit FreeIndex, the pending-fence FIFO and the statistics.
+// Everything runs under one mutex; no operation touches the heap on the cached path (SlotPool and
+// AddrMap reserve ahead with new(std::nothrow)), and nothing throws.
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "addr_map.h"
+#include "free_index.h"
+#include "pool_internal.h"
+#include "slot_pool.h"
+
+namespace vramscope::pool::internal {
+namespace {
+
+constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 4;
+
+std::size_t RoundUp(std::size_t bytes, std::size_t unit) {
+  return (bytes + unit - 1) / unit * unit;
+}
+std::size_t RoundDown(std::size_t bytes, std::size_t unit) { return bytes / unit * unit; }
+
+class CachingPool final : public Pool {
+ public:
+  CachingPool(Upstream* upstream, FenceTracker* fences, const PoolOptions& options, Layout layout,
+              const Tuning& tuning)
+      : upstream_(upstream),
+        fences_(fences),
+        layout_(layout),
+        tuning_(tuning),
+        capacity_(options.capacity_bytes),
+        granularity_(layout == Layout::kVmm ? upstream->MapGranularity() : 0),
+        blocks_(sizeof(Block)),
+        nodes_(64),
+        heaps_{FreeIndex(&nodes_), FreeIndex(&nodes_)},
+        regions_(std::less<>(), SlotAllocator<std::pair<const std::uintptr_t, Region*>>(&nodes_)),
+        unmapped_(BySizeAddr{}, SlotAllocator<Block*>(&nodes_)) {
+    if (layout_ == Layout::kVmm) {
+      std::size_t device = capacity_ != 0 ? capacity_ : upstream_->TotalBytes();
+      // Twice the device: address space is free, and best fit over it never runs out of room
+      // before physical memory does.
+      va_bytes_ = device != 0 ? RoundUp(device, granularity_) * 2
+                              : RoundUp(tuning_.vmm_default_va_bytes, granularity_);
+    }
+  }
+
+  ~CachingPool() override {
+    // Give everything back, live blocks included: the pool's memory dies with it.
+    if (va_region_ != nullptr) {
+      Block* b = FirstBlock(va_region_);
+      while (b != nullptr) {
+        if (b->state == BlockState::kUnmapped) {
+          b = b->next;
+          continue;
+        }
+        const std::uintptr_t start = b->addr;
+        while (b != nullptr && b->state != BlockState::kUnmapped) b = b->next;
+        const std::uintptr_t end = b != nullptr ? b->addr : va_region_->base + va_region_->size;
+        (void)upstream_->Unmap(start, end - start);
+      }
+      (void)upstream_->ReleaseRange(va_region_->base, va_region_->size);
+    } else {
+      for (auto& [base, region] : regions_) (void)upstream_->Free(base, region->size);
+    }
+    for (auto& [base, region] : regions_) delete[] region->pages;
+    for (auto& [base, region] : regions_) delete region;
+  }
+
+  PoolStatus Allocate(std::size_t size, std::uintptr_t* address) override {
+    if (address == nullptr || size == 0 || size > kMaxRequest ||
+        (capacity_ != 0 && size > capacity_)) {
+      return PoolStatus::kInvalidArgument;
+    }
+    const std::size_t rounded = RoundUp(size, kRoundBytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ReserveScratch() || !live_.Reserve(1)) return FailOom(rounded);
+    Block* block = nullptr;
+    std::uintptr_t position = 0;
+    const PoolStatus status = FindOrGrow(rounded, &block, &position);
+    if (status != PoolStatus::kOk) return status;
+    block = Carve(block, position, rounded);
+    block->state = BlockState::kLive;
+    block->requested = size;
+    BusyInc(block->region);
+    live_.Insert(block->addr, reinterpret_cast<std::uintptr_t>(block));
+    ++stats_.alloc_count;
+    ++stats_.live_blocks;
+    stats_.current_requested_bytes += size;
+    stats_.current_allocated_bytes += rounded;
+    stats_.peak_requested_bytes =
+        std::max(stats_.peak_requested_bytes, stats_.current_requested_bytes);
+    stats_.peak_allocated_bytes =
+        std::max(stats_.peak_allocated_bytes, stats_.current_allocated_bytes);
+    *address = block->addr;
+    return PoolStatus::kOk;
+  }
+
+  PoolStatus Free(std::uintptr_t address, std::uint64_t fence) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::uint64_t* found = live_.Find(address);
+    if (found == nullptr) return PoolStatus::kInvalidAddress;
+    Block* block = reinterpret_cast<Block*>(static_cast<std::uintptr_t>(*found));
+    (void)live_.Erase(address);
+    ++stats_.free_count;
+    --stats_.live_blocks;
+    stats_.current_requested_bytes -= block->requested;
+    stats_.current_allocated_bytes -= block->size;
+    block->requested = 0;
+    // Merging may insert into the ordered index; a failed reservation here only means the host
+    // heap is gone, and SlotAllocator then stops the process rather than throw.
+    (void)ReserveScratch();
+    if (fence != 0 && fence_refs_.Reserve(1)) {
+      block->state = BlockState::kPending;
+      block->fence = fence;
+      block->link_next = nullptr;
+      block->link_prev = pending_tail_;
+      if (pending_tail_ != nullptr) {
+        pending_tail_->link_next = block;
+      } else {
+        pending_head_ = block;
+      }
+      pending_tail_ = block;
+      pending_bytes_ += block->size;
+      if (std::uint64_t* refs = fence_refs_.Find(fence)) {
+        ++*refs;
+      } else {
+        fence_refs_.Insert(fence, 1);
+      }
+      return PoolStatus::kOk;
+    }
+    if (fence != 0) {
+      // No room to remember the fence: honour it now instead.
+      fences_->Wait(fence);
+      ++stats_.fence_waits;
+      fences_->Retire(fence);
+    }
+    BusyDec(block->region);
+    MakeFree(block);
+    return PoolStatus::kOk;
+  }
+
+  PoolStatus Lookup(std::uintptr_t address, BlockInfo* info) const override {
+    if (info == nullptr) return PoolStatus::kInvalidArgument;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.upper_bound(address);
+    if (it == regions_.begin()) return PoolStatus::kInvalidAddress;
+    --it;
+    const Region* region = it->second;
+    if (address >= region->base + region->size) return PoolStatus::kInvalidAddress;
+    // The lowest block starting in this page or an earlier one, then forward to `address`.
+    std::size_t page = (address - region->base) >> region->page_shift;
+    while (region->pages[page] == nullptr || region->pages[page]->addr > address) {
+      if (page == 0) return PoolStatus::kInvalidAddress;  // unreachable: block 0 starts at base
+      --page;
+    }
+    const Block* b = region->pages[page];
+    while (b->next != nullptr && b->next->addr <= address) b = b->next;
+    if (b->state != BlockState::kLive || address >= b->addr + b->size) {
+      return PoolStatus::kInvalidAddress;
+    }
+    info->address = b->addr;
+    info->requested = b->requested;
+    info->allocated = b->size;
+    if (layout_ == Layout::kVmm) {
+      // The mapped granules that hold the block.
+      info->segment_base = RoundDown(b->addr - region->base, granularity_) + region->base;
+      info->segment_size =
+          RoundUp(b->addr + b->size - region->base, granularity_) + region->base -
+          info->segment_base;
+    } else {
+      info->segment_base = region->base;
+      info->segment_size = region->size;
+    }
+    return PoolStatus::kOk;
+  }
+
+  std::size_t ReleaseIdle() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ReserveScratch()) return 0;
+    if (pending_head_ != nullptr) PollPending(std::numeric_limits<std::size_t>::max());
+    return ReleaseIdleLocked(std::numeric_limits<std::size_t>::max());
+  }
+
+  void DrainPending() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    (void)ReserveScratch();
+    while (pending_head_ != nullptr) WaitOldest();
+  }
+
+  PoolStats Stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    PoolStats s = stats_;
+    s.current_reserved_bytes = reserved_;
+    s.peak_reserved_bytes = peak_reserved_;
+    s.free_bytes = reserved_ - s.current_allocated_bytes;
+    s.pending_bytes = pending_bytes_;
+    s.unreleasable_free_bytes = unreleasable_;
+    s.largest_free_block_bytes = LargestFree();
+    return s;
+  }
+
+  std::string_view policy() const override {
+    return layout_ == Layout::kVmm ? "vmm" : "segments";
+  }
+
+ private:
+  // --- Allocation path ---------------------------------------------------------------------
+
+  std::uint8_t HeapFor(std::size_t rounded) const {
+    return layout_ == Layout::kSegments && rounded <= tuning_.small_max_bytes ? 0 : 1;
+  }
+
+  // Finds a free block for `rounded` bytes at `*position`, growing, releasing and waiting as
+  // needed; on failure records the OOM.
+  PoolStatus FindOrGrow(std::size_t rounded, Block** block, std::uintptr_t* position) {
+    FreeIndex& heap = heaps_[HeapFor(rounded)];
+    if (pending_head_ != nullptr) PollPending(tuning_.poll_fences_per_allocate);
+    *block = heap.BestFit(rounded);
+    if (*block == nullptr && pending_head_ != nullptr) {
+      PollPending(std::numeric_limits<std::size_t>::max());
+      *block = heap.BestFit(rounded);
+    }
+    if (*block != nullptr) {
+      *position = (*block)->addr;
+      return PoolStatus::kOk;
+    }
+    UpstreamStatus status = Grow(rounded, block, position);
+    if (status == UpstreamStatus::kOutOfMemory) {
+      // Pressure: give idle memory back, wait on the oldest fences (a completed one may free a
+      // block that fits), then ask the upstream once more.
+      ++stats_.upstream_retries;
+      ReleaseIdleLocked(std::numeric_limits<std::size_t>::max());
+      while (*block == nullptr && pending_head_ != nullptr) {
+        WaitOldest();
+        *block = heap.BestFit(rounded);
+      }
+      if (*block != nullptr) {
+        *position = (*block)->addr;
+        return PoolStatus::kOk;
+      }
+      ReleaseIdleLocked(std::numeric_limits<std::size_t>::max());
+      status = Grow(rounded, block, position);
+    }
+    if (status == UpstreamStatus::kOk) return PoolStatus::kOk;
+    if (status == UpstreamStatus::kOutOfMemory) return FailOom(rounded);
+    return PoolStatus::kUpstreamError;
+  }
+
+  PoolStatus FailOom(std::size_t rounded) {
+    ++stats_.oom_count;
+    const std::size_t free = reserved_ - stats_.current_allocated_bytes;
+    stats_.last_oom_verdict = free >= rounded ? OomVerdict::kFragmentation : OomVerdict::kCapacity;
+    return PoolStatus::kOutOfMemory;
+  }
+
+  bool OverCapacity(std::size_t more) const {
+    return capacity_ != 0 && (reserved_ > capacity_ || more > capacity_ - reserved_);
+  }
+
+  UpstreamStatus Grow(std::size_t rounded, Block** block, std::uintptr_t* position) {
+    return layout_ == Layout::kVmm ? GrowMapped(rounded, block, position)
+                                   : GrowSegment(rounded, block, position);
+  }
+
+  // Splits the free `block` so that [position, position + size) becomes its own block, which is
+  // returned out of the index; the remainders go back in.
+  Block* Carve(Block* block, std::uintptr_t position, std::size_t size) {
+    RemoveFree(block);
+    if (position > block->addr) {
+      Block* left = block;
+      block = SplitAt(left, position);
+      InsertFree(left);
+    }
+    if (block->size > size) InsertFree(SplitAt(block, block->addr + size));
+    return block;
+  }
+
+  // --- Segments ------------------------------------------------------------------------------
+
+  UpstreamStatus GrowSegment(std::size_t rounded, Block** block, std::uintptr_t* position) {
+    const std::uint8_t heap = HeapFor(rounded);
+    std::size_t bytes = heap == 0                                       ? tuning_.small_segment_bytes
+                        : rounded <= tuning_.large_exact_above_bytes ? tuning_.large_segment_bytes
+                                   : RoundUp(rounded, tuning_.segment_round_bytes);
+    if (OverCapacity(bytes)) {
+      bytes = RoundUp(rounded, tuning_.segment_round_bytes);  // the least that serves it
+      if (OverCapacity(bytes)) return UpstreamStatus::kOutOfMemory;
+    }
+    Region* region = NewRegion(bytes, heap);
+    if (region == nullptr) return UpstreamStatus::kOutOfMemory;
+    std::uintptr_t base = 0;
+    ++stats_.upstream_grow_calls;
+    const UpstreamStatus status = upstream_->Allocate(bytes, &base);
+    if (status != UpstreamStatus::kOk) {
+      DeleteRegion(region);
+      return status;
+    }
+    region->base = base;
+    regions_.emplace(base, region);
+    AddReserved(bytes);
+    Block* b = NewBlock();
+    b->addr = base;
+    b->size = bytes;
+    b->region = region;
+    b->heap = heap;
+    region->pages[0] = b;
+    InsertFree(b);
+    *block = b;
+    *position = base;
+    return UpstreamStatus::kOk;
+  }
+
+  std::size_t ReleaseSegments() {
+    std::size_t released = 0;
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      Region* region = it->second;
+      if (region->busy_blocks != 0) {
+        ++it;
+        continue;
+      }
+      Block* b = region->pages[0];  // an idle segment is one free block
+      ++stats_.upstream_shrink_calls;
+      if (upstream_->Free(region->base, region->size) != UpstreamStatus::kOk) {
+        ++it;
+        continue;
+      }
+      RemoveFree(b);
+      blocks_.Give(b);
+      released += region->size;
+      reserved_ -= region->size;
+      it = regions_.erase(it);
+      DeleteRegion(region);
+    }
+    return released;
+  }
+
+  // --- Virtual memory ------------------------------------------------------------------------
+
+  bool EnsureAddressSpace() {
+    if (va_region_ != nullptr) return true;
+    Region* region = NewRegion(va_bytes_, 1);
+    if (region == nullptr) return false;
+    std::uintptr_t base = 0;
+    ++stats_.upstream_grow_calls;
+    if (upstream_->ReserveRange(va_bytes_, &base) != UpstreamStatus::kOk ||
+        base % granularity_ != 0) {
+      DeleteRegion(region);
+      return false;
+    }
+    region->base = base;
+    regions_.emplace(base, region);
+    va_region_ = region;
+    Block* b = NewBlock();
+    b->addr = base;
+    b->size = va_bytes_;
+    b->region = region;
+    b->heap = 1;
+    b->state = BlockState::kUnmapped;
+    region->pages[0] = b;
+    unmapped_.insert(b);
+    return true;
+  }
+
+  struct Placement {
+    Block* hole = nullptr;  // the unmapped block to map part of
+    std::uintptr_t position = 0;
+    std::uintptr_t map_start = 0;
+    std::uintptr_t map_end = 0;
+    std::size_t run = 0;
+  };
+
+  // Where to put `rounded` bytes so the fewest new granules are mapped: for every unmapped hole,
+  // the run it forms with its free mapped neighbours, placed against either end of the run.
+  // Holes only appear where granules were unmapped, so there are few of them.
+  bool PlaceMapped(std::size_t rounded, Placement* best) const {
+    bool found = false;
+    const std::size_t g = granularity_;
+    for (Block* hole : unmapped_) {
+      Block* left = hole->prev != nullptr && hole->prev->state == BlockState::kFree ? hole->prev
+                                                                                     : nullptr;
+      Block* right = hole->next != nullptr && hole->next->state == BlockState::kFree
+                         ? hole->next
+                         : nullptr;
+      const std::uintptr_t run_start = left != nullptr ? left->addr : hole->addr;
+      const std::uintptr_t run_end =
+          right != nullptr ? right->addr + right->size : hole->addr + hole->size;
+      if (run_end - run_start < rounded) continue;
+      for (const std::uintptr_t position : {run_start, run_end - rounded}) {
+        const std::uintptr_t overlap_start = std::max<std::uintptr_t>(position, hole->addr);
+        const std::uintptr_t overlap_end =
+            std::min<std::uintptr_t>(position + rounded, hole->addr + hole->size);
+        Placement p;
+        p.hole = hole;
+        p.position = position;
+        p.run = run_end - run_start;
+        if (overlap_end > overlap_start) {
+          p.map_start = hole->addr + RoundDown(overlap_start - hole->addr, g);
+          p.map_end = hole->addr + RoundUp(overlap_end - hole->addr, g);
+        } else {
+          p.map_start = p.map_end = 0;
+        }
+        const std::size_t cost = p.map_end - p.map_start;
+        const std::size_t best_cost = best->map_end - best->map_start;
+        if (!found || cost < best_cost || (cost == best_cost && p.run < best->run) ||
+            (cost == best_cost && p.run == best->run && p.position < best->position)) {
+          *best = p;
+          found = true;
+        }
+      }
+    }
+    return found;
+  }
+
+  UpstreamStatus GrowMapped(std::size_t rounded, Block** block, std::uintptr_t* position) {
+    if (!EnsureAddressSpace()) return UpstreamStatus::kError;
+    Placement place;
+    if (!PlaceMapped(rounded, &place)) return UpstreamStatus::kOutOfMemory;
+    std::size_t cost = place.map_end - place.map_start;
+    // Soft cap: keep mapped bytes near the peak of allocated bytes by unmapping free granules
+    // elsewhere before mapping new ones. Peak reserved is what the ratio goal measures.
+    const double peak = static_cast<double>(
+        std::max(stats_.peak_allocated_bytes, stats_.current_allocated_bytes + rounded));
+    const std::size_t budget =
+        static_cast<std::size_t>(peak * (1.0 + tuning_.vmm_slack)) +
+        tuning_.vmm_slack_granules * granularity_;
+    if (reserved_ + cost > budget || OverCapacity(cost)) {
+      std::size_t want = reserved_ + cost > budget ? reserved_ + cost - budget : 0;
+      if (OverCapacity(cost)) want = std::max(want, reserved_ + cost - capacity_);
+      if (UnmapFreeGranules(want) > 0 && !PlaceMapped(rounded, &place)) {
+        return UpstreamStatus::kOutOfMemory;
+      }
+      cost = place.map_end - place.map_start;
+    }
+    if (OverCapacity(cost)) return UpstreamStatus::kOutOfMemory;
+    if (cost == 0) {
+      // The run is already mapped (free neighbours fit together): nothing to ask for.
+      *block = place.position < place.hole->addr ? place.hole->prev : place.hole->next;
+      *position = place.position;
+      return UpstreamStatus::kOk;
+    }
+    ++stats_.upstream_grow_calls;
+    const UpstreamStatus status = upstream_->Map(place.map_start, cost);
+    if (status != UpstreamStatus::kOk) return status;
+    AddReserved(cost);
+    // Cut the mapped part out of the hole and merge it with its free neighbours.
+    Block* hole = place.hole;
+    unmapped_.erase(hole);
+    if (place.map_start > hole->addr) {
+      Block* left = hole;
+      hole = SplitAt(left, place.map_start);
+      unmapped_.insert(left);
+    }
+    if (hole->addr + hole->size > place.map_end) unmapped_.insert(SplitAt(hole, place.map_end));
+    hole->state = BlockState::kFree;
+    *block = MergeFreeNeighbours(hole);
+    InsertFree(*block);
+    *position = place.position;
+    return UpstreamStatus::kOk;
+  }
+
+  // Unmaps whole free granules, largest free blocks first, until at least `want` bytes are gone
+  // (everything with want = max). One upstream call per free block.
+  std::size_t UnmapFreeGranules(std::size_t want) {
+    std::size_t released = 0;
+    const std::size_t g = granularity_;
+    while (released < want) {
+      Block* batch[16];
+      std::size_t n = 0;
+      heaps_[1].ForEachLargestFirst(g, [&](Block* b) {
+        if (InteriorBytes(b) != 0) batch[n++] = b;
+        return n < 16;
+      });
+      if (n == 0) break;
+      for (std::size_t i = 0; i < n && released < want; ++i) {
+        if (!ReserveScratch()) return released;
+        const std::size_t bytes = UnmapInterior(batch[i]);
+        if (bytes == 0) return released;  // the upstream refused: stop, keep what we have
+        released += bytes;
+      }
+    }
+    return released;
+  }
+
+  std::size_t UnmapInterior(Block* b) {
+    const std::size_t g = granularity_;
+    const std::uintptr_t base = va_region_->base;
+    const std::uintptr_t start = base + RoundUp(b->addr - base, g);
+    const std::uintptr_t end = base + RoundDown(b->addr + b->size - base, g);
+    ++stats_.upstream_shrink_calls;
+    if (upstream_->Unmap(start, end - start) != UpstreamStatus::kOk) return 0;
+    reserved_ -= end - start;
+    RemoveFree(b);
+    Block* middle = b;
+    if (start > b->addr) {
+      middle = SplitAt(b, start);
+      InsertFree(b);
+    }
+    if (middle->addr + middle->size > end) {
+      Block* right = SplitAt(middle, end);
+      InsertFree(right);
+    }
+    middle->state = BlockState::kUnmapped;
+    if (middle->prev != nullptr && middle->prev->state == BlockState::kUnmapped) {
+      Block* prev = middle->prev;
+      unmapped_.erase(prev);
+      Absorb(prev, middle);
+      middle = prev;
+    }
+    if (middle->next != nullptr && middle->next->state == BlockState::kUnmapped) {
+      unmapped_.erase(middle->next);
+      Absorb(middle, middle->next);
+    }
+    unmapped_.insert(middle);
+    return end - start;
+  }
+
+  // Whole granules inside a free block (virtual-memory layout): what unmapping it would return.
+  std::size_t InteriorBytes(const Block* b) const {
+    const std::uintptr_t base = b->region->base;
+    const std::size_t start = RoundUp(b->addr - base, granularity_);
+    const std::size_t end = RoundDown(b->addr + b->size - base, granularity_);
+    return end > start ? end - start : 0;
+  }
+
+  std::size_t ReleaseIdleLocked(std::size_t want) {
+    return layout_ == Layout::kVmm ? UnmapFreeGranules(want) : ReleaseSegments();
+  }
+
+  // --- Fences --------------------------------------------------------------------------------
+
+  // Asks the tracker about at most `max_fences` fences, oldest first, and frees every pending
+  // block whose fence completed. Consecutive frees usually share a fence: asked once.
+  void PollPending(std::size_t max_fences) {
+    std::uint64_t fence = 0;
+    bool complete = false;
+    std::size_t asked = 0;
+    std::size_t walked = 0;
+    const bool bounded = max_fences != std::numeric_limits<std::size_t>::max();
+    for (Block* b = pending_head_; b != nullptr;) {
+      if (bounded && walked++ == tuning_.poll_blocks_per_allocate) break;
+      Block* next = b->link_next;
+      if (b->fence != fence) {
+        if (asked == max_fences) break;
+        fence = b->fence;
+        complete = fences_->IsComplete(fence);
+        ++asked;
+      }
+      if (complete) ReleasePending(b);
+      b = next;
+    }
+  }
+
+  void WaitOldest() {
+    const std::uint64_t fence = pending_head_->fence;
+    fences_->Wait(fence);
+    ++stats_.fence_waits;
+    for (Block* b = pending_head_; b != nullptr;) {
+      Block* next = b->link_next;
+      if (b->fence == fence) ReleasePending(b);
+      b = next;
+    }
+  }
+
+  void ReleasePending(Block* b) {
+    if (b->link_prev != nullptr) {
+      b->link_prev->link_next = b->link_next;
+    } else {
+      pending_head_ = b->link_next;
+    }
+    if (b->link_next != nullptr) {
+      b->link_next->link_prev = b->link_prev;
+    } else {
+      pending_tail_ = b->link_prev;
+    }
+    pending_bytes_ -= b->size;
+    std::uint64_t* refs = fence_refs_.Find(b->fence);
+    if (refs != nullptr && --*refs == 0) {
+      (void)fence_refs_.Erase(b->fence);
+      fences_->Retire(b->fence);
+    }
+    b->fence = 0;
+    BusyDec(b->region);
+    MakeFree(b);
+  }
+
+  // --- Blocks --------------------------------------------------------------------------------
+
+  bool ReserveScratch() {
+    // Worst single step: two remainders into the ordered index, one region node, a few blocks.
+    return nodes_.Reserve(8) && blocks_.Reserve(8);
+  }
+
+  Block* NewBlock() {
+    // Reserved by ReserveScratch; a null here means the host heap is gone.
+    void* raw = blocks_.Take();
+    if (raw == nullptr) std::abort();
+    return new (raw) Block();
+  }
+
+  // Splits `b` at `at`; returns the new upper block (same state, heap and region).
+  Block* SplitAt(Block* b, std::uintptr_t at) {
+    Block* upper = NewBlock();
+    upper->addr = at;
+    upper->size = b->addr + b->size - at;
+    upper->region = b->region;
+    upper->heap = b->heap;
+    upper->state = b->state;
+    b->size = at - b->addr;
+    upper->prev = b;
+    upper->next = b->next;
+    if (b->next != nullptr) b->next->prev = upper;
+    b->next = upper;
+    Region* region = b->region;
+    Block*& page = region->pages[(at - region->base) >> region->page_shift];
+    if (page == nullptr || page->addr > at) page = upper;
+    return upper;
+  }
+
+  // Appends `upper` (the next block) to `b` and drops it.
+  void Absorb(Block* b, Block* upper) {
+    Region* region = upper->region;
+    Block*& page = region->pages[(upper->addr - region->base) >> region->page_shift];
+    if (page == upper) {
+      Block* after = upper->next;
+      page = after != nullptr && ((after->addr - region->base) >> region->page_shift) ==
+                                     ((upper->addr - region->base) >> region->page_shift)
+                 ? after
+                 : nullptr;
+    }
+    b->size += upper->size;
+    b->next = upper->next;
+    if (upper->next != nullptr) upper->next->prev = b;
+    upper->~Block();
+    blocks_.Give(upper);
+  }
+
+  Block* MergeFreeNeighbours(Block* b) {
+    if (b->prev != nullptr && b->prev->state == BlockState::kFree) {
+      Block* prev = b->prev;
+      RemoveFree(prev);
+      Absorb(prev, b);
+      b = prev;
+    }
+    if (b->next != nullptr && b->next->state == BlockState::kFree) {
+      Block* next = b->next;
+      RemoveFree(next);
+      Absorb(b, next);
+    }
+    return b;
+  }
+
+  // A live or pending block becomes reusable: merge with free neighbours, index.
+  void MakeFree(Block* b) {
+    b->state = BlockState::kFree;
+    InsertFree(MergeFreeNeighbours(b));
+  }
+
+  // Free bytes of `b` that cannot go back to the upstream while its neighbours stay.
+  std::size_t Unreleasable(const Block* b) const {
+    if (layout_ == Layout::kVmm) return b->size - InteriorBytes(b);
+    return b->region->busy_blocks != 0 ? b->size : 0;
+  }
+
+  void InsertFree(Block* b) {
+    b->state = BlockState::kFree;
+    heaps_[b->heap].Insert(b);
+    b->region->free_bytes += b->size;
+    unreleasable_ += Unreleasable(b);
+  }
+
+  void RemoveFree(Block* b) {
+    heaps_[b->heap].Remove(b);
+    b->region->free_bytes -= b->size;
+    unreleasable_ -= Unreleasable(b);
+  }
+
+  void BusyInc(Region* region) {
+    if (region->busy_blocks++ == 0 && layout_ == Layout::kSegments) {
+      unreleasable_ += region->free_bytes;
+    }
+  }
+
+  void BusyDec(Region* region) {
+    if (--region->busy_blocks == 0 && layout_ == Layout::kSegments) {
+      unreleasable_ -= region->free_bytes;
+    }
+  }
+
+  void AddReserved(std::size_t bytes) {
+    reserved_ += bytes;
+    peak_reserved_ = std::max(peak_reserved_, reserved_);
+  }
+
+  std::size_t LargestFree() const {
+    const std::size_t small = std::min(heaps_[0].Largest(), tuning_.small_max_bytes);
+    return std::max(small, heaps_[1].Largest());
+  }
+
+  static Block* FirstBlock(Region* region) { return region->pages[0]; }
+
+  Region* NewRegion(std::size_t bytes, std::uint8_t heap) {
+    Region* region = new (std::nothrow) Region();
+    if (region == nullptr) return nullptr;
+    // Lookup pages: at most 2^20 per region (8 MiB for a 1 TiB range), at least 64 KiB each.
+    unsigned shift = 16;
+    while ((bytes >> shift) >= (std::size_t{1} << 20)) ++shift;
+    region->page_shift = shift;
+    region->page_count = ((bytes - 1) >> shift) + 1;
+    region->pages = new (std::nothrow) Block*[region->page_count]();
+    if (region->pages == nullptr) {
+      delete region;
+      return nullptr;
+    }
+    region->size = bytes;
+    region->heap = heap;
+    return region;
+  }
+
+  static void DeleteRegion(Region* region) {
+    delete[] region->pages;
+    delete region;
+  }
+
+  Upstream* const upstream_;
+  FenceTracker* const fences_;
+  const Layout layout_;
+  const Tuning tuning_;
+  const std::size_t capacity_;
+  const std::size_t granularity_;
+  std::size_t va_bytes_ = 0;
+
+  mutable std::mutex mu_;
+  SlotPool blocks_;
+  SlotPool nodes_;
+  FreeIndex heaps_[2];  // segments: 0 small, 1 large; virtual memory: 1 only
+  std::map<std::uintptr_t, Region*, std::less<>,
+           SlotAllocator<std::pair<const std::uintptr_t, Region*>>>
+      regions_;
+  Region* va_region_ = nullptr;
+  BlockSet unmapped_;  // virtual memory: unmapped holes by (size, address)
+  AddrMap live_;        // address -> Block*
+  AddrMap fence_refs_;  // fence -> pending blocks waiting on it
+  Block* pending_head_ = nullptr;  // FIFO, oldest first
+  Block* pending_tail_ = nullptr;
+  std::size_t pending_bytes_ = 0;
+  std::size_t reserved_ = 0;
+  std::size_t peak_reserved_ = 0;
+  std::size_t unreleasable_ = 0;
+  PoolStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Pool> MakeCachingPool(Upstream* upstream, FenceTracker* fences,
+                                      const PoolOptions& options, Layout layout,
+                                      const Tuning& tuning) {
+  if (upstream == nullptr || fences == nullptr) return nullptr;
+  if (layout == Layout::kVmm && upstream->MapGranularity() == 0) layout = Layout::kSegments;
+  return std::unique_ptr<Pool>(new (std::nothrow)
+                                   CachingPool(upstream, fences, options, layout, tuning));
+}
+
+}  // namespace vramscope::pool::internal

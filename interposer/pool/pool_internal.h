@@ -1,0 +1,36 @@
+// Internal knobs of the caching pool, for tests and measurements (not part of the public API).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "vramscope/pool/pool.h"
+
+namespace vramscope::pool::internal {
+
+enum class Layout { kVmm, kSegments };
+
+struct Tuning {
+  // --- Virtual-memory layout ---
+  // Soft cap on mapped bytes: before mapping more, free granules are unmapped until
+  // mapped + new <= peak_allocated * (1 + vmm_slack) + vmm_slack_granules * granularity.
+  double vmm_slack = 0.02;
+  std::size_t vmm_slack_granules = 2;
+  // Address space reserved when neither the options nor the upstream say how big the device is.
+  std::size_t vmm_default_va_bytes = std::size_t{1} << 40;
+  // --- Segment layout (PyTorch's constants) ---
+  std::size_t small_max_bytes = std::size_t{1} << 20;
+  std::size_t small_segment_bytes = std::size_t{2} << 20;
+  std::size_t large_segment_bytes = std::size_t{20} << 20;
+  std::size_t large_exact_above_bytes = std::size_t{10} << 20;
+  std::size_t segment_round_bytes = std::size_t{2} << 20;
+  // --- Fences ---
+  std::size_t poll_fences_per_allocate = 4;  // IsComplete calls per Allocate, oldest first
+  std::size_t poll_blocks_per_allocate = 64;
+};
+
+std::unique_ptr<Pool> MakeCachingPool(Upstream* upstream, FenceTracker* fences,
+                                      const PoolOptions& options, Layout layout,
+                                      const Tuning& tuning);
+
+}  // namespace vramscope::pool::internal

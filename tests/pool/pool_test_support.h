@@ -1,0 +1,119 @@
+// Test helpers for the pool: a fence tracker the test drives, and a reader for the bundled
+// allocation traces (traces/README.md) with a replay that reports the ratio and upstream calls.
+#pragma once
+
+#include <zlib.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "vramscope/pool/pool.h"
+#include "vramscope/pool/upstream.h"
+
+namespace vramscope::pool::testing {
+
+// Fences complete only when the test says so. Wait() completes the fence (what a real
+// cuEventSynchronize achieves) and records that it blocked.
+class FakeFences final : public FenceTracker {
+ public:
+  bool IsComplete(std::uint64_t fence) override {
+    ++is_complete_calls;
+    return complete.count(fence) != 0;
+  }
+  void Wait(std::uint64_t fence) override {
+    waited.push_back(fence);
+    complete.insert(fence);
+  }
+  void Retire(std::uint64_t fence) override { retired.push_back(fence); }
+
+  void Complete(std::uint64_t fence) { complete.insert(fence); }
+
+  std::set<std::uint64_t> complete;
+  std::vector<std::uint64_t> waited;
+  std::vector<std::uint64_t> retired;
+  std::uint64_t is_complete_calls = 0;
+};
+
+struct TraceEvent {
+  bool alloc = false;
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+};
+
+// Reads `alloc` and `free_requested` rows; false if the file cannot be read.
+inline bool ReadTrace(const std::string& path, std::vector<TraceEvent>* events) {
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (file == nullptr) return false;
+  char line[4096];
+  bool header = true;
+  while (gzgets(file, line, sizeof(line)) != nullptr) {
+    if (header) {
+      header = false;
+      continue;
+    }
+    const std::string row(line);
+    const std::size_t c1 = row.find(',');
+    const std::size_t c2 = row.find(',', c1 + 1);
+    const std::size_t c3 = row.find(',', c2 + 1);
+    if (c1 == std::string::npos || c2 == std::string::npos || c3 == std::string::npos) continue;
+    const std::string action = row.substr(0, c1);
+    if (action != "alloc" && action != "free_requested") continue;
+    TraceEvent event;
+    event.alloc = action == "alloc";
+    event.addr = std::strtoull(row.c_str() + c1 + 1, nullptr, 10);
+    event.size = std::strtoull(row.c_str() + c2 + 1, nullptr, 10);
+    events->push_back(event);
+  }
+  gzclose(file);
+  return true;
+}
+
+struct ReplayResult {
+  std::uint64_t allocs = 0;
+  std::uint64_t peak_live = 0;
+  std::uint64_t failures = 0;
+  PoolStats stats;
+  double Ratio() const {
+    return peak_live == 0 ? 0.0
+                          : static_cast<double>(stats.peak_reserved_bytes) /
+                                static_cast<double>(peak_live);
+  }
+  std::uint64_t UpstreamCalls() const {
+    return stats.upstream_grow_calls + stats.upstream_shrink_calls;
+  }
+};
+
+// Replays the trace through `pool` with every free complete at once (fence 0).
+inline ReplayResult Replay(const std::vector<TraceEvent>& events, Pool* pool) {
+  ReplayResult result;
+  std::unordered_map<std::uint64_t, std::pair<std::uintptr_t, std::uint64_t>> live;
+  std::uint64_t live_bytes = 0;
+  for (const TraceEvent& event : events) {
+    if (event.alloc) {
+      ++result.allocs;
+      std::uintptr_t address = 0;
+      if (pool->Allocate(event.size, &address) != PoolStatus::kOk) {
+        ++result.failures;
+        continue;
+      }
+      live[event.addr] = {address, event.size};
+      live_bytes += event.size;
+      result.peak_live = std::max(result.peak_live, live_bytes);
+    } else {
+      auto it = live.find(event.addr);
+      if (it == live.end()) continue;
+      if (pool->Free(it->second.first, 0) != PoolStatus::kOk) ++result.failures;
+      live_bytes -= it->second.second;
+      live.erase(it);
+    }
+  }
+  result.stats = pool->Stats();
+  return result;
+}
+
+}  // namespace vramscope::pool::testing

@@ -1,0 +1,96 @@
+// Replays every bundled trace (traces/*.csv.gz) through every policy and checks the default
+// policy meets the goals: peak reserved within 5% of peak live (and below the PyTorch /
+// cudaMallocAsync reference for each trace), and upstream grow + shrink calls at most 3% of the
+// trace's allocations.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "pool_test_support.h"
+#include "vramscope/pool/pool.h"
+#include "vramscope/pool/virtual_upstream.h"
+
+namespace vramscope::pool {
+namespace {
+
+using testing::FakeFences;
+using testing::ReadTrace;
+using testing::Replay;
+using testing::ReplayResult;
+using testing::TraceEvent;
+
+struct TraceGoal {
+  const char* name;
+  double max_ratio;  // the better of PyTorch and cudaMallocAsync, capped at 1.05
+};
+
+constexpr TraceGoal kGoals[] = {
+    {"gpt2_train", 1.047},
+    {"resnet50_train", 1.05},
+    {"mlp_dynamic_train", 1.05},
+};
+
+std::string TracePath(const char* name) {
+  const char* dir = std::getenv("VRAMSCOPE_TRACES_DIR");
+  return std::string(dir != nullptr ? dir : "traces") + "/" + name + ".csv.gz";
+}
+
+std::vector<std::string> Policies() {
+  std::vector<std::string> out;
+  std::string names(PolicyNames());
+  std::size_t start = 0;
+  while (start <= names.size()) {
+    const std::size_t comma = names.find(',', start);
+    out.push_back(names.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+class TraceReplayTest : public ::testing::TestWithParam<TraceGoal> {};
+
+TEST_P(TraceReplayTest, DefaultPolicyMeetsRatioAndCallGoals) {
+  const TraceGoal goal = GetParam();
+  std::vector<TraceEvent> events;
+  ASSERT_TRUE(ReadTrace(TracePath(goal.name), &events)) << TracePath(goal.name);
+  for (const std::string& policy : Policies()) {
+    VirtualUpstream upstream;
+    FakeFences fences;
+    PoolOptions options;
+    options.policy = policy;
+    std::unique_ptr<Pool> pool = MakePool(&upstream, &fences, options);
+    ASSERT_NE(pool, nullptr) << policy;
+    const ReplayResult result = Replay(events, pool.get());
+    const VirtualUpstreamCounters counters = upstream.Counters();
+    std::printf("%-18s %-9s allocs=%5llu peak_live=%llu peak_reserved=%llu ratio=%.4f "
+                "upstream_calls=%llu (grow %llu shrink %llu) limit=%llu\n",
+                goal.name, policy.c_str(), static_cast<unsigned long long>(result.allocs),
+                static_cast<unsigned long long>(result.peak_live),
+                static_cast<unsigned long long>(result.stats.peak_reserved_bytes), result.Ratio(),
+                static_cast<unsigned long long>(result.UpstreamCalls()),
+                static_cast<unsigned long long>(result.stats.upstream_grow_calls),
+                static_cast<unsigned long long>(result.stats.upstream_shrink_calls),
+                static_cast<unsigned long long>(result.allocs * 3 / 100));
+    EXPECT_EQ(result.failures, 0u) << policy;
+    // The pool's own counts agree with what the upstream saw.
+    EXPECT_EQ(result.UpstreamCalls(), counters.GrowCalls() + counters.ShrinkCalls()) << policy;
+    EXPECT_EQ(result.stats.peak_reserved_bytes, counters.peak_physical_bytes) << policy;
+    EXPECT_EQ(counters.invalid_calls, 0u) << policy;
+    if (policy == Policies().front()) {
+      EXPECT_LE(result.Ratio(), goal.max_ratio) << policy;
+      EXPECT_LE(result.UpstreamCalls(), result.allocs * 3 / 100) << policy;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Traces, TraceReplayTest, ::testing::ValuesIn(kGoals),
+                         [](const ::testing::TestParamInfo<TraceGoal>& info) {
+                           return std::string(info.param.name);
+                         });
+
+}  // namespace
+}  // namespace vramscope::pool
