@@ -85,6 +85,30 @@ enum vramscope_ring_kind {
   VRAMSCOPE_RING_KIND_LIMIT = 12         /* first invalid value */
 };
 
+/* vramscope_ring_record.sub of ALLOC and FREE: the same values as vramscope.v1.AllocationKind. */
+enum vramscope_ring_alloc_kind {
+  VRAMSCOPE_RING_ALLOC_UNSPECIFIED = 0,
+  VRAMSCOPE_RING_ALLOC_POOLED = 1,         /* served by the pool: counts requested/allocated */
+  VRAMSCOPE_RING_ALLOC_DRIVER = 2,         /* the rest pass through to the driver: they count */
+  VRAMSCOPE_RING_ALLOC_STREAM_ORDERED = 3, /* requested/allocated AND reserved (the driver holds */
+  VRAMSCOPE_RING_ALLOC_PITCHED = 4,        /* them for the process) ...                          */
+  VRAMSCOPE_RING_ALLOC_MANAGED = 5,
+  VRAMSCOPE_RING_ALLOC_VMM = 6,
+  VRAMSCOPE_RING_ALLOC_HOST = 7,       /* ... except HOST (pinned host memory) and IPC_IMPORT */
+  VRAMSCOPE_RING_ALLOC_IPC_IMPORT = 8, /* (another process's memory): no device bytes at all */
+  VRAMSCOPE_RING_ALLOC_GRAPH = 9,
+  VRAMSCOPE_RING_ALLOC_LIMIT = 10
+};
+
+/* The byte-accounting rule above, shared by the writer's counters and (re-stated on the proto
+ * enum) the collector's stats engine. */
+static inline int vramscope_ring_alloc_kind_counts_bytes(uint8_t kind) {
+  return kind != VRAMSCOPE_RING_ALLOC_HOST && kind != VRAMSCOPE_RING_ALLOC_IPC_IMPORT;
+}
+static inline int vramscope_ring_alloc_kind_counts_reserved(uint8_t kind) {
+  return vramscope_ring_alloc_kind_counts_bytes(kind) && kind != VRAMSCOPE_RING_ALLOC_POOLED;
+}
+
 /* vramscope_ring_header.exited */
 enum vramscope_ring_exit_state {
   VRAMSCOPE_RING_RUNNING = 0,
