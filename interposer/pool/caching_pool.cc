@@ -176,9 +176,8 @@ class CachingPool final : public Pool {
     if (layout_ == Layout::kVmm) {
       // The mapped granules that hold the block.
       info->segment_base = RoundDown(b->addr - region->base, granularity_) + region->base;
-      info->segment_size =
-          RoundUp(b->addr + b->size - region->base, granularity_) + region->base -
-          info->segment_base;
+      info->segment_size = RoundUp(b->addr + b->size - region->base, granularity_) + region->base -
+                           info->segment_base;
     } else {
       info->segment_base = region->base;
       info->segment_size = region->size;
@@ -211,9 +210,7 @@ class CachingPool final : public Pool {
     return s;
   }
 
-  std::string_view policy() const override {
-    return layout_ == Layout::kVmm ? "vmm" : "segments";
-  }
+  std::string_view policy() const override { return layout_ == Layout::kVmm ? "vmm" : "segments"; }
 
  private:
   // --- Allocation path ---------------------------------------------------------------------
@@ -291,9 +288,10 @@ class CachingPool final : public Pool {
 
   UpstreamStatus GrowSegment(std::size_t rounded, Block** block, std::uintptr_t* position) {
     const std::uint8_t heap = HeapFor(rounded);
-    std::size_t bytes = heap == 0                                       ? tuning_.small_segment_bytes
-                        : rounded <= tuning_.large_exact_above_bytes ? tuning_.large_segment_bytes
-                                   : RoundUp(rounded, tuning_.segment_round_bytes);
+    std::size_t bytes = heap == 0 ? tuning_.small_segment_bytes
+                        : rounded <= tuning_.large_exact_above_bytes
+                            ? tuning_.large_segment_bytes
+                            : RoundUp(rounded, tuning_.segment_round_bytes);
     if (OverCapacity(bytes)) {
       bytes = RoundUp(rounded, tuning_.segment_round_bytes);  // the least that serves it
       if (OverCapacity(bytes)) return UpstreamStatus::kOutOfMemory;
@@ -388,11 +386,10 @@ class CachingPool final : public Pool {
     bool found = false;
     const std::size_t g = granularity_;
     for (Block* hole : unmapped_) {
-      Block* left = hole->prev != nullptr && hole->prev->state == BlockState::kFree ? hole->prev
-                                                                                     : nullptr;
-      Block* right = hole->next != nullptr && hole->next->state == BlockState::kFree
-                         ? hole->next
-                         : nullptr;
+      Block* left =
+          hole->prev != nullptr && hole->prev->state == BlockState::kFree ? hole->prev : nullptr;
+      Block* right =
+          hole->next != nullptr && hole->next->state == BlockState::kFree ? hole->next : nullptr;
       const std::uintptr_t run_start = left != nullptr ? left->addr : hole->addr;
       const std::uintptr_t run_end =
           right != nullptr ? right->addr + right->size : hole->addr + hole->size;
@@ -432,18 +429,32 @@ class CachingPool final : public Pool {
     // elsewhere before mapping new ones. Peak reserved is what the ratio goal measures.
     const double peak = static_cast<double>(
         std::max(stats_.peak_allocated_bytes, stats_.current_allocated_bytes + rounded));
-    const std::size_t budget =
-        static_cast<std::size_t>(peak * (1.0 + tuning_.vmm_slack)) +
-        tuning_.vmm_slack_granules * granularity_;
-    if (reserved_ + cost > budget || OverCapacity(cost)) {
+    const std::size_t budget = static_cast<std::size_t>(peak * (1.0 + tuning_.vmm_slack)) +
+                               tuning_.vmm_slack_granules * granularity_;
+    // Unmapping can move the best placement (a neighbour it relied on may be gone), so repeat
+    // while over the cap and something was still unmapped.
+    for (int round = 0; round < 4 && (reserved_ + cost > budget || OverCapacity(cost)); ++round) {
       std::size_t want = reserved_ + cost > budget ? reserved_ + cost - budget : 0;
       if (OverCapacity(cost)) want = std::max(want, reserved_ + cost - capacity_);
-      if (UnmapFreeGranules(want) > 0 && !PlaceMapped(rounded, &place)) {
-        return UpstreamStatus::kOutOfMemory;
-      }
+      if (UnmapFreeGranules(want) == 0) break;
+      if (!PlaceMapped(rounded, &place)) return UpstreamStatus::kOutOfMemory;
       cost = place.map_end - place.map_start;
     }
     if (OverCapacity(cost)) return UpstreamStatus::kOutOfMemory;
+    if (cost != 0 && place.map_end > place.position) {
+      // Map ahead while memory grows: a share of what is allocated, within the soft cap, so a
+      // build-up phase takes geometrically fewer calls and overshoots the peak by at most that
+      // share.
+      const std::uintptr_t hole_end = place.hole->addr + place.hole->size;
+      std::size_t ahead = static_cast<std::size_t>(
+          tuning_.vmm_map_ahead * static_cast<double>(stats_.current_allocated_bytes + rounded));
+      const std::size_t room = budget > reserved_ + cost ? budget - reserved_ - cost : 0;
+      ahead = std::min({ahead, room, hole_end - place.map_end});
+      if (capacity_ != 0) ahead = std::min(ahead, capacity_ - reserved_ - cost);
+      ahead = RoundDown(ahead, granularity_);
+      place.map_end += ahead;
+      cost += ahead;
+    }
     if (cost == 0) {
       // The run is already mapped (free neighbours fit together): nothing to ask for.
       *block = place.position < place.hole->addr ? place.hole->prev : place.hole->next;
@@ -749,9 +760,9 @@ class CachingPool final : public Pool {
            SlotAllocator<std::pair<const std::uintptr_t, Region*>>>
       regions_;
   Region* va_region_ = nullptr;
-  BlockSet unmapped_;  // virtual memory: unmapped holes by (size, address)
-  AddrMap live_;        // address -> Block*
-  AddrMap fence_refs_;  // fence -> pending blocks waiting on it
+  BlockSet unmapped_;              // virtual memory: unmapped holes by (size, address)
+  AddrMap live_;                   // address -> Block*
+  AddrMap fence_refs_;             // fence -> pending blocks waiting on it
   Block* pending_head_ = nullptr;  // FIFO, oldest first
   Block* pending_tail_ = nullptr;
   std::size_t pending_bytes_ = 0;

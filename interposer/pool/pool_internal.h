@@ -14,8 +14,10 @@ struct Tuning {
   // --- Virtual-memory layout ---
   // Soft cap on mapped bytes: before mapping more, free granules are unmapped until
   // mapped + new <= peak_allocated * (1 + vmm_slack) + vmm_slack_granules * granularity.
-  double vmm_slack = 0.02;
+  double vmm_slack = 0.03;
   std::size_t vmm_slack_granules = 2;
+  // When mapping, map this share of the allocated bytes beyond the need (within the soft cap).
+  double vmm_map_ahead = 0.03;
   // Address space reserved when neither the options nor the upstream say how big the device is.
   std::size_t vmm_default_va_bytes = std::size_t{1} << 40;
   // --- Segment layout (PyTorch's constants) ---

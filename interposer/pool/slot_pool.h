@@ -25,7 +25,7 @@ class SlotPool {
   ~SlotPool() {
     while (slabs_ != nullptr) {
       Slab* next = slabs_->next;
-      ::operator delete(static_cast<void*>(slabs_), std::align_val_t{kAlign});
+      ::operator delete (static_cast<void*>(slabs_), std::align_val_t{kAlign});
       slabs_ = next;
     }
   }
@@ -68,8 +68,8 @@ class SlotPool {
 
   bool AddSlab() {
     const std::size_t header = sizeof(Slab);
-    void* raw = ::operator new(header + slot_size_ * kSlotsPerSlab, std::align_val_t{kAlign},
-                               std::nothrow);
+    void* raw = ::operator new (header + slot_size_ * kSlotsPerSlab, std::align_val_t{kAlign},
+                                std::nothrow);
     if (raw == nullptr) return false;
     Slab* slab = static_cast<Slab*>(raw);
     slab->next = slabs_;

@@ -79,9 +79,9 @@ struct ReplayResult {
   std::uint64_t failures = 0;
   PoolStats stats;
   double Ratio() const {
-    return peak_live == 0 ? 0.0
-                          : static_cast<double>(stats.peak_reserved_bytes) /
-                                static_cast<double>(peak_live);
+    return peak_live == 0
+               ? 0.0
+               : static_cast<double>(stats.peak_reserved_bytes) / static_cast<double>(peak_live);
   }
   std::uint64_t UpstreamCalls() const {
     return stats.upstream_grow_calls + stats.upstream_shrink_calls;

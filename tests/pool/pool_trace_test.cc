@@ -2,12 +2,12 @@
 // policy meets the goals: peak reserved within 5% of peak live (and below the PyTorch /
 // cudaMallocAsync reference for each trace), and upstream grow + shrink calls at most 3% of the
 // trace's allocations.
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "pool_test_support.h"
 #include "vramscope/pool/pool.h"
@@ -66,15 +66,16 @@ TEST_P(TraceReplayTest, DefaultPolicyMeetsRatioAndCallGoals) {
     ASSERT_NE(pool, nullptr) << policy;
     const ReplayResult result = Replay(events, pool.get());
     const VirtualUpstreamCounters counters = upstream.Counters();
-    std::printf("%-18s %-9s allocs=%5llu peak_live=%llu peak_reserved=%llu ratio=%.4f "
-                "upstream_calls=%llu (grow %llu shrink %llu) limit=%llu\n",
-                goal.name, policy.c_str(), static_cast<unsigned long long>(result.allocs),
-                static_cast<unsigned long long>(result.peak_live),
-                static_cast<unsigned long long>(result.stats.peak_reserved_bytes), result.Ratio(),
-                static_cast<unsigned long long>(result.UpstreamCalls()),
-                static_cast<unsigned long long>(result.stats.upstream_grow_calls),
-                static_cast<unsigned long long>(result.stats.upstream_shrink_calls),
-                static_cast<unsigned long long>(result.allocs * 3 / 100));
+    std::printf(
+        "%-18s %-9s allocs=%5llu peak_live=%llu peak_reserved=%llu ratio=%.4f "
+        "upstream_calls=%llu (grow %llu shrink %llu) limit=%llu\n",
+        goal.name, policy.c_str(), static_cast<unsigned long long>(result.allocs),
+        static_cast<unsigned long long>(result.peak_live),
+        static_cast<unsigned long long>(result.stats.peak_reserved_bytes), result.Ratio(),
+        static_cast<unsigned long long>(result.UpstreamCalls()),
+        static_cast<unsigned long long>(result.stats.upstream_grow_calls),
+        static_cast<unsigned long long>(result.stats.upstream_shrink_calls),
+        static_cast<unsigned long long>(result.allocs * 3 / 100));
     EXPECT_EQ(result.failures, 0u) << policy;
     // The pool's own counts agree with what the upstream saw.
     EXPECT_EQ(result.UpstreamCalls(), counters.GrowCalls() + counters.ShrinkCalls()) << policy;
