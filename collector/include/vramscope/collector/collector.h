@@ -1,0 +1,105 @@
+// The collector's core, without gRPC: stores each process's batches in its own append-only log in
+// the data directory, de-duplicates them by sequence number, feeds them to one stats engine per
+// process, and answers reports, listings and live snapshots. The gRPC service
+// (vramscope/collector/service.h) is a thin edge over this class.
+//
+// Durability contract: Ingest returns a sequence number only after the batch is in the log (and,
+// with `fsync`, on stable storage). A batch it could not store is not acknowledged: the agent
+// keeps it and resends it.
+//
+// Thread safety: all methods may be called concurrently. Batches of one process are serialised by
+// a per-process lock; different processes proceed in parallel.
+// Errors: absl::Status. INVALID_ARGUMENT (batch without a process or sequence), FAILED_PRECONDITION
+// (sequence gap), RESOURCE_EXHAUSTED (disk full, --max-disk-bytes or --max-processes reached),
+// NOT_FOUND (unknown process), INTERNAL (an I/O error other than a full disk).
+#ifndef VRAMSCOPE_COLLECTOR_COLLECTOR_H_
+#define VRAMSCOPE_COLLECTOR_COLLECTOR_H_
+
+#include <absl/base/thread_annotations.h>
+#include <absl/container/flat_hash_map.h>
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/synchronization/mutex.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vramscope/collector/record_log.h"
+#include "vramscope/v1/collector.pb.h"
+#include "vramscope/v1/events.pb.h"
+#include "vramscope/v1/report.pb.h"
+
+namespace vramscope::collector {
+
+struct CollectorOptions {
+  std::string data_dir;
+  // Bytes all process logs together may occupy; 0 = no limit but the disk's.
+  uint64_t max_disk_bytes = 0;
+  // Processes the collector tracks (live and finished, recovered ones included).
+  uint32_t max_processes = 4096;
+  // fdatasync each record before acknowledging it. Off, a batch survives a collector crash (it
+  // is in the page cache) but not a power loss.
+  bool fsync = true;
+  // Replaces write(2) for log appends (tests inject ENOSPC). Empty = write(2).
+  WriteFn write_fn;
+};
+
+// What Open found in the data directory. Every entry of `warnings` and `errors` was also logged.
+struct LoadReport {
+  int files_loaded = 0;
+  int files_skipped = 0;  // unreadable, not a log, or a duplicate process
+  uint64_t batches = 0;
+  uint64_t events = 0;
+  uint64_t truncated_bytes = 0;
+  std::vector<std::string> warnings;  // torn tails truncated
+  std::vector<std::string> errors;    // corrupt files or records
+};
+
+std::string ProcessKeyString(const v1::ProcessKey& key);
+
+class Collector {
+ public:
+  // Creates `options.data_dir` if needed and rebuilds every process from its log.
+  static absl::StatusOr<std::unique_ptr<Collector>> Open(CollectorOptions options,
+                                                         LoadReport* load_report = nullptr);
+  ~Collector();
+  Collector(const Collector&) = delete;
+  Collector& operator=(const Collector&) = delete;
+
+  // Stores `batch` unless it is a duplicate; returns the highest contiguous sequence stored for
+  // its process (the value to acknowledge).
+  absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch);
+
+  absl::StatusOr<v1::Report> GetReport(const v1::ProcessKey& key) const;
+  v1::ListProcessesResponse ListProcesses(bool include_finished) const;
+  // Live statistics of the processes named in `request` (all when empty).
+  v1::StatsUpdate Snapshot(const v1::WatchRequest& request) const;
+
+  uint64_t disk_bytes() const { return disk_bytes_.load(std::memory_order_relaxed); }
+  uint64_t batches_stored() const { return batches_stored_.load(std::memory_order_relaxed); }
+  uint64_t batches_duplicate() const { return batches_duplicate_.load(std::memory_order_relaxed); }
+  const CollectorOptions& options() const { return options_; }
+
+ private:
+  struct Process;
+  explicit Collector(CollectorOptions options);
+  absl::Status Load(LoadReport* report);
+  void LoadFile(const std::string& path, LoadReport* report);
+  absl::StatusOr<Process*> FindOrCreate(const v1::ProcessKey& key);
+  absl::Status CreateLog(Process* process);
+  std::vector<Process*> Matching(const std::vector<v1::ProcessKey>& keys) const;
+
+  const CollectorOptions options_;
+  std::atomic<uint64_t> disk_bytes_{0};
+  std::atomic<uint64_t> batches_stored_{0};
+  std::atomic<uint64_t> batches_duplicate_{0};
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Process>> processes_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace vramscope::collector
+
+#endif  // VRAMSCOPE_COLLECTOR_COLLECTOR_H_

@@ -1,0 +1,80 @@
+// The collector's gRPC edge: vramscope.v1.Collector served over a Collector core. absl::Status
+// from the core becomes grpc::Status here and nowhere else (ToGrpcStatus).
+//
+// CollectorService: thread-safe, as gRPC calls it from many threads; it does not own the core.
+// CollectorServer: owns the grpc::Server and the service; Start binds and starts serving,
+// Shutdown (idempotent, any thread) ends Watch streams and cancels calls still open after a
+// short grace period.
+#ifndef VRAMSCOPE_COLLECTOR_SERVICE_H_
+#define VRAMSCOPE_COLLECTOR_SERVICE_H_
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/synchronization/mutex.h>
+#include <absl/time/time.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "vramscope/collector/collector.h"
+#include "vramscope/v1/collector.grpc.pb.h"
+
+namespace vramscope::collector {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// The Watch interval the collector uses for a requested one (0 = 1 s), clamped to [50 ms, 60 s].
+absl::Duration ClampWatchInterval(uint32_t interval_ms);
+
+class CollectorService final : public v1::Collector::Service {
+ public:
+  explicit CollectorService(Collector* collector) : collector_(collector) {}
+
+  grpc::Status Ingest(grpc::ServerContext* context,
+                      grpc::ServerReaderWriter<v1::IngestAck, v1::EventBatch>* stream) override;
+  grpc::Status Watch(grpc::ServerContext* context, const v1::WatchRequest* request,
+                     grpc::ServerWriter<v1::StatsUpdate>* writer) override;
+  grpc::Status GetReport(grpc::ServerContext* context, const v1::GetReportRequest* request,
+                         v1::Report* response) override;
+  grpc::Status ListProcesses(grpc::ServerContext* context, const v1::ListProcessesRequest* request,
+                             v1::ListProcessesResponse* response) override;
+
+  // Ends every Watch stream at its next wake-up; later Watch calls return UNAVAILABLE.
+  void Stop();
+
+ private:
+  Collector* const collector_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:7411";  // "127.0.0.1:0" picks a free port
+  int max_message_bytes = 16 << 20;       // gRPC's receive limit for one message
+};
+
+class CollectorServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CollectorServer>> Start(Collector* collector,
+                                                                const ServerOptions& options);
+  ~CollectorServer();
+
+  int port() const { return port_; }
+  CollectorService& service() { return service_; }
+  void Shutdown();
+  void Wait();
+
+ private:
+  explicit CollectorServer(Collector* collector) : service_(collector) {}
+  CollectorService service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace vramscope::collector
+
+#endif  // VRAMSCOPE_COLLECTOR_SERVICE_H_

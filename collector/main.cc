@@ -1,0 +1,195 @@
+// vramscope-collector: receives agents' event batches over gRPC, stores them per process in the
+// data directory, and serves live statistics and reports. Exit codes: 0 after a clean shutdown
+// (SIGINT/SIGTERM), 1 when the data directory or the listening address cannot be used, 2 usage.
+#include <absl/strings/match.h>
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_format.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "vramscope/collector/collector.h"
+#include "vramscope/collector/log.h"
+#include "vramscope/collector/service.h"
+
+namespace vramscope::collector {
+namespace {
+
+constexpr char kUsage[] = R"(usage: vramscope-collector [FLAGS]
+
+Receives event batches from vramscope-agent, stores them per process (append-only, CRC-checked),
+and serves live statistics (Watch), reports (GetReport) and ListProcesses over gRPC.
+
+  --listen=HOST:PORT         address to serve on (default 127.0.0.1:7411: loopback only;
+                             0.0.0.0:7411 serves the network, port 0 picks a free port)
+  --data-dir=DIR             where process logs live (default $HOME/.local/share/vramscope/collector,
+                             /var/lib/vramscope/collector for root)
+  --max-message-bytes=SIZE   largest gRPC message accepted (default 16M)
+  --max-processes=N          processes tracked at most (default 4096)
+  --max-disk-bytes=SIZE      bytes the logs may occupy; batches beyond are refused with
+                             RESOURCE_EXHAUSTED and not acknowledged (default 0 = the disk's limit)
+  --fsync=always|never       fdatasync each batch before acknowledging it (default always)
+  --port-file=FILE           write the port actually bound to FILE (useful with port 0)
+  --help                     this text
+
+SIZE takes a K, M, G or T suffix (powers of 1024).
+)";
+
+int Usage(const std::string& error) {
+  std::fprintf(stderr, "vramscope-collector: %s\n\n%s", error.c_str(), kUsage);
+  return 2;
+}
+
+std::optional<uint64_t> ParseSize(absl::string_view text) {
+  uint64_t scale = 1;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 'K':
+      case 'k':
+        scale = uint64_t{1} << 10;
+        break;
+      case 'M':
+      case 'm':
+        scale = uint64_t{1} << 20;
+        break;
+      case 'G':
+      case 'g':
+        scale = uint64_t{1} << 30;
+        break;
+      case 'T':
+      case 't':
+        scale = uint64_t{1} << 40;
+        break;
+      default:
+        break;
+    }
+    if (scale != 1) text.remove_suffix(1);
+  }
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value > UINT64_MAX / scale) return std::nullopt;
+  return value * scale;
+}
+
+std::string DefaultDataDir() {
+  if (::geteuid() == 0) return "/var/lib/vramscope/collector";
+  const char* home = ::getenv("HOME");
+  return absl::StrCat(home != nullptr && *home != '\0' ? home : "/tmp",
+                      "/.local/share/vramscope/collector");
+}
+
+int Main(int argc, char** argv) {
+  ServerOptions server_options;
+  CollectorOptions options;
+  options.data_dir = DefaultDataDir();
+  std::string port_file;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (!absl::StartsWith(arg, "--")) return Usage(absl::StrCat("unexpected argument ", arg));
+    std::string name;
+    std::string value;
+    size_t eq = arg.find('=');
+    if (eq != absl::string_view::npos) {
+      name = std::string(arg.substr(2, eq - 2));
+      value = std::string(arg.substr(eq + 1));
+    } else {
+      name = std::string(arg.substr(2));
+      if (i + 1 >= argc) return Usage(absl::StrCat("--", name, " needs a value"));
+      value = argv[++i];
+    }
+    auto size = [&]() { return ParseSize(value); };
+    if (name == "listen") {
+      server_options.listen = value;
+    } else if (name == "data-dir") {
+      options.data_dir = value;
+    } else if (name == "max-message-bytes") {
+      std::optional<uint64_t> v = size();
+      if (!v || *v < 1024 || *v > (uint64_t{1} << 31) - 1) {
+        return Usage(absl::StrCat("--max-message-bytes=", value, ": want 1K .. 2G"));
+      }
+      server_options.max_message_bytes = static_cast<int>(*v);
+    } else if (name == "max-processes") {
+      uint32_t v = 0;
+      if (!absl::SimpleAtoi(value, &v) || v == 0) {
+        return Usage(absl::StrCat("--max-processes=", value, ": want a positive count"));
+      }
+      options.max_processes = v;
+    } else if (name == "max-disk-bytes") {
+      std::optional<uint64_t> v = size();
+      if (!v) return Usage(absl::StrCat("--max-disk-bytes=", value, ": want a size"));
+      options.max_disk_bytes = *v;
+    } else if (name == "fsync") {
+      if (value != "always" && value != "never") {
+        return Usage(absl::StrCat("--fsync=", value, ": want always or never"));
+      }
+      options.fsync = value == "always";
+    } else if (name == "port-file") {
+      port_file = value;
+    } else {
+      return Usage(absl::StrCat("unknown flag --", name));
+    }
+  }
+
+  // SIGINT/SIGTERM are taken by one thread with sigwait; block them before gRPC starts threads.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<Collector>> collector = Collector::Open(options);
+  if (!collector.ok()) {
+    Log(LogLevel::kError, collector.status().message());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<CollectorServer>> server =
+      CollectorServer::Start(collector->get(), server_options);
+  if (!server.ok()) {
+    Log(LogLevel::kError, server.status().message());
+    return 1;
+  }
+  int port = (*server)->port();
+  if (!port_file.empty()) {
+    std::string tmp = port_file + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr || std::fprintf(f, "%d\n", port) < 0 || std::fclose(f) != 0 ||
+        std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      Log(LogLevel::kError, absl::StrFormat("cannot write --port-file=%s", port_file));
+      return 1;
+    }
+  }
+  Log(LogLevel::kInfo,
+      absl::StrFormat("serving on %s (port %d), data in %s, fsync %s, max message %d bytes, "
+                      "max disk %s",
+                      server_options.listen, port, options.data_dir,
+                      options.fsync ? "always" : "never", server_options.max_message_bytes,
+                      options.max_disk_bytes == 0 ? std::string("unlimited")
+                                                  : absl::StrCat(options.max_disk_bytes)));
+  std::thread waiter([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    Log(LogLevel::kInfo, absl::StrFormat("signal %d: shutting down", signal));
+    (*server)->Shutdown();
+  });
+  (*server)->Wait();
+  waiter.join();
+  Log(LogLevel::kInfo,
+      absl::StrFormat("stopped: %d batches stored, %d duplicates ignored",
+                      (*collector)->batches_stored(), (*collector)->batches_duplicate()));
+  return 0;
+}
+
+}  // namespace
+}  // namespace vramscope::collector
+
+int main(int argc, char** argv) { return vramscope::collector::Main(argc, argv); }
