@@ -63,8 +63,8 @@ std::string Thousands(std::uint64_t value) {
   return out;
 }
 
-// "7.17 GiB (7,701,353,160 B)"
-std::string Bytes(std::uint64_t bytes) {
+// "7.17 GiB"
+std::string Human(std::uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double value = static_cast<double>(bytes);
   int unit = 0;
@@ -72,8 +72,14 @@ std::string Bytes(std::uint64_t bytes) {
     value /= 1024;
     ++unit;
   }
-  if (unit == 0) return absl::StrCat(bytes, " B");
-  return absl::StrFormat("%.2f %s (%s B)", value, kUnits[unit], Thousands(bytes));
+  if (unit == 0) return absl::StrFormat("%d B", bytes);
+  return absl::StrFormat("%.2f %s", value, kUnits[unit]);
+}
+
+// "7.17 GiB (7,701,353,160 B)"
+std::string Bytes(std::uint64_t bytes) {
+  if (bytes < 1024) return Human(bytes);
+  return absl::StrFormat("%s (%s B)", Human(bytes), Thousands(bytes));
 }
 
 double Ratio(std::uint64_t numerator, std::uint64_t denominator) {
@@ -222,7 +228,7 @@ std::string FormatReplayText(const LoadedTrace& trace, const ReplayResult& resul
       absl::StrFormat("%.3f", Ratio(s.peak_reserved_bytes, trace.peak_live_bytes)));
   row("fragmentation at peak",
       absl::StrFormat("%.3f (largest free block %s of %s free)", result.fragmentation_at_peak,
-                      Bytes(result.largest_free_block_at_peak), Bytes(result.free_bytes_at_peak)));
+                      Human(result.largest_free_block_at_peak), Human(result.free_bytes_at_peak)));
   row("upstream calls",
       absl::StrFormat("%s (%s grow, %s shrink; %.4f per alloc)", Thousands(upstream_calls),
                       Thousands(s.upstream_grow_calls), Thousands(s.upstream_shrink_calls),
