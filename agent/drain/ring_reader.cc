@@ -1,0 +1,430 @@
+// RingReader: see ring_reader.h. The protocol it relies on is written in vramscope/ring.h:
+// a slot at position c holds c's record iff its seq == (uint32_t)(c + 1) (acquire), positions
+// below head were all claimed, and the reader hands slots back by storing tail (release).
+#include "drain/ring_reader.h"
+
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_split.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string_view>
+#include <utility>
+
+#include "drain/ring_decoder.h"
+
+namespace vramscope::agent {
+namespace {
+
+template <typename T>
+T Load(const T* p, int order = __ATOMIC_ACQUIRE) {
+  return __atomic_load_n(p, order);
+}
+
+std::string BoundedString(const char* data, std::size_t size) {
+  return std::string(data, strnlen(data, size));
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out->append(buf, static_cast<std::size_t>(n));
+  }
+  close(fd);
+  return true;
+}
+
+}  // namespace
+
+bool WriterProcessAlive(const RingInfo& info) {
+  if (info.pid == 0) return false;
+  std::string stat;
+  if (!ReadFile(absl::StrCat("/proc/", info.pid, "/stat"), &stat)) {
+    struct stat proc;
+    if (::stat("/proc/self", &proc) == 0) return false;  // /proc works: the pid is gone
+    return kill(static_cast<pid_t>(info.pid), 0) == 0 || errno == EPERM;
+  }
+  // Fields after the command name, which may hold spaces and parentheses: state is field 3,
+  // start time field 22.
+  const std::size_t close = stat.rfind(')');
+  if (close == std::string::npos) return true;
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
+  if (fields.empty()) return true;
+  if (fields[0] == "Z" || fields[0] == "X" || fields[0] == "x") return false;
+  std::uint64_t ticks = 0;
+  if (info.proc_start_ticks != 0 && fields.size() > 19 && absl::SimpleAtoi(fields[19], &ticks) &&
+      ticks != info.proc_start_ticks) {
+    return false;  // the pid was reused
+  }
+  return true;
+}
+
+RingReader::RingReader(void* base, std::size_t size, int fd, std::string path, Options options)
+    : base_(base),
+      size_(size),
+      fd_(fd),
+      path_(std::move(path)),
+      options_(std::move(options)),
+      header_(static_cast<vramscope_ring_header*>(base)),
+      records_(reinterpret_cast<vramscope_ring_record*>(static_cast<char*>(base) +
+                                                        VRAMSCOPE_RING_HEADER_SIZE)) {}
+
+RingReader::~RingReader() {
+  if (fd_ >= 0) {
+    munmap(base_, size_);
+    close(fd_);  // also drops the flock
+  }
+}
+
+absl::StatusOr<std::unique_ptr<RingReader>> RingReader::OpenFile(const std::string& path,
+                                                                 Options options) {
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::Status(
+        err == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kPermissionDenied,
+        absl::StrCat("cannot open ring ", path, ": ", strerror(err)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ring ", path, " is being drained by another reader (flock: ", strerror(err), ")"));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("ring ", path, " is not a regular file"));
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  constexpr std::size_t kMaxSize =
+      VRAMSCOPE_RING_HEADER_SIZE +
+      std::size_t{VRAMSCOPE_RING_MAX_CAPACITY} * VRAMSCOPE_RING_RECORD_SIZE;
+  if (size < VRAMSCOPE_RING_HEADER_SIZE || size > kMaxSize) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ring %s has %d bytes: not a vramscope ring (header %d bytes, at most %d)",
+                        path, size, VRAMSCOPE_RING_HEADER_SIZE, kMaxSize));
+  }
+  void* map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("cannot map ring ", path, ": ", strerror(err)));
+  }
+  std::unique_ptr<RingReader> reader(new RingReader(map, size, fd, path, std::move(options)));
+  if (absl::Status status = reader->Validate(); !status.ok()) return status;
+  return reader;
+}
+
+absl::StatusOr<std::unique_ptr<RingReader>> RingReader::OpenMemory(void* data, std::size_t size,
+                                                                   Options options) {
+  if (data == nullptr || reinterpret_cast<std::uintptr_t>(data) % 8 != 0) {
+    return absl::InvalidArgumentError("ring memory must be non-null and 8-byte aligned");
+  }
+  if (size < VRAMSCOPE_RING_HEADER_SIZE) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ring region has %d bytes, less than the %d-byte header", size,
+                        VRAMSCOPE_RING_HEADER_SIZE));
+  }
+  std::unique_ptr<RingReader> reader(
+      new RingReader(data, size, -1, "<memory>", std::move(options)));
+  if (absl::Status status = reader->Validate(); !status.ok()) return status;
+  return reader;
+}
+
+absl::Status RingReader::Validate() {
+  const vramscope_ring_header& h = *header_;
+  const std::uint64_t magic = Load(&h.magic);
+  if (magic == 0) {
+    return absl::UnavailableError(absl::StrCat("ring ", path_, " is not initialised yet"));
+  }
+  if (magic != VRAMSCOPE_RING_MAGIC) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: bad magic 0x%016x, not a vramscope ring", path_, magic));
+  }
+  if (h.version != VRAMSCOPE_RING_VERSION) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: ring layout version %d, this reader knows version %d", path_,
+                        h.version, VRAMSCOPE_RING_VERSION));
+  }
+  if (h.header_size != VRAMSCOPE_RING_HEADER_SIZE || h.record_size != VRAMSCOPE_RING_RECORD_SIZE ||
+      h.max_devices != VRAMSCOPE_RING_MAX_DEVICES) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: header size %d, record size %d, max devices %d (expected %d, %d, %d)", path_,
+        h.header_size, h.record_size, h.max_devices, VRAMSCOPE_RING_HEADER_SIZE,
+        VRAMSCOPE_RING_RECORD_SIZE, VRAMSCOPE_RING_MAX_DEVICES));
+  }
+  const std::uint32_t capacity = h.capacity;
+  if (capacity < VRAMSCOPE_RING_MIN_CAPACITY || capacity > VRAMSCOPE_RING_MAX_CAPACITY ||
+      (capacity & (capacity - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: capacity %d is not a power of two in [%d, %d]", path_, capacity,
+                        VRAMSCOPE_RING_MIN_CAPACITY, VRAMSCOPE_RING_MAX_CAPACITY));
+  }
+  const std::size_t expected =
+      VRAMSCOPE_RING_HEADER_SIZE + std::size_t{capacity} * VRAMSCOPE_RING_RECORD_SIZE;
+  if (size_ != expected) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d bytes, but a ring of %d records has %d", path_, size_, capacity, expected));
+  }
+  const std::uint64_t tail = Load(&h.tail);
+  const std::uint64_t head = Load(&h.head);
+  if (tail > head || head - tail > capacity) {
+    return absl::DataLossError(absl::StrFormat("%s: corrupt indices head %d, tail %d, capacity %d",
+                                               path_, head, tail, capacity));
+  }
+  info_.pid = h.pid;
+  info_.parent_pid = h.parent_pid;
+  info_.uid = h.uid;
+  info_.capacity = capacity;
+  info_.start_time_ns = h.start_time_ns;
+  info_.start_monotonic_ns = h.start_monotonic_ns;
+  info_.proc_start_ticks = h.proc_start_ticks;
+  info_.host = BoundedString(h.host, sizeof(h.host));
+  info_.mode = BoundedString(h.mode, sizeof(h.mode));
+  const std::size_t cmd_len = std::min<std::size_t>(h.command_line_len, sizeof(h.command_line));
+  std::string_view cmd(h.command_line, cmd_len);
+  while (!cmd.empty()) {
+    const std::size_t end = cmd.find('\0');
+    info_.command_line.emplace_back(cmd.substr(0, end));
+    if (end == std::string_view::npos) break;
+    cmd.remove_prefix(end + 1);
+  }
+  cursor_ = tail;
+  // Drops from before this reader (a previous reader's time) are reported on the first Drain.
+  dropped_seen_ = 0;
+  last_time_ns_ = info_.start_monotonic_ns;
+  return absl::OkStatus();
+}
+
+bool RingReader::WriterAlive() {
+  if (options_.writer_alive) return options_.writer_alive(info_);
+  return WriterProcessAlive(info_);
+}
+
+v1::ProcessKey RingReader::process_key() const {
+  v1::ProcessKey key;
+  key.set_host(info_.host);
+  key.set_pid(info_.pid);
+  key.set_start_time_ns(info_.start_time_ns);
+  return key;
+}
+
+bool RingReader::WriterExited() const { return Load(&header_->exited) == VRAMSCOPE_RING_EXITED; }
+
+int RingReader::ExitCode() const { return Load(&header_->exit_code); }
+
+std::vector<v1::DeviceCounters> RingReader::Counters() const {
+  std::vector<v1::DeviceCounters> counters;
+  const std::uint64_t written = Load(&header_->head, __ATOMIC_RELAXED);
+  const std::uint64_t dropped = Load(&header_->records_dropped, __ATOMIC_RELAXED);
+  for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
+    const vramscope_ring_device_counters& c = header_->devices[d];
+    v1::DeviceCounters out;
+    out.set_device(d);
+    out.set_current_requested_bytes(Load(&c.current_requested_bytes, __ATOMIC_RELAXED));
+    out.set_peak_requested_bytes(Load(&c.peak_requested_bytes, __ATOMIC_RELAXED));
+    out.set_current_allocated_bytes(Load(&c.current_allocated_bytes, __ATOMIC_RELAXED));
+    out.set_peak_allocated_bytes(Load(&c.peak_allocated_bytes, __ATOMIC_RELAXED));
+    out.set_current_reserved_bytes(Load(&c.current_reserved_bytes, __ATOMIC_RELAXED));
+    out.set_peak_reserved_bytes(Load(&c.peak_reserved_bytes, __ATOMIC_RELAXED));
+    const bool used = out.peak_requested_bytes() != 0 || out.peak_allocated_bytes() != 0 ||
+                      out.peak_reserved_bytes() != 0 ||
+                      Load(&c.alloc_count, __ATOMIC_RELAXED) != 0 ||
+                      Load(&header_->device_info[d].valid) != 0;
+    if (!used) continue;
+    out.set_records_written(written);
+    out.set_records_dropped(dropped);
+    counters.push_back(std::move(out));
+  }
+  return counters;
+}
+
+void RingReader::AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event>* out) {
+  v1::Event* event = out->Add();
+  event->set_time_ns(info_.start_monotonic_ns);
+  v1::ProcessStartEvent* start = event->mutable_process_start();
+  start->set_pid(info_.pid);
+  start->set_host(info_.host);
+  for (const std::string& arg : info_.command_line) start->add_command_line(arg);
+  start->set_mode(info_.mode);
+  start->set_parent_pid(info_.parent_pid);
+  for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
+    const vramscope_ring_device_info& info = header_->device_info[d];
+    if (Load(&info.valid) != 1) continue;
+    v1::DeviceInfo* device = start->add_devices();
+    device->set_ordinal(d);
+    device->set_name(BoundedString(info.name, sizeof(info.name)));
+    device->set_total_memory_bytes(info.total_memory_bytes);
+    const std::uint8_t* u = info.uuid;
+    device->set_uuid(absl::StrFormat(
+        "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+        u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]));
+  }
+}
+
+absl::StatusOr<DrainStats> RingReader::Drain(google::protobuf::RepeatedPtrField<v1::Event>* out,
+                                             std::size_t max_records) {
+  DrainStats stats;
+  if (finished_) {
+    stats.finished = true;
+    return stats;
+  }
+  const int events_before = out->size();
+  if (!started_) {
+    AppendProcessStart(out);
+    started_ = true;
+  }
+  // Read the drop counter before the records: drops counted by now happened while the records
+  // still in the ring filled it, so they belong after those records.
+  const std::uint64_t dropped_now = Load(&header_->records_dropped, __ATOMIC_RELAXED);
+  std::uint64_t lost = 0;  // slots skipped here: invalid or never published by a dead writer
+  const std::uint64_t capacity = info_.capacity;
+  std::uint64_t head = Load(&header_->head);
+  if (head < cursor_ || head - cursor_ > capacity) {
+    return absl::DataLossError(absl::StrFormat("%s: corrupt ring head %d (cursor %d, capacity %d)",
+                                               path_, head, cursor_, capacity));
+  }
+  int alive = -1;  // unknown until a stuck slot or the end needs it
+  auto writer_alive = [&] {
+    if (alive < 0) alive = WriterAlive() ? 1 : 0;
+    return alive == 1;
+  };
+  auto slot = [&](std::uint64_t position) -> const vramscope_ring_record& {
+    return records_[position & (capacity - 1)];
+  };
+  auto published = [&](std::uint64_t position) {
+    return Load(&slot(position).seq) == static_cast<std::uint32_t>(position + 1);
+  };
+
+  std::string text;
+  for (;;) {
+    if (cursor_ == head) {
+      // Catch up with writers that claimed slots while we read.
+      head = Load(&header_->head);
+      if (head < cursor_ || head - cursor_ > capacity) {
+        return absl::DataLossError(
+            absl::StrFormat("%s: corrupt ring head %d (cursor %d)", path_, head, cursor_));
+      }
+      if (cursor_ == head) break;
+    }
+    if (stats.records >= max_records) break;
+    if (!published(cursor_)) {
+      if (writer_alive()) break;  // a writer is between claim and publish: wait for it
+      ++cursor_;                  // it died there: that slot is lost
+      ++stats.records;
+      ++lost;
+      continue;
+    }
+    vramscope_ring_record record;
+    memcpy(&record, &slot(cursor_), sizeof(record));
+    std::uint64_t consumed = 1;
+    text.clear();
+    bool valid = true;
+    if (record.kind == VRAMSCOPE_RING_KIND_NVTX_PUSH) {
+      const std::uint32_t n = record.flags;
+      const vramscope_ring_nvtx_push_payload& p = record.payload.nvtx_push;
+      const std::size_t total = std::size_t{p.name_len} + p.domain_len;
+      if (n > VRAMSCOPE_RING_MAX_TEXT_RECORDS || total > VRAMSCOPE_RING_MAX_NVTX_TEXT ||
+          (n == 0 && total > VRAMSCOPE_RING_NVTX_INLINE_TEXT) || n > head - cursor_ - 1) {
+        // The push and its text were claimed by one CAS, so a head we saw beyond the push is
+        // beyond its text too: text past head means a corrupt record.
+        valid = false;
+      } else {
+        bool complete = true;
+        for (std::uint32_t k = 1; k <= n; ++k) {
+          if (!published(cursor_ + k)) {
+            complete = false;
+            break;
+          }
+        }
+        if (!complete && writer_alive()) break;  // continuation still being written
+        if (!complete) {
+          valid = false;
+        } else {
+          text.append(p.text, std::min<std::size_t>(total, VRAMSCOPE_RING_NVTX_INLINE_TEXT));
+          for (std::uint32_t k = 1; k <= n; ++k) {
+            const vramscope_ring_record& t = slot(cursor_ + k);
+            const std::size_t want =
+                std::min<std::size_t>(total - text.size(), VRAMSCOPE_RING_TEXT_RECORD_BYTES);
+            if (Load(&t.kind, __ATOMIC_RELAXED) != VRAMSCOPE_RING_KIND_TEXT) valid = false;
+            text.append(t.payload.text, want);
+          }
+          if (text.size() != total) valid = false;
+          consumed += n;
+        }
+      }
+    }
+    if (valid) {
+      v1::Event* event = out->Add();
+      if (DecodeRecord(record, text, event).ok()) {
+        if (record.time_ns > last_time_ns_) last_time_ns_ = record.time_ns;
+        if (event->has_process_exit()) exit_seen_ = true;
+      } else {
+        out->RemoveLast();
+        valid = false;
+      }
+    }
+    if (!valid) {
+      ++stats.invalid;
+      ++lost;
+    }
+    cursor_ += consumed;
+    stats.records += consumed;
+  }
+  // Hand the slots back to the writers, after every copy above.
+  __atomic_store_n(&header_->tail, cursor_, __ATOMIC_RELEASE);
+
+  const std::uint64_t writer_drops = dropped_now > dropped_seen_ ? dropped_now - dropped_seen_ : 0;
+  dropped_seen_ = std::max(dropped_seen_, dropped_now);
+  if (writer_drops + lost > 0) {
+    v1::Event* event = out->Add();
+    event->set_time_ns(last_time_ns_);
+    v1::DropEvent* drop = event->mutable_drop();
+    drop->set_dropped_records(writer_drops + lost);
+    drop->set_first_sequence(cursor_);
+    stats.dropped = writer_drops + lost;
+  }
+
+  if (cursor_ == Load(&header_->head) && !writer_alive()) {
+    // Drops counted after our first look, by the writer's last moments.
+    const std::uint64_t late = Load(&header_->records_dropped, __ATOMIC_RELAXED);
+    if (late > dropped_seen_) {
+      v1::Event* event = out->Add();
+      event->set_time_ns(last_time_ns_);
+      event->mutable_drop()->set_dropped_records(late - dropped_seen_);
+      event->mutable_drop()->set_first_sequence(cursor_);
+      stats.dropped += late - dropped_seen_;
+      dropped_seen_ = late;
+    }
+    if (!exit_seen_) {
+      v1::Event* event = out->Add();
+      event->set_time_ns(last_time_ns_);
+      v1::ProcessExitEvent* exit = event->mutable_process_exit();
+      const bool exited = WriterExited();
+      exit->set_exit_code(exited ? ExitCode() : 0);
+      exit->set_killed(!exited);
+    }
+    finished_ = true;
+    stats.finished = true;
+  }
+  stats.events = static_cast<std::uint64_t>(out->size() - events_before);
+  return stats;
+}
+
+}  // namespace vramscope::agent
