@@ -233,7 +233,7 @@ class CachingPool final : public Pool {
       *position = (*block)->addr;
       return PoolStatus::kOk;
     }
-    UpstreamStatus status = Grow(rounded, block, position);
+    UpstreamStatus status = Grow(rounded, /*retry=*/false, block, position);
     if (status == UpstreamStatus::kOutOfMemory) {
       // Pressure: give idle memory back, wait on the oldest fences (a completed one may free a
       // block that fits), then ask the upstream once more.
@@ -248,7 +248,7 @@ class CachingPool final : public Pool {
         return PoolStatus::kOk;
       }
       ReleaseIdleLocked(std::numeric_limits<std::size_t>::max());
-      status = Grow(rounded, block, position);
+      status = Grow(rounded, /*retry=*/true, block, position);
     }
     if (status == UpstreamStatus::kOk) return PoolStatus::kOk;
     if (status == UpstreamStatus::kOutOfMemory) return FailOom(rounded);
@@ -266,8 +266,9 @@ class CachingPool final : public Pool {
     return capacity_ != 0 && (reserved_ > capacity_ || more > capacity_ - reserved_);
   }
 
-  UpstreamStatus Grow(std::size_t rounded, Block** block, std::uintptr_t* position) {
-    return layout_ == Layout::kVmm ? GrowMapped(rounded, block, position)
+  // `retry`: the second attempt after an upstream OOM asks for no more than the request needs.
+  UpstreamStatus Grow(std::size_t rounded, bool retry, Block** block, std::uintptr_t* position) {
+    return layout_ == Layout::kVmm ? GrowMapped(rounded, !retry, block, position)
                                    : GrowSegment(rounded, block, position);
   }
 
@@ -420,7 +421,8 @@ class CachingPool final : public Pool {
     return found;
   }
 
-  UpstreamStatus GrowMapped(std::size_t rounded, Block** block, std::uintptr_t* position) {
+  UpstreamStatus GrowMapped(std::size_t rounded, bool map_ahead, Block** block,
+                            std::uintptr_t* position) {
     if (!EnsureAddressSpace()) return UpstreamStatus::kError;
     Placement place;
     if (!PlaceMapped(rounded, &place)) return UpstreamStatus::kOutOfMemory;
@@ -441,16 +443,19 @@ class CachingPool final : public Pool {
       cost = place.map_end - place.map_start;
     }
     if (OverCapacity(cost)) return UpstreamStatus::kOutOfMemory;
-    if (cost != 0 && place.map_end > place.position) {
+    std::size_t ahead = 0;
+    if (cost != 0 && map_ahead) {
       // Map ahead while memory grows: a share of what is allocated, within the soft cap, so a
       // build-up phase takes geometrically fewer calls and overshoots the peak by at most that
       // share.
       const std::uintptr_t hole_end = place.hole->addr + place.hole->size;
-      std::size_t ahead = static_cast<std::size_t>(
+      ahead = static_cast<std::size_t>(
           tuning_.vmm_map_ahead * static_cast<double>(stats_.current_allocated_bytes + rounded));
       const std::size_t room = budget > reserved_ + cost ? budget - reserved_ - cost : 0;
       ahead = std::min({ahead, room, hole_end - place.map_end});
-      if (capacity_ != 0) ahead = std::min(ahead, capacity_ - reserved_ - cost);
+      const std::size_t device = capacity_ != 0 ? capacity_ : upstream_->TotalBytes();
+      if (device != 0)
+        ahead = std::min(ahead, device > reserved_ + cost ? device - reserved_ - cost : 0);
       ahead = RoundDown(ahead, granularity_);
       place.map_end += ahead;
       cost += ahead;

@@ -4,6 +4,7 @@
 
 #include <zlib.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -37,6 +38,58 @@ class FakeFences final : public FenceTracker {
   std::vector<std::uint64_t> waited;
   std::vector<std::uint64_t> retired;
   std::uint64_t is_complete_calls = 0;
+};
+
+// Fences are epochs: fence f is complete once the test has completed every epoch up to f.
+// Thread-safe, for the stress tests.
+class EpochFences final : public FenceTracker {
+ public:
+  bool IsComplete(std::uint64_t fence) override { return fence <= completed.load(); }
+  void Wait(std::uint64_t fence) override {
+    std::uint64_t seen = completed.load();
+    while (seen < fence && !completed.compare_exchange_weak(seen, fence)) {
+    }
+  }
+  std::atomic<std::uint64_t> completed{0};
+};
+
+// Forwards to a VirtualUpstream and answers the next `fail_grows` grow calls (Allocate, Map)
+// with kOutOfMemory, like a device where someone else took the memory for a moment.
+class FlakyUpstream final : public Upstream {
+ public:
+  explicit FlakyUpstream(Upstream* inner) : inner_(inner) {}
+  UpstreamStatus Allocate(std::size_t bytes, std::uintptr_t* address) override {
+    if (Fail()) return UpstreamStatus::kOutOfMemory;
+    return inner_->Allocate(bytes, address);
+  }
+  UpstreamStatus Free(std::uintptr_t address, std::size_t bytes) override {
+    return inner_->Free(address, bytes);
+  }
+  std::size_t MapGranularity() const override { return inner_->MapGranularity(); }
+  std::size_t TotalBytes() const override { return inner_->TotalBytes(); }
+  UpstreamStatus ReserveRange(std::size_t bytes, std::uintptr_t* address) override {
+    return inner_->ReserveRange(bytes, address);
+  }
+  UpstreamStatus ReleaseRange(std::uintptr_t address, std::size_t bytes) override {
+    return inner_->ReleaseRange(address, bytes);
+  }
+  UpstreamStatus Map(std::uintptr_t address, std::size_t bytes) override {
+    if (Fail()) return UpstreamStatus::kOutOfMemory;
+    return inner_->Map(address, bytes);
+  }
+  UpstreamStatus Unmap(std::uintptr_t address, std::size_t bytes) override {
+    return inner_->Unmap(address, bytes);
+  }
+
+  int fail_grows = 0;
+
+ private:
+  bool Fail() {
+    if (fail_grows == 0) return false;
+    --fail_grows;
+    return true;
+  }
+  Upstream* inner_;
 };
 
 struct TraceEvent {
