@@ -1,0 +1,86 @@
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+namespace vramscope::interposer {
+namespace {
+
+bool ReadU64(const char* name, std::uint64_t* out) {
+  const char* value = getenv(name);
+  if (value == nullptr || value[0] == '\0') return false;
+  char* end = nullptr;
+  const unsigned long long parsed = strtoull(value, &end, 0);
+  std::uint64_t scale = 1;
+  if (end != nullptr && *end != '\0') {
+    switch (*end) {
+      case 'k':
+      case 'K':
+        scale = std::uint64_t{1} << 10;
+        break;
+      case 'm':
+      case 'M':
+        scale = std::uint64_t{1} << 20;
+        break;
+      case 'g':
+      case 'G':
+        scale = std::uint64_t{1} << 30;
+        break;
+      default:
+        VRAMSCOPE_LOG(kWarn, "%s=%s is not a number; ignored", name, value);
+        return false;
+    }
+  }
+  *out = static_cast<std::uint64_t>(parsed) * scale;
+  return true;
+}
+
+}  // namespace
+
+const char* ModeName(Mode mode) {
+  switch (mode) {
+    case Mode::kPool:
+      return "pool";
+    case Mode::kPassthrough:
+      return "passthrough";
+    case Mode::kStrict:
+      return "strict";
+  }
+  return "unknown";
+}
+
+Config ReadConfig() {
+  Config config;
+  if (const char* mode = getenv("VRAMSCOPE_MODE"); mode != nullptr && mode[0] != '\0') {
+    if (strcmp(mode, "pool") == 0) {
+      config.mode = Mode::kPool;
+    } else if (strcmp(mode, "passthrough") == 0) {
+      config.mode = Mode::kPassthrough;
+    } else if (strcmp(mode, "strict") == 0) {
+      config.mode = Mode::kStrict;
+    } else {
+      // Unknown: behave as if the shim were absent (passthrough still records).
+      VRAMSCOPE_LOG(
+          kWarn, "VRAMSCOPE_MODE=%s is not pool, passthrough or strict; using passthrough", mode);
+      config.mode = Mode::kPassthrough;
+    }
+  }
+  if (const char* summary = getenv("VRAMSCOPE_SUMMARY"); summary != nullptr) {
+    config.summary = summary[0] != '\0' && strcmp(summary, "0") != 0;
+  }
+  if (const char* policy = getenv("VRAMSCOPE_POOL_POLICY"); policy != nullptr) {
+    strncpy(config.policy, policy, sizeof(config.policy) - 1);
+  }
+  std::uint64_t value = 0;
+  if (ReadU64("VRAMSCOPE_POOL_CAPACITY", &value)) config.capacity_bytes = value;
+  if (ReadU64("VRAMSCOPE_FENCE_BATCH_FREES", &value)) {
+    config.fence_batch_frees = value == 0 ? 1 : value;
+  }
+  if (ReadU64("VRAMSCOPE_FENCE_BATCH_BYTES", &value)) config.fence_batch_bytes = value;
+  if (ReadU64("VRAMSCOPE_VMM", &value)) config.use_vmm = value != 0;
+  return config;
+}
+
+}  // namespace vramscope::interposer

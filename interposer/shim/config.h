@@ -1,0 +1,36 @@
+// Settings read from VRAMSCOPE_* environment variables once per process (and again in a fork
+// child). Plain getenv/strtoull: no allocation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace vramscope::interposer {
+
+enum class Mode : std::uint32_t {
+  kPool = 0,     // cuMemAlloc_v2/cuMemFree_v2 served by the pool (default)
+  kPassthrough,  // every call reaches the driver unchanged; recorded only
+  kStrict,       // pooled, but cuMemFree_v2 synchronises like the driver (fences done at once)
+};
+
+const char* ModeName(Mode mode);
+
+struct Config {
+  Mode mode = Mode::kPool;
+  bool summary = false;  // VRAMSCOPE_SUMMARY=1: one line to stderr at exit
+  // VRAMSCOPE_POOL_POLICY: the pool's layout policy; empty = "vmm" where the device supports
+  // virtual memory management, else "segments".
+  char policy[32] = {};
+  std::size_t capacity_bytes = 0;  // VRAMSCOPE_POOL_CAPACITY (0 = unlimited)
+  // Amortised fence: after this many pooled frees, or this many pending bytes, since the last
+  // synchronisation, the next free synchronises the context (what the driver's free does on
+  // every call). VRAMSCOPE_FENCE_BATCH_FREES / VRAMSCOPE_FENCE_BATCH_BYTES.
+  std::uint64_t fence_batch_frees = 256;
+  std::uint64_t fence_batch_bytes = std::uint64_t{64} << 20;
+  bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
+};
+
+// Reads the environment; logs one warning for each value it cannot parse.
+Config ReadConfig();
+
+}  // namespace vramscope::interposer

@@ -1,0 +1,43 @@
+#include "counters.h"
+
+namespace vramscope::interposer {
+namespace {
+
+constinit ShimCounters g_counters{};
+
+}  // namespace
+
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kDevice:
+      return "device";
+    case Kind::kPitch:
+      return "pitch";
+    case Kind::kManaged:
+      return "managed";
+    case Kind::kHost:
+      return "host";
+    case Kind::kAsync:
+      return "async";
+    case Kind::kVmmPhysical:
+      return "vmm_physical";
+    case Kind::kVmmMapped:
+      return "vmm_mapped";
+    case Kind::kVmmReserved:
+      return "vmm_reserved";
+    case Kind::kIpcImport:
+      return "ipc_import";
+    case Kind::kCount:
+      break;
+  }
+  return "unknown";
+}
+
+ShimCounters& Counters() { return g_counters; }
+
+DeviceCounters& DeviceCountersFor(int device) {
+  if (device < 0 || device >= kMaxDevices) device = kMaxDevices - 1;
+  return g_counters.device[device];
+}
+
+}  // namespace vramscope::interposer

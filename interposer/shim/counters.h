@@ -1,0 +1,91 @@
+// Exact running counters of the shim, in one standard-layout struct of lock-free atomics so a
+// later shared-memory ring header (interposer/include/vramscope/) can mirror it field by field.
+//
+// Thread safety: every field is a relaxed atomic; readers see each field exact, the struct as a
+// whole is not a snapshot. Pool figures (requested/allocated, alloc and free counts) live in the
+// pools and are copied in by RefreshPoolFigures() (shim.h) when a snapshot is taken.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace vramscope::interposer {
+
+inline constexpr int kMaxDevices = 16;
+
+// Ways to take memory that the shim passes through to the driver and records.
+enum class Kind : int {
+  kDevice = 0,   // cuMemAlloc_v2 not pooled (passthrough mode, non-primary context)
+  kPitch,        // cuMemAllocPitch_v2
+  kManaged,      // cuMemAllocManaged
+  kHost,         // cuMemHostAlloc, cuMemAllocHost_v2
+  kAsync,        // cuMemAllocAsync(_ptsz), cuMemAllocFromPoolAsync(_ptsz)
+  kVmmPhysical,  // cuMemCreate until cuMemRelease
+  kVmmMapped,    // cuMemMap until cuMemUnmap
+  kVmmReserved,  // cuMemAddressReserve until cuMemAddressFree (address space only)
+  kIpcImport,    // cuIpcOpenMemHandle_v2 until cuIpcCloseMemHandle (owned by another process)
+  kCount,
+};
+
+const char* KindName(Kind kind);
+
+struct Counter {
+  std::atomic<std::uint64_t> value{0};
+  void Add(std::uint64_t n) { value.fetch_add(n, std::memory_order_relaxed); }
+  std::uint64_t Get() const { return value.load(std::memory_order_relaxed); }
+};
+
+// current/peak pair: Add raises the peak with a CAS loop.
+struct Gauge {
+  std::atomic<std::uint64_t> current{0};
+  std::atomic<std::uint64_t> peak{0};
+  void Add(std::uint64_t n) {
+    const std::uint64_t now = current.fetch_add(n, std::memory_order_relaxed) + n;
+    std::uint64_t seen = peak.load(std::memory_order_relaxed);
+    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+  void Sub(std::uint64_t n) { current.fetch_sub(n, std::memory_order_relaxed); }
+};
+
+struct KindCounters {
+  Gauge bytes;
+  Counter allocs;
+  Counter frees;
+};
+
+struct DeviceCounters {
+  // Copied from the device's pools at snapshot time (exact under each pool's lock).
+  Counter current_requested_bytes;
+  Counter peak_requested_bytes;
+  Counter current_allocated_bytes;
+  Counter peak_allocated_bytes;
+  Counter idle_bytes;     // reserved - allocated, pending fences included
+  Counter pending_bytes;  // freed, fence not yet complete
+  Counter allocs;         // cuMemAlloc_v2 served by the pool
+  Counter frees;          // cuMemFree_v2 served by the pool
+  Counter oom;            // allocations that finally failed
+  // Maintained by the shim itself.
+  Gauge reserved_bytes;           // held from the driver by the pool (segments or mapped VMM)
+  Counter driver_alloc_calls;     // the pool's own cuMemAlloc_v2 / cuMemCreate+cuMemMap
+  Counter driver_free_calls;      // the pool's own cuMemFree_v2 / cuMemUnmap
+  Counter fence_syncs;            // cuCtxSynchronize issued by the shim
+  Counter user_syncs;             // the application's own cuCtxSynchronize (completes fences)
+  Counter syncs_skipped_capture;  // wanted to sync, a capture was live
+  Counter oom_retries;            // driver OOM on a passthrough call, cache flushed, retried
+};
+
+struct ShimCounters {
+  std::uint32_t layout_version = 1;
+  std::uint32_t mode = 0;  // Mode (config.h)
+  DeviceCounters device[kMaxDevices];
+  KindCounters kind[static_cast<int>(Kind::kCount)];
+  Counter ipc_refused;  // cuIpcGetMemHandle on a pooled sub-allocation, refused
+};
+
+// The process's counters (zeroed in a fork child).
+ShimCounters& Counters();
+// Counters of a device ordinal; out-of-range ordinals share the last slot.
+DeviceCounters& DeviceCountersFor(int device);
+
+}  // namespace vramscope::interposer

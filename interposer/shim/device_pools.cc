@@ -1,0 +1,625 @@
+#include "device_pools.h"
+
+#include <string.h>
+
+#include <algorithm>
+#include <new>
+
+#include "capture.h"
+#include "config.h"
+#include "counters.h"
+#include "driver.h"
+#include "log.h"
+#include "shim.h"
+
+namespace vramscope::interposer {
+namespace {
+
+constexpr int kMaxSlots = 64;
+
+constinit std::atomic<Slot*> g_slots[kMaxSlots] = {};
+constinit std::atomic<int> g_slot_count{0};
+constinit pthread_mutex_t g_slots_mu = PTHREAD_MUTEX_INITIALIZER;
+// Bumped whenever a slot dies or the table is forgotten; invalidates the per-thread cache.
+constinit std::atomic<std::uint64_t> g_generation{1};
+
+struct SlotCache {
+  CUcontext ctx = nullptr;
+  Slot* slot = nullptr;
+  std::uint64_t generation = 0;
+};
+__attribute__((tls_model("initial-exec"))) constinit thread_local SlotCache t_cache{};
+__attribute__((tls_model("initial-exec"))) constinit thread_local CUresult t_upstream_error =
+    CUDA_SUCCESS;
+
+// Policy names live as long as the pools that were given a string_view of them.
+struct PolicyName {
+  char text[32] = {};
+};
+constinit PolicyName g_policy_names[kMaxSlots] = {};
+
+DeviceCounters& DevCounters(int device) { return DeviceCountersFor(device); }
+
+bool IsPrimary(CUcontext ctx, int device) {
+  const RealDriver& real = Real();
+  if (real.cuDevicePrimaryCtxGetState == nullptr || real.cuDevicePrimaryCtxRetain == nullptr ||
+      real.cuDevicePrimaryCtxRelease_v2 == nullptr) {
+    return false;
+  }
+  unsigned int flags = 0;
+  int active = 0;
+  if (real.cuDevicePrimaryCtxGetState(device, &flags, &active) != CUDA_SUCCESS || !active) {
+    return false;
+  }
+  // Active, so retaining creates nothing; the release restores the application's count.
+  CUcontext primary = nullptr;
+  if (real.cuDevicePrimaryCtxRetain(&primary, device) != CUDA_SUCCESS) return false;
+  (void)real.cuDevicePrimaryCtxRelease_v2(device);
+  return primary == ctx;
+}
+
+// Called with g_slots_mu held and `ctx` current on this thread.
+Slot* CreateSlot(CUcontext ctx, int index) {
+  const RealDriver& real = Real();
+  const Config& config = Cfg();
+  Slot* slot = new (std::nothrow) Slot();
+  if (slot == nullptr) return nullptr;
+  slot->ctx = ctx;
+  DriverCallScope scope(nullptr);  // relaxed capture mode for the queries below
+  CUdevice device = 0;
+  if (real.cuCtxGetDevice == nullptr || real.cuCtxGetDevice(&device) != CUDA_SUCCESS) {
+    return slot;  // not pooled
+  }
+  slot->device = device;
+  slot->primary = IsPrimary(ctx, device);
+  if (!slot->primary || config.mode == Mode::kPassthrough) {
+    if (!slot->primary) {
+      VRAMSCOPE_LOG(kInfo, "context %p on device %d is not a primary context: not pooled",
+                    static_cast<void*>(ctx), device);
+    }
+    return slot;
+  }
+  int vmm_supported = 0;
+  if (real.cuDeviceGetAttribute != nullptr) {
+    (void)real.cuDeviceGetAttribute(
+        &vmm_supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device);
+  }
+  const bool vmm_calls = real.cuMemAddressReserve != nullptr && real.cuMemCreate != nullptr &&
+                         real.cuMemMap != nullptr && real.cuMemSetAccess != nullptr &&
+                         real.cuMemUnmap != nullptr && real.cuMemRelease != nullptr &&
+                         real.cuMemAddressFree != nullptr &&
+                         real.cuMemGetAllocationGranularity != nullptr;
+  char* policy = g_policy_names[index].text;
+  if (config.policy[0] != '\0') {
+    memcpy(policy, config.policy, sizeof(g_policy_names[index].text) - 1);
+  } else {
+    strcpy(policy, vmm_supported && vmm_calls && config.use_vmm ? "vmm" : "segments");
+  }
+  bool use_vmm = vmm_supported && vmm_calls && config.use_vmm && strcmp(policy, "segments") != 0;
+  std::size_t granularity = 0;
+  if (use_vmm) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    if (real.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+            CUDA_SUCCESS ||
+        granularity == 0) {
+      use_vmm = false;
+      strcpy(policy, "segments");
+    }
+  }
+  // VMM memory is reachable only from devices granted access, whereas cuMemAlloc memory is
+  // reachable from any peer once the application enables peer access: grant every device that
+  // can access this one, so pooled memory behaves like cuMemAlloc memory.
+  CUmemAccessDesc access[8] = {};
+  int access_count = 0;
+  access[access_count].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access[access_count].location.id = device;
+  access[access_count++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  int device_count = 0;
+  if (use_vmm && real.cuDeviceGetCount != nullptr && real.cuDeviceCanAccessPeer != nullptr &&
+      real.cuDeviceGetCount(&device_count) == CUDA_SUCCESS) {
+    for (int peer = 0; peer < device_count && access_count < 8; ++peer) {
+      int can = 0;
+      if (peer == device || real.cuDeviceCanAccessPeer(&can, peer, device) != CUDA_SUCCESS ||
+          !can) {
+        continue;
+      }
+      access[access_count].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access[access_count].location.id = peer;
+      access[access_count++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+  }
+  slot->upstream.Configure(ctx, device, use_vmm, granularity, access, access_count);
+  slot->fences.Configure(ctx, device);
+  pool::PoolOptions options;
+  options.policy = policy;
+  options.capacity_bytes = config.capacity_bytes;
+  slot->pool = pool::MakePool(&slot->upstream, &slot->fences, options);
+  if (slot->pool == nullptr) {
+    VRAMSCOPE_LOG_ONCE(
+        kWarn, "pool policy \"%s\" is unknown (known: %.*s); device memory is not pooled", policy,
+        static_cast<int>(pool::PolicyNames().size()), pool::PolicyNames().data());
+    return slot;
+  }
+  VRAMSCOPE_LOG(kInfo, "device %d: pool \"%s\" over %s (granularity %zu)", device, policy,
+                use_vmm ? "cuMemCreate/cuMemMap" : "cuMemAlloc segments", granularity);
+  return slot;
+}
+
+Slot* ScanFor(CUcontext ctx) {
+  const int count = g_slot_count.load(std::memory_order_acquire);
+  for (int i = 0; i < count; ++i) {
+    Slot* slot = g_slots[i].load(std::memory_order_acquire);
+    if (slot != nullptr && slot->ctx == ctx && !slot->dead.load(std::memory_order_acquire)) {
+      return slot;
+    }
+  }
+  return nullptr;
+}
+
+void MarkDead(Slot* slot) {
+  slot->dead.store(true, std::memory_order_release);
+  slot->upstream.MarkDead();
+  slot->fences.MarkDead();
+}
+
+// Amortised fence after a pooled free (pool mode).
+void MaybeSync(Slot* slot) {
+  const Config& config = Cfg();
+  const std::uint64_t frees = slot->fences.frees_since_sync.fetch_add(1) + 1;
+  bool due = frees >= config.fence_batch_frees;
+  if (!due) due = slot->pool->Stats().pending_bytes >= config.fence_batch_bytes;
+  if (due) (void)slot->fences.Sync();
+}
+
+}  // namespace
+
+// --- DriverUpstream ------------------------------------------------------------------------
+
+void DriverUpstream::Configure(CUcontext ctx, int device, bool vmm, std::size_t granularity,
+                               const CUmemAccessDesc* access, int access_count) {
+  ctx_ = ctx;
+  device_ = device;
+  vmm_ = vmm;
+  granularity_ = granularity;
+  access_count_ = std::min(access_count, 8);
+  for (int i = 0; i < access_count_; ++i) access_[i] = access[i];
+}
+
+bool DriverUpstream::Usable() const { return !dead_.load(std::memory_order_acquire) && !Exiting(); }
+
+pool::UpstreamStatus DriverUpstream::FromDriver(CUresult result) {
+  t_upstream_error = result;
+  switch (result) {
+    case CUDA_SUCCESS:
+      return pool::UpstreamStatus::kOk;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return pool::UpstreamStatus::kOutOfMemory;
+    case CUDA_ERROR_INVALID_VALUE:
+      return pool::UpstreamStatus::kInvalidArgument;
+    case CUDA_ERROR_NOT_SUPPORTED:
+      return pool::UpstreamStatus::kNotSupported;
+    default:
+      return pool::UpstreamStatus::kError;
+  }
+}
+
+bool DriverUpstream::OwnsAddress(std::uintptr_t address) const {
+  pthread_mutex_lock(&mu_);
+  bool owns = false;
+  auto it = held_.upper_bound(address);
+  if (it != held_.begin()) {
+    --it;
+    owns = address < it->first + it->second;
+  }
+  pthread_mutex_unlock(&mu_);
+  return owns;
+}
+
+pool::UpstreamStatus DriverUpstream::Allocate(std::size_t bytes, std::uintptr_t* address) {
+  if (!Usable()) return FromDriver(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  DriverCallScope scope(ctx_);
+  if (!scope.ok()) return FromDriver(CUDA_ERROR_INVALID_CONTEXT);
+  CUdeviceptr pointer = 0;
+  const CUresult result = Real().cuMemAlloc_v2(&pointer, bytes);
+  DevCounters(device_).driver_alloc_calls.Add(1);
+  if (result != CUDA_SUCCESS) return FromDriver(result);
+  pthread_mutex_lock(&mu_);
+  held_[pointer] = bytes;
+  pthread_mutex_unlock(&mu_);
+  DevCounters(device_).reserved_bytes.Add(bytes);
+  *address = pointer;
+  return pool::UpstreamStatus::kOk;
+}
+
+pool::UpstreamStatus DriverUpstream::Free(std::uintptr_t address, std::size_t bytes) {
+  pthread_mutex_lock(&mu_);
+  auto it = held_.find(address);
+  const bool known = it != held_.end();
+  if (known) {
+    bytes = it->second;
+    held_.erase(it);
+  }
+  pthread_mutex_unlock(&mu_);
+  if (!known) return FromDriver(CUDA_ERROR_INVALID_VALUE);
+  DevCounters(device_).reserved_bytes.Sub(bytes);
+  // A dead context took the memory with it; after exit began the driver may be gone.
+  if (!Usable()) return pool::UpstreamStatus::kOk;
+  DriverCallScope scope(ctx_);
+  const CUresult result = Real().cuMemFree_v2(address);
+  DevCounters(device_).driver_free_calls.Add(1);
+  if (result == CUDA_SUCCESS || result == CUDA_ERROR_DEINITIALIZED) {
+    return pool::UpstreamStatus::kOk;
+  }
+  return FromDriver(result);
+}
+
+pool::UpstreamStatus DriverUpstream::ReserveRange(std::size_t bytes, std::uintptr_t* address) {
+  if (!vmm_) return pool::UpstreamStatus::kNotSupported;
+  if (!Usable()) return FromDriver(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  DriverCallScope scope(ctx_);
+  if (!scope.ok()) return FromDriver(CUDA_ERROR_INVALID_CONTEXT);
+  CUdeviceptr pointer = 0;
+  const CUresult result = Real().cuMemAddressReserve(&pointer, bytes, granularity_, 0, 0);
+  if (result != CUDA_SUCCESS) return FromDriver(result);
+  pthread_mutex_lock(&mu_);
+  held_[pointer] = bytes;
+  pthread_mutex_unlock(&mu_);
+  *address = pointer;
+  return pool::UpstreamStatus::kOk;
+}
+
+pool::UpstreamStatus DriverUpstream::ReleaseRange(std::uintptr_t address, std::size_t bytes) {
+  if (!vmm_) return pool::UpstreamStatus::kNotSupported;
+  pthread_mutex_lock(&mu_);
+  auto it = held_.find(address);
+  const bool known = it != held_.end();
+  if (known) {
+    bytes = it->second;
+    held_.erase(it);
+  }
+  pthread_mutex_unlock(&mu_);
+  if (!known) return FromDriver(CUDA_ERROR_INVALID_VALUE);
+  if (!Usable()) return pool::UpstreamStatus::kOk;
+  DriverCallScope scope(ctx_);
+  const CUresult result = Real().cuMemAddressFree(address, bytes);
+  if (result == CUDA_SUCCESS || result == CUDA_ERROR_DEINITIALIZED) {
+    return pool::UpstreamStatus::kOk;
+  }
+  return FromDriver(result);
+}
+
+pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t bytes) {
+  if (!vmm_) return pool::UpstreamStatus::kNotSupported;
+  if (!Usable()) return FromDriver(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  const RealDriver& real = Real();
+  DriverCallScope scope(ctx_);
+  if (!scope.ok()) return FromDriver(CUDA_ERROR_INVALID_CONTEXT);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device_;
+  CUmemGenericAllocationHandle handle = 0;
+  DevCounters(device_).driver_alloc_calls.Add(1);
+  CUresult result = real.cuMemCreate(&handle, bytes, &prop, 0);
+  if (result != CUDA_SUCCESS) return FromDriver(result);
+  result = real.cuMemMap(address, bytes, 0, handle, 0);
+  if (result != CUDA_SUCCESS) {
+    (void)real.cuMemRelease(handle);
+    return FromDriver(result);
+  }
+  result = real.cuMemSetAccess(address, bytes, access_, static_cast<std::size_t>(access_count_));
+  if (result != CUDA_SUCCESS && access_count_ > 1) {
+    // A peer refused: fall back to the owning device alone, like cuMemAlloc without peers.
+    access_count_ = 1;
+    result = real.cuMemSetAccess(address, bytes, access_, 1);
+  }
+  // The mapping keeps the physical memory alive; releasing the handle now means cuMemUnmap
+  // alone gives the memory back.
+  (void)real.cuMemRelease(handle);
+  if (result != CUDA_SUCCESS) {
+    (void)real.cuMemUnmap(address, bytes);
+    return FromDriver(result);
+  }
+  pthread_mutex_lock(&mu_);
+  mapped_[address] = bytes;
+  pthread_mutex_unlock(&mu_);
+  DevCounters(device_).reserved_bytes.Add(bytes);
+  return pool::UpstreamStatus::kOk;
+}
+
+pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t bytes) {
+  if (!vmm_) return pool::UpstreamStatus::kNotSupported;
+  // Unmap every mapping Map made inside [address, address + bytes): the pool may give back
+  // several adjacent mappings at once, and the driver unmaps whole mappings only.
+  std::pair<std::uintptr_t, std::size_t> ranges[64];
+  int count = 0;
+  bool more = true;
+  pool::UpstreamStatus status = pool::UpstreamStatus::kOk;
+  while (more) {
+    count = 0;
+    pthread_mutex_lock(&mu_);
+    auto it = mapped_.lower_bound(address);
+    while (it != mapped_.end() && it->first + it->second <= address + bytes && count < 64) {
+      ranges[count++] = *it;
+      it = mapped_.erase(it);
+    }
+    more = count == 64;
+    pthread_mutex_unlock(&mu_);
+    for (int i = 0; i < count; ++i) {
+      DevCounters(device_).reserved_bytes.Sub(ranges[i].second);
+      if (!Usable()) continue;
+      DriverCallScope scope(ctx_);
+      const CUresult result = Real().cuMemUnmap(ranges[i].first, ranges[i].second);
+      DevCounters(device_).driver_free_calls.Add(1);
+      if (result != CUDA_SUCCESS && result != CUDA_ERROR_DEINITIALIZED) {
+        status = FromDriver(result);
+      }
+    }
+  }
+  return status;
+}
+
+// --- EpochFences -----------------------------------------------------------------------------
+
+void EpochFences::Complete(std::uint64_t epoch) {
+  std::uint64_t done = completed_.load(std::memory_order_relaxed);
+  while (epoch > done &&
+         !completed_.compare_exchange_weak(done, epoch, std::memory_order_acq_rel)) {
+  }
+  frees_since_sync.store(0, std::memory_order_relaxed);
+}
+
+bool EpochFences::Sync() {
+  if (dead_.load(std::memory_order_acquire) || Exiting()) return false;
+  if (AnyCaptureLive()) {
+    DevCounters(device_).syncs_skipped_capture.Add(1);
+    return false;
+  }
+  // Frees stamped with `epoch` returned before this increment; the synchronisation below
+  // starts after it, so it covers all the work they could have queued.
+  const std::uint64_t epoch = epoch_.fetch_add(1, std::memory_order_seq_cst);
+  DriverCallScope scope(ctx_);
+  if (!scope.ok()) return false;
+  const CUresult result = Real().cuCtxSynchronize();
+  DevCounters(device_).fence_syncs.Add(1);
+  if (result != CUDA_SUCCESS) {
+    VRAMSCOPE_LOG(kDebug, "device %d: cuCtxSynchronize for the free fence failed (%d)", device_,
+                  static_cast<int>(result));
+    return false;
+  }
+  Complete(epoch);
+  return true;
+}
+
+void EpochFences::EndUserSync(std::uint64_t epoch, CUresult result) {
+  if (result != CUDA_SUCCESS) return;
+  Complete(epoch);
+  DevCounters(device_).user_syncs.Add(1);
+}
+
+void EpochFences::Wait(std::uint64_t fence) {
+  if (IsComplete(fence)) return;
+  (void)Sync();
+}
+
+// --- Slot table ------------------------------------------------------------------------------
+
+Slot* SlotForCurrentContext(CUcontext ctx) {
+  const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
+  if (t_cache.ctx == ctx && t_cache.generation == generation && t_cache.slot != nullptr) {
+    return t_cache.slot;
+  }
+  Slot* slot = ScanFor(ctx);
+  if (slot == nullptr) {
+    pthread_mutex_lock(&g_slots_mu);
+    slot = ScanFor(ctx);
+    const int count = g_slot_count.load(std::memory_order_relaxed);
+    if (slot == nullptr && count < kMaxSlots) {
+      slot = CreateSlot(ctx, count);
+      if (slot != nullptr) {
+        g_slots[count].store(slot, std::memory_order_release);
+        g_slot_count.store(count + 1, std::memory_order_release);
+      }
+    } else if (slot == nullptr) {
+      VRAMSCOPE_LOG_ONCE(kWarn, "more than %d contexts: new contexts are not pooled", kMaxSlots);
+    }
+    pthread_mutex_unlock(&g_slots_mu);
+  }
+  if (slot != nullptr) t_cache = {ctx, slot, generation};
+  return slot;
+}
+
+Slot* ExistingSlot(CUcontext ctx) {
+  const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
+  if (t_cache.ctx == ctx && t_cache.generation == generation && t_cache.slot != nullptr) {
+    return t_cache.slot;
+  }
+  return ScanFor(ctx);
+}
+
+int LiveSlots(Slot** out, int capacity) {
+  const int count = g_slot_count.load(std::memory_order_acquire);
+  int written = 0;
+  for (int i = 0; i < count && written < capacity; ++i) {
+    Slot* slot = g_slots[i].load(std::memory_order_acquire);
+    if (slot != nullptr && slot->pool != nullptr && !slot->dead.load(std::memory_order_acquire)) {
+      out[written++] = slot;
+    }
+  }
+  return written;
+}
+
+Slot* FindPooledBlock(std::uintptr_t address, pool::BlockInfo* info) {
+  Slot* slots[kMaxSlots];
+  const int count = LiveSlots(slots, kMaxSlots);
+  for (int i = 0; i < count; ++i) {
+    if (slots[i]->pool->Lookup(address, info) == pool::PoolStatus::kOk) return slots[i];
+  }
+  return nullptr;
+}
+
+Slot* FindOwner(std::uintptr_t address) {
+  Slot* slots[kMaxSlots];
+  const int count = LiveSlots(slots, kMaxSlots);
+  for (int i = 0; i < count; ++i) {
+    if (slots[i]->upstream.OwnsAddress(address)) return slots[i];
+  }
+  return nullptr;
+}
+
+ShimStatus FreePooled(std::uintptr_t address, bool strict) {
+  // Route by address, not by the current device: the calling thread may have another device
+  // current, or no context at all. The thread's last slot is the likely owner: try it first.
+  Slot* slots[kMaxSlots + 1];
+  int count = 0;
+  const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
+  Slot* cached = t_cache.generation == generation ? t_cache.slot : nullptr;
+  if (cached != nullptr && cached->pool != nullptr) slots[count++] = cached;
+  count += LiveSlots(slots + count, kMaxSlots);
+  for (int i = 0; i < count; ++i) {
+    Slot* slot = slots[i];
+    if (i > 0 && slot == cached) continue;
+    const pool::PoolStatus status = slot->pool->Free(address, slot->fences.Current());
+    if (status == pool::PoolStatus::kInvalidAddress) continue;
+    if (status != pool::PoolStatus::kOk) return ShimStatus::kDriverError;
+    if (strict) {
+      // The driver's free waits for the device; strict mode keeps that wait.
+      (void)slot->fences.Sync();
+    } else if (!Exiting()) {
+      MaybeSync(slot);
+    }
+    return ShimStatus::kOk;
+  }
+  // Not a live block. Inside the pool's memory (a double free, an interior pointer, a cached
+  // block) it must not reach the driver, which would free a whole segment of the pool.
+  if (FindOwner(address) != nullptr) return ShimStatus::kInvalidValue;
+  return ShimStatus::kNotOurs;
+}
+
+ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
+                          CUresult* driver_error) {
+  Slot* slot = SlotForCurrentContext(ctx);
+  if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
+  t_upstream_error = CUDA_SUCCESS;
+  switch (slot->pool->Allocate(bytes, address)) {
+    case pool::PoolStatus::kOk:
+      return ShimStatus::kOk;
+    case pool::PoolStatus::kOutOfMemory:
+    case pool::PoolStatus::kInvalidArgument:  // larger than the configured capacity
+      return ShimStatus::kOutOfMemory;
+    case pool::PoolStatus::kInvalidAddress:
+    case pool::PoolStatus::kUpstreamError:
+      break;
+  }
+  *driver_error = t_upstream_error != CUDA_SUCCESS ? t_upstream_error : CUDA_ERROR_UNKNOWN;
+  return ShimStatus::kDriverError;
+}
+
+CUresult LastUpstreamError() { return t_upstream_error; }
+
+std::uint64_t IdleBytesOnDevice(int device) {
+  Slot* slots[kMaxSlots];
+  const int count = LiveSlots(slots, kMaxSlots);
+  std::uint64_t idle = 0;
+  for (int i = 0; i < count; ++i) {
+    if (slots[i]->device == device) idle += slots[i]->pool->Stats().free_bytes;
+  }
+  return idle;
+}
+
+bool FlushCaches() {
+  Slot* slots[kMaxSlots];
+  const int count = LiveSlots(slots, kMaxSlots);
+  std::size_t released = 0;
+  for (int i = 0; i < count; ++i) {
+    // Only after a successful synchronisation are all fences complete, so DrainPending cannot
+    // block or hand out a block early.
+    if (slots[i]->fences.Sync()) slots[i]->pool->DrainPending();
+    released += slots[i]->pool->ReleaseIdle();
+  }
+  return released > 0;
+}
+
+void DropContext(CUcontext ctx) {
+  pthread_mutex_lock(&g_slots_mu);
+  const int count = g_slot_count.load(std::memory_order_relaxed);
+  for (int i = 0; i < count; ++i) {
+    Slot* slot = g_slots[i].load(std::memory_order_relaxed);
+    if (slot != nullptr && slot->ctx == ctx && !slot->dead.load(std::memory_order_relaxed)) {
+      MarkDead(slot);
+      VRAMSCOPE_LOG(kInfo, "context %p destroyed: its pool is dropped", static_cast<void*>(ctx));
+    }
+  }
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
+  pthread_mutex_unlock(&g_slots_mu);
+}
+
+void DropPrimaryContext(int device) {
+  pthread_mutex_lock(&g_slots_mu);
+  const int count = g_slot_count.load(std::memory_order_relaxed);
+  for (int i = 0; i < count; ++i) {
+    Slot* slot = g_slots[i].load(std::memory_order_relaxed);
+    if (slot != nullptr && slot->primary && slot->device == device &&
+        !slot->dead.load(std::memory_order_relaxed)) {
+      MarkDead(slot);
+      VRAMSCOPE_LOG(kInfo, "device %d: primary context reset, its pool is dropped", device);
+    }
+  }
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
+  pthread_mutex_unlock(&g_slots_mu);
+}
+
+void LockSlotsForFork() { pthread_mutex_lock(&g_slots_mu); }
+void UnlockSlotsAfterFork() { pthread_mutex_unlock(&g_slots_mu); }
+
+void ForgetSlotsInChild() {
+  // The child must not touch the parent's pools (their locks may be held by threads that do
+  // not exist here, their memory belongs to the parent's context): leak them.
+  const int count = g_slot_count.load(std::memory_order_relaxed);
+  for (int i = 0; i < count; ++i) g_slots[i].store(nullptr, std::memory_order_relaxed);
+  g_slot_count.store(0, std::memory_order_release);
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
+  t_cache = {};
+}
+
+const char* RefreshPoolFigures() {
+  const char* policy = nullptr;
+  for (int device = 0; device < kMaxDevices; ++device) {
+    DeviceCounters& counters = DeviceCountersFor(device);
+    std::uint64_t values[9] = {};
+    const int count = g_slot_count.load(std::memory_order_acquire);
+    for (int i = 0; i < count; ++i) {
+      Slot* slot = g_slots[i].load(std::memory_order_acquire);
+      if (slot == nullptr || slot->pool == nullptr || slot->device != device) continue;
+      if (policy == nullptr) policy = g_policy_names[i].text;
+      const pool::PoolStats stats = slot->pool->Stats();
+      const bool live = !slot->dead.load(std::memory_order_acquire);
+      if (live) {
+        values[0] += stats.current_requested_bytes;
+        values[2] += stats.current_allocated_bytes;
+        values[4] += stats.free_bytes;
+        values[5] += stats.pending_bytes;
+      }
+      values[1] = std::max<std::uint64_t>(values[1], stats.peak_requested_bytes);
+      values[3] = std::max<std::uint64_t>(values[3], stats.peak_allocated_bytes);
+      values[6] += stats.alloc_count;
+      values[7] += stats.free_count;
+      values[8] += stats.oom_count;
+    }
+    counters.current_requested_bytes.value.store(values[0], std::memory_order_relaxed);
+    counters.peak_requested_bytes.value.store(values[1], std::memory_order_relaxed);
+    counters.current_allocated_bytes.value.store(values[2], std::memory_order_relaxed);
+    counters.peak_allocated_bytes.value.store(values[3], std::memory_order_relaxed);
+    counters.idle_bytes.value.store(values[4], std::memory_order_relaxed);
+    counters.pending_bytes.value.store(values[5], std::memory_order_relaxed);
+    counters.allocs.value.store(values[6], std::memory_order_relaxed);
+    counters.frees.value.store(values[7], std::memory_order_relaxed);
+    counters.oom.value.store(values[8], std::memory_order_relaxed);
+  }
+  return policy;
+}
+
+}  // namespace vramscope::interposer

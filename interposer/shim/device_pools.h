@@ -1,0 +1,156 @@
+// One Pool per primary context, created lazily on the first cuMemAlloc_v2 made under it, with
+// the driver behind it (DriverUpstream) and the device-wide fence (EpochFences).
+//
+// Fence scheme (cudaFree is a device-wide fence; DESIGN.md): a pooled free is stamped with its
+// slot's current epoch. Epoch e is complete once a cuCtxSynchronize of the slot's context that
+// *began after* the free returned successfully: that call waited for every stream of the
+// context, including streams the shim never saw (per-thread default streams, non-blocking
+// streams, other libraries' streams). The synchronisation is amortised: a pooled free
+// synchronises only after fence_batch_frees frees or fence_batch_bytes pending bytes since the
+// last one (where the driver's own free would have synchronised every time); the application's
+// own cuCtxSynchronize completes epochs for free; the pool's Wait (memory pressure) forces one.
+// No synchronisation is issued while a stream capture is live (capture.h) or after exit began;
+// then fences simply stay pending and the pool grows instead of reusing.
+//
+// Slots are never deleted: a context reset or destroy marks its slot dead (the memory went with
+// the context) and leaks the Pool object, so a racing thread can never touch freed metadata and
+// the dead upstream never calls the driver again.
+//
+// Thread safety: everything here may be called from any thread.
+#pragma once
+
+#include <cuda.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "status.h"
+#include "vramscope/pool/pool.h"
+#include "vramscope/pool/upstream.h"
+
+namespace vramscope::interposer {
+
+// The pool's memory source: cuMemAlloc_v2/cuMemFree_v2 segments, or with VMM
+// cuMemAddressReserve + cuMemCreate/cuMemMap/cuMemSetAccess (the physical handle is released
+// right after mapping, so cuMemUnmap alone returns the memory). Every call runs in a
+// DriverCallScope on the slot's context. Remembers what it holds so the shim can tell its
+// memory from the application's (OwnsAddress).
+class DriverUpstream final : public pool::Upstream {
+ public:
+  void Configure(CUcontext ctx, int device, bool vmm, std::size_t granularity,
+                 const CUmemAccessDesc* access, int access_count);
+  void MarkDead() { dead_.store(true, std::memory_order_release); }
+  bool vmm() const { return vmm_; }
+  // True if `address` lies in a segment or reserved range this upstream holds.
+  bool OwnsAddress(std::uintptr_t address) const;
+
+  pool::UpstreamStatus Allocate(std::size_t bytes, std::uintptr_t* address) override;
+  pool::UpstreamStatus Free(std::uintptr_t address, std::size_t bytes) override;
+  std::size_t MapGranularity() const override { return vmm_ ? granularity_ : 0; }
+  pool::UpstreamStatus ReserveRange(std::size_t bytes, std::uintptr_t* address) override;
+  pool::UpstreamStatus ReleaseRange(std::uintptr_t address, std::size_t bytes) override;
+  pool::UpstreamStatus Map(std::uintptr_t address, std::size_t bytes) override;
+  pool::UpstreamStatus Unmap(std::uintptr_t address, std::size_t bytes) override;
+
+ private:
+  bool Usable() const;
+  pool::UpstreamStatus FromDriver(CUresult result);
+
+  CUcontext ctx_ = nullptr;
+  int device_ = 0;
+  bool vmm_ = false;
+  std::size_t granularity_ = 0;
+  CUmemAccessDesc access_[8] = {};
+  int access_count_ = 0;
+  std::atomic<bool> dead_{false};
+  mutable pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
+  std::map<std::uintptr_t, std::size_t> held_;    // segments or reserved ranges
+  std::map<std::uintptr_t, std::size_t> mapped_;  // VMM mappings
+};
+
+class EpochFences final : public pool::FenceTracker {
+ public:
+  void Configure(CUcontext ctx, int device) {
+    ctx_ = ctx;
+    device_ = device;
+  }
+  void MarkDead() { dead_.store(true, std::memory_order_release); }
+
+  // The token for a free happening now.
+  std::uint64_t Current() const { return epoch_.load(std::memory_order_seq_cst); }
+  // Synchronises the context (unless a capture is live or exit began); true if every fence
+  // issued before the call is now complete.
+  bool Sync();
+  // The application synchronises the context itself: BeginUserSync before the driver call,
+  // EndUserSync with its result.
+  std::uint64_t BeginUserSync() { return epoch_.fetch_add(1, std::memory_order_seq_cst); }
+  void EndUserSync(std::uint64_t epoch, CUresult result);
+
+  bool IsComplete(std::uint64_t fence) override {
+    return completed_.load(std::memory_order_acquire) >= fence;
+  }
+  // May return with the fence still pending when it cannot synchronise (capture live, exit);
+  // the pool re-checks IsComplete.
+  void Wait(std::uint64_t fence) override;
+
+  std::atomic<std::uint64_t> frees_since_sync{0};
+
+ private:
+  void Complete(std::uint64_t epoch);
+
+  CUcontext ctx_ = nullptr;
+  int device_ = 0;
+  std::atomic<bool> dead_{false};
+  std::atomic<std::uint64_t> epoch_{1};      // stamped on frees happening now
+  std::atomic<std::uint64_t> completed_{0};  // every epoch <= this is complete
+};
+
+struct Slot {
+  CUcontext ctx = nullptr;
+  int device = 0;
+  bool primary = false;
+  std::atomic<bool> dead{false};
+  DriverUpstream upstream;
+  EpochFences fences;
+  std::unique_ptr<pool::Pool> pool;  // null: this context is not pooled (passthrough)
+};
+
+// The slot of `ctx` (which is current on this thread), created if needed. Never null after
+// init unless the table is full; slot->pool is null when the context is not pooled.
+Slot* SlotForCurrentContext(CUcontext ctx);
+// Live slots, for routing by address. Returns how many were written.
+int LiveSlots(Slot** out, int capacity);
+// The slot whose pool holds a live block at `address` (interior pointers included).
+Slot* FindPooledBlock(std::uintptr_t address, pool::BlockInfo* info);
+// The slot whose upstream holds `address` (live, cached or freed-pending memory).
+Slot* FindOwner(std::uintptr_t address);
+
+// Frees a pooled pointer; kNotOurs if no pool holds it. Applies the mode's fence rule.
+ShimStatus FreePooled(std::uintptr_t address, bool strict);
+// cuMemAlloc_v2 through the pool of the current context. kNotOurs: not pooled, pass through.
+ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
+                          CUresult* driver_error);
+
+// Idle bytes (reserved - allocated) of every live pool on `device`.
+std::uint64_t IdleBytesOnDevice(int device);
+// Gives idle cached memory back to the driver (after a synchronisation if possible); true if
+// anything was released. For a retry after a driver OOM.
+bool FlushCaches();
+
+// The live slot of `ctx`, or null; never creates one.
+Slot* ExistingSlot(CUcontext ctx);
+void DropContext(CUcontext ctx);
+void DropPrimaryContext(int device);
+// The CUresult of the last failed driver call made by an upstream on this thread.
+CUresult LastUpstreamError();
+
+void LockSlotsForFork();
+void UnlockSlotsAfterFork();
+void ForgetSlotsInChild();
+// Copies the pools' exact figures into Counters() and returns the policy name in use.
+const char* RefreshPoolFigures();
+
+}  // namespace vramscope::interposer

@@ -1,0 +1,42 @@
+// The real CUDA driver: libcuda.so.1 opened with dlopen on first need, its entry points looked
+// up with the real dlsym by exact name, and the identity table that maps a real entry point to
+// the shim's wrapper (cuGetProcAddress and dlsym results are matched by pointer, never by name,
+// so every ABI version keeps its own function: research/interposers.md section 4).
+//
+// Thread safety: LoadDriver may race with itself (serialised inside); after it returned true
+// the table is immutable until a fork child re-reads nothing (the mapping is inherited).
+// Errors: LoadDriver returns false and may be retried (libcuda may be loaded later).
+#pragma once
+
+#include <cstdint>
+
+#include "exports.h"
+
+namespace vramscope::interposer {
+
+struct RealDriver {
+#define VRAMSCOPE_REAL_FIELD(name) decltype(&::name) name = nullptr;
+  VRAMSCOPE_HOOKED_ENTRY_POINTS(VRAMSCOPE_REAL_FIELD)
+  VRAMSCOPE_USED_ENTRY_POINTS(VRAMSCOPE_REAL_FIELD)
+#undef VRAMSCOPE_REAL_FIELD
+};
+
+using DlsymFn = void* (*)(void*, const char*);
+
+// glibc's dlsym, found with dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34" / "GLIBC_2.2.5"), so the
+// shim never calls its own exported dlsym. nullptr only if glibc has neither version.
+DlsymFn RealDlsym();
+
+// Opens libcuda.so.1 (only if already loaded when `may_load` is false) and fills the table.
+bool LoadDriver(bool may_load);
+bool DriverLoaded();
+// The table; every pointer may be null when the driver lacks that entry point.
+const RealDriver& Real();
+
+// The shim's wrapper for a real driver entry point, or nullptr if it is not one we hook.
+void* WrapperFor(void* real_function);
+
+// Debug log, once per exact name, of a driver entry point handed out unwrapped.
+void NoteUnwrapped(const char* route, const char* requested, void* function);
+
+}  // namespace vramscope::interposer

@@ -1,0 +1,101 @@
+// Declarations of the exact exported driver names that <cuda.h> does not declare in an ordinary
+// build, and the list of every entry point the shim hooks.
+//
+// CUDA 13's <cuda.h> maps base names to versioned ones with macros (cuMemAlloc -> cuMemAlloc_v2)
+// and declares the per-thread-default-stream variants (*_ptsz) only under
+// CUDA_API_PER_THREAD_DEFAULT_STREAM; it also hides the 4-argument cuGetProcAddress of the
+// CUDA 11.3 ABI behind `#define cuGetProcAddress cuGetProcAddress_v2`. The shim must define the
+// exact exported names, so it declares the missing ones here (signatures from the
+// __CUDA_API_VERSION_INTERNAL section of cuda.h / cudaTypedefs.h).
+#pragma once
+
+#include <cuda.h>
+
+#undef cuGetProcAddress
+#undef cuStreamBeginCapture
+#undef cuStreamEndCapture
+#undef cuStreamBeginCaptureToGraph
+
+extern "C" {
+CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
+                                  cuuint64_t flags);
+CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
+CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
+CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph);
+CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                             const CUgraphNode* dependencies,
+                                             const CUgraphEdgeData* dependencyData,
+                                             size_t numDependencies, CUstreamCaptureMode mode);
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream);
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream hStream);
+CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph);
+CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus);
+CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                  const CUgraphNode* dependencies,
+                                                  const CUgraphEdgeData* dependencyData,
+                                                  size_t numDependencies, CUstreamCaptureMode mode);
+}
+
+// Every entry point the shim exports and substitutes when cuGetProcAddress or dlsym returns the
+// driver's own function. X(exact_name).
+#define VRAMSCOPE_HOOKED_ENTRY_POINTS(X) \
+  X(cuGetProcAddress)                    \
+  X(cuGetProcAddress_v2)                 \
+  X(cuMemAlloc_v2)                       \
+  X(cuMemFree_v2)                        \
+  X(cuMemGetInfo_v2)                     \
+  X(cuMemGetAddressRange_v2)             \
+  X(cuPointerGetAttribute)               \
+  X(cuPointerGetAttributes)              \
+  X(cuMemAllocPitch_v2)                  \
+  X(cuMemAllocManaged)                   \
+  X(cuMemHostAlloc)                      \
+  X(cuMemAllocHost_v2)                   \
+  X(cuMemFreeHost)                       \
+  X(cuMemAllocAsync)                     \
+  X(cuMemAllocAsync_ptsz)                \
+  X(cuMemFreeAsync)                      \
+  X(cuMemFreeAsync_ptsz)                 \
+  X(cuMemAllocFromPoolAsync)             \
+  X(cuMemAllocFromPoolAsync_ptsz)        \
+  X(cuMemCreate)                         \
+  X(cuMemRelease)                        \
+  X(cuMemMap)                            \
+  X(cuMemUnmap)                          \
+  X(cuMemAddressReserve)                 \
+  X(cuMemAddressFree)                    \
+  X(cuIpcGetMemHandle)                   \
+  X(cuIpcOpenMemHandle_v2)               \
+  X(cuIpcCloseMemHandle)                 \
+  X(cuStreamBeginCapture)                \
+  X(cuStreamBeginCapture_ptsz)           \
+  X(cuStreamBeginCapture_v2)             \
+  X(cuStreamBeginCapture_v2_ptsz)        \
+  X(cuStreamBeginCaptureToGraph)         \
+  X(cuStreamBeginCaptureToGraph_ptsz)    \
+  X(cuStreamEndCapture)                  \
+  X(cuStreamEndCapture_ptsz)             \
+  X(cuCtxSynchronize)                    \
+  X(cuDevicePrimaryCtxReset_v2)          \
+  X(cuDevicePrimaryCtxRelease_v2)        \
+  X(cuCtxDestroy_v2)
+
+// Driver functions the shim calls for its own work but does not hook. X(exact_name).
+#define VRAMSCOPE_USED_ENTRY_POINTS(X) \
+  X(cuCtxGetCurrent)                   \
+  X(cuCtxGetDevice)                    \
+  X(cuCtxPushCurrent_v2)               \
+  X(cuCtxPopCurrent_v2)                \
+  X(cuDeviceGetAttribute)              \
+  X(cuDeviceCanAccessPeer)             \
+  X(cuDeviceGetCount)                  \
+  X(cuDevicePrimaryCtxGetState)        \
+  X(cuDevicePrimaryCtxRetain)          \
+  X(cuMemSetAccess)                    \
+  X(cuMemGetAllocationGranularity)     \
+  X(cuStreamIsCapturing)               \
+  X(cuStreamIsCapturing_ptsz)          \
+  X(cuThreadExchangeStreamCaptureMode)

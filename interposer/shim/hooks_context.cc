@@ -1,0 +1,121 @@
+// Stream capture bookkeeping, the application's own synchronisation, and context teardown.
+#include "capture.h"
+#include "counters.h"
+#include "device_pools.h"
+#include "hooks.h"
+
+using namespace vramscope::interposer;
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream) {
+  VRAMSCOPE_PROLOGUE(cuStreamBeginCapture);
+  const CUresult result = real.cuStreamBeginCapture(hStream);
+  NoteCaptureBegin(result);
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream) {
+  VRAMSCOPE_PROLOGUE(cuStreamBeginCapture_ptsz);
+  const CUresult result = real.cuStreamBeginCapture_ptsz(hStream);
+  NoteCaptureBegin(result);
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream,
+                                                          CUstreamCaptureMode mode) {
+  VRAMSCOPE_PROLOGUE(cuStreamBeginCapture_v2);
+  const CUresult result = real.cuStreamBeginCapture_v2(hStream, mode);
+  NoteCaptureBegin(result);
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream,
+                                                               CUstreamCaptureMode mode) {
+  VRAMSCOPE_PROLOGUE(cuStreamBeginCapture_v2_ptsz);
+  const CUresult result = real.cuStreamBeginCapture_v2_ptsz(hStream, mode);
+  NoteCaptureBegin(result);
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                                              const CUgraphNode* dependencies,
+                                                              const CUgraphEdgeData* dependencyData,
+                                                              size_t numDependencies,
+                                                              CUstreamCaptureMode mode) {
+  VRAMSCOPE_PROLOGUE(cuStreamBeginCaptureToGraph);
+  const CUresult result = real.cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies,
+                                                           dependencyData, numDependencies, mode);
+  NoteCaptureBegin(result);
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(
+    CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies,
+    const CUgraphEdgeData* dependencyData, size_t numDependencies, CUstreamCaptureMode mode) {
+  VRAMSCOPE_PROLOGUE(cuStreamBeginCaptureToGraph_ptsz);
+  const CUresult result = real.cuStreamBeginCaptureToGraph_ptsz(
+      hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
+  NoteCaptureBegin(result);
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
+  VRAMSCOPE_PROLOGUE(cuStreamEndCapture);
+  const CUresult result = real.cuStreamEndCapture(hStream, phGraph);
+  NoteCaptureEnd(result);
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
+  VRAMSCOPE_PROLOGUE(cuStreamEndCapture_ptsz);
+  const CUresult result = real.cuStreamEndCapture_ptsz(hStream, phGraph);
+  NoteCaptureEnd(result);
+  return result;
+}
+
+// The application waits for the whole context: every free fence issued before the call is
+// complete once it returns successfully (no synchronisation of the shim's own is needed).
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxSynchronize() {
+  VRAMSCOPE_PROLOGUE(cuCtxSynchronize);
+  Slot* slot = nullptr;
+  if (Active()) {
+    CUcontext ctx = nullptr;
+    if (real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr) slot = ExistingSlot(ctx);
+  }
+  if (slot == nullptr || slot->pool == nullptr) return real.cuCtxSynchronize();
+  const std::uint64_t epoch = slot->fences.BeginUserSync();
+  const CUresult result = real.cuCtxSynchronize();
+  slot->fences.EndUserSync(epoch, result);
+  return result;
+}
+
+// A reset frees every allocation of the primary context: the pool's memory is gone with it, so
+// the pool is dropped without a driver call (before, so no thread takes a block that is about
+// to vanish, and after, for a pool a racing thread created meanwhile).
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  VRAMSCOPE_PROLOGUE(cuDevicePrimaryCtxReset_v2);
+  if (Active() || Exiting()) DropPrimaryContext(dev);
+  const CUresult result = real.cuDevicePrimaryCtxReset_v2(dev);
+  if (Active() || Exiting()) DropPrimaryContext(dev);
+  return result;
+}
+
+// The last release destroys the primary context (and its memory).
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  VRAMSCOPE_PROLOGUE(cuDevicePrimaryCtxRelease_v2);
+  const CUresult result = real.cuDevicePrimaryCtxRelease_v2(dev);
+  if (result == CUDA_SUCCESS && Active() && real.cuDevicePrimaryCtxGetState != nullptr) {
+    unsigned int flags = 0;
+    int active = 1;
+    if (real.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
+      DropPrimaryContext(dev);
+    }
+  }
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
+  VRAMSCOPE_PROLOGUE(cuCtxDestroy_v2);
+  const CUresult result = real.cuCtxDestroy_v2(ctx);
+  if (result == CUDA_SUCCESS && (Active() || Exiting())) DropContext(ctx);
+  return result;
+}

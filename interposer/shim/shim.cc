@@ -1,0 +1,198 @@
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <new>
+
+#include "capture.h"
+#include "counters.h"
+#include "device_pools.h"
+#include "driver.h"
+#include "log.h"
+#include "registry.h"
+
+namespace vramscope::interposer {
+namespace {
+
+enum class State : int { kUninitialised = 0, kReady = 1 };
+
+constinit std::atomic<int> g_state{static_cast<int>(State::kUninitialised)};
+constinit std::atomic<bool> g_disabled{false};
+constinit std::atomic<bool> g_exiting{false};
+constinit pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+constinit bool g_handlers_registered = false;
+constinit Config g_config{};
+__attribute__((tls_model("initial-exec"))) constinit thread_local bool t_in_init = false;
+
+void OnExit() {
+  // Stop first: from here on the shim makes no driver call of its own (the runtime and the
+  // driver tear down around this point; atexit order against them is not ours to choose).
+  g_exiting.store(true, std::memory_order_release);
+  if (g_config.summary) PrintSummary();
+}
+
+void ForkPrepare() {
+  pthread_mutex_lock(&g_init_mu);
+  LockSlotsForFork();
+  LockRegistriesForFork();
+}
+
+void ForkParent() {
+  UnlockRegistriesAfterFork();
+  UnlockSlotsAfterFork();
+  pthread_mutex_unlock(&g_init_mu);
+}
+
+void ForkChild() {
+  UnlockRegistriesAfterFork();
+  UnlockSlotsAfterFork();
+  pthread_mutex_unlock(&g_init_mu);
+  // A clean shim: no pools, no records, zeroed counters. The driver table stays valid (the
+  // mapping of libcuda is inherited); the driver itself decides what works in a child.
+  ForgetSlotsInChild();
+  ClearRegistriesInChild();
+  ResetCapturesAfterFork();
+  ShimCounters& counters = Counters();
+  counters.~ShimCounters();
+  new (&counters) ShimCounters();
+  InitLogLevel();
+  g_config = ReadConfig();
+  counters.mode = static_cast<std::uint32_t>(g_config.mode);
+}
+
+bool RequiredForPooling(const RealDriver& real) {
+  return real.cuMemAlloc_v2 != nullptr && real.cuMemFree_v2 != nullptr &&
+         real.cuCtxGetCurrent != nullptr && real.cuCtxGetDevice != nullptr &&
+         real.cuCtxPushCurrent_v2 != nullptr && real.cuCtxPopCurrent_v2 != nullptr &&
+         real.cuCtxSynchronize != nullptr;
+}
+
+bool Initialise(bool may_load) {
+  if (t_in_init) return DriverLoaded();
+  t_in_init = true;
+  pthread_mutex_lock(&g_init_mu);
+  bool ready = g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady);
+  if (!ready) {
+    InitLogLevel();
+    g_config = ReadConfig();
+    if (!LoadDriver(may_load)) {
+      if (may_load) {
+        const char* why = dlerror();
+        VRAMSCOPE_LOG_ONCE(kWarn,
+                           "cannot open libcuda.so.1 (%s); vramscope is inactive until it can",
+                           why != nullptr ? why : "not found");
+      }
+    } else {
+      if (!RequiredForPooling(Real())) {
+        g_disabled.store(true, std::memory_order_relaxed);
+        VRAMSCOPE_LOG(kWarn, "the driver lacks an entry point vramscope needs; running without it");
+      }
+      if (!g_handlers_registered) {
+        g_handlers_registered = true;
+        if (pthread_atfork(ForkPrepare, ForkParent, ForkChild) != 0 || atexit(OnExit) != 0) {
+          g_disabled.store(true, std::memory_order_relaxed);
+          VRAMSCOPE_LOG(kWarn, "cannot register fork/exit handlers; running without vramscope");
+        }
+      }
+      Counters().mode = static_cast<std::uint32_t>(g_config.mode);
+      VRAMSCOPE_LOG(kInfo, "active, mode=%s", ModeName(g_config.mode));
+      g_state.store(static_cast<int>(State::kReady), std::memory_order_release);
+      ready = true;
+    }
+  }
+  pthread_mutex_unlock(&g_init_mu);
+  t_in_init = false;
+  return ready;
+}
+
+int AppendF(char* buffer, int used, int size, const char* format, ...)
+    __attribute__((format(printf, 4, 5)));
+
+int AppendF(char* buffer, int used, int size, const char* format, ...) {
+  if (used >= size) return used;
+  va_list args;
+  va_start(args, format);
+  const int n = vsnprintf(buffer + used, static_cast<std::size_t>(size - used), format, args);
+  va_end(args);
+  if (n < 0) return used;
+  return used + n >= size ? size - 1 : used + n;
+}
+
+}  // namespace
+
+bool EnsureDriver() {
+  if (g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady)) return true;
+  return Initialise(true);
+}
+
+bool EnsureDriverFromDlsym() {
+  if (g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady)) return true;
+  return Initialise(false);
+}
+
+bool Active() {
+  return g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady) &&
+         !g_disabled.load(std::memory_order_relaxed) &&
+         !g_exiting.load(std::memory_order_relaxed) && !t_in_init;
+}
+
+const Config& Cfg() { return g_config; }
+
+bool Exiting() { return g_exiting.load(std::memory_order_acquire); }
+
+void PrintSummary() {
+  const char* policy = RefreshPoolFigures();
+  const ShimCounters& counters = Counters();
+  char line[2048];
+  constexpr int kSize = sizeof(line);
+  int used = AppendF(line, 0, kSize, "vramscope: mode=%s policy=%s", ModeName(g_config.mode),
+                     policy != nullptr ? policy : "none");
+  for (int device = 0; device < kMaxDevices; ++device) {
+    const DeviceCounters& d = counters.device[device];
+    if (d.allocs.Get() == 0 && d.frees.Get() == 0 && d.reserved_bytes.peak.load() == 0 &&
+        d.driver_alloc_calls.Get() == 0) {
+      continue;
+    }
+    const std::uint64_t calls = d.allocs.Get() + d.frees.Get();
+    const std::uint64_t driver_calls = d.driver_alloc_calls.Get() + d.driver_free_calls.Get();
+    used = AppendF(line, used, kSize,
+                   " dev%d peak_requested=%llu peak_allocated=%llu peak_reserved=%llu"
+                   " current_requested=%llu current_reserved=%llu idle=%llu allocs=%llu"
+                   " frees=%llu driver_allocs=%llu driver_frees=%llu driver_calls_avoided=%llu"
+                   " fence_syncs=%llu user_syncs=%llu oom=%llu",
+                   device, static_cast<unsigned long long>(d.peak_requested_bytes.Get()),
+                   static_cast<unsigned long long>(d.peak_allocated_bytes.Get()),
+                   static_cast<unsigned long long>(d.reserved_bytes.peak.load()),
+                   static_cast<unsigned long long>(d.current_requested_bytes.Get()),
+                   static_cast<unsigned long long>(d.reserved_bytes.current.load()),
+                   static_cast<unsigned long long>(d.idle_bytes.Get()),
+                   static_cast<unsigned long long>(d.allocs.Get()),
+                   static_cast<unsigned long long>(d.frees.Get()),
+                   static_cast<unsigned long long>(d.driver_alloc_calls.Get()),
+                   static_cast<unsigned long long>(d.driver_free_calls.Get()),
+                   static_cast<unsigned long long>(calls > driver_calls ? calls - driver_calls : 0),
+                   static_cast<unsigned long long>(d.fence_syncs.Get()),
+                   static_cast<unsigned long long>(d.user_syncs.Get()),
+                   static_cast<unsigned long long>(d.oom.Get()));
+  }
+  used = AppendF(line, used, kSize, " passthrough");
+  for (int kind = 0; kind < static_cast<int>(Kind::kCount); ++kind) {
+    const KindCounters& k = counters.kind[kind];
+    used = AppendF(line, used, kSize, " %s=%llu/%llu/%llu", KindName(static_cast<Kind>(kind)),
+                   static_cast<unsigned long long>(k.bytes.current.load()),
+                   static_cast<unsigned long long>(k.bytes.peak.load()),
+                   static_cast<unsigned long long>(k.allocs.Get()));
+  }
+  used = AppendF(line, used, kSize, " ipc_refused=%llu\n",
+                 static_cast<unsigned long long>(counters.ipc_refused.Get()));
+  if (line[used - 1] != '\n') line[used - 1] = '\n';
+  WriteStderr(line, static_cast<std::size_t>(used));
+}
+
+}  // namespace vramscope::interposer

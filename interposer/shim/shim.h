@@ -1,0 +1,35 @@
+// Process-wide state of libvramscope.so: lazy, retryable, re-entrancy-safe initialisation (no
+// work in ELF constructors), fork and exit handling, the summary line.
+//
+// Initialisation runs on the first hook that needs it, from any thread, at any time (even
+// before the shim's own constructors would have run): it reads VRAMSCOPE_*, opens the real
+// driver and registers the pthread_atfork and atexit handlers. A hook called by the thread that
+// is initialising (libcuda's constructors may call dlsym) passes straight through. If the
+// driver cannot be opened, initialisation is retried on the next hook; if something the shim
+// needs is missing, the program runs as if the shim were absent, after one warning.
+//
+// fork: the child forgets every pool without touching it (its memory belongs to the parent's
+// context) and starts with zeroed counters; driver calls then behave as the driver does.
+// exit: the atexit handler prints the summary and stops the shim's own driver calls; nothing
+// is freed at exit and nothing runs in ELF destructors.
+#pragma once
+
+#include "config.h"
+
+namespace vramscope::interposer {
+
+// The real driver table is usable (loads libcuda.so.1 on first need).
+bool EnsureDriver();
+// For the dlsym hook: initialise only if libcuda is already loaded and this thread is not
+// initialising already.
+bool EnsureDriverFromDlsym();
+// The shim's own machinery may run on this thread now: initialised, enabled, not exiting, not
+// inside initialisation.
+bool Active();
+const Config& Cfg();
+bool Exiting();
+
+// Writes the VRAMSCOPE_SUMMARY line to stderr.
+void PrintSummary();
+
+}  // namespace vramscope::interposer
