@@ -1,0 +1,104 @@
+// Test control API of the fake CUDA driver (tests/fakes/libcuda.so.1).
+//
+// The fake exports these functions next to the cu* entry points. A test that links the fake
+// (fake_control_dep) calls them directly; a test that reaches the driver only through dlopen can
+// fetch them with dlsym(handle, "vramscope_fake_...") (see routes.h, FakeControl).
+//
+// Thread safety: every function may be called from any thread; all take the fake's one mutex.
+// Error convention: functions return 0 / a count / a size; an invalid argument (device out of
+// range, unknown name) returns 0 or -1 as documented, never aborts.
+//
+// Environment (read at load and by vramscope_fake_reset):
+//   VRAMSCOPE_FAKE_CAPACITY=<bytes>   per-device memory capacity (default 16 GiB)
+//   VRAMSCOPE_FAKE_DEVICES=1|2        number of devices (default 2)
+//   VRAMSCOPE_FAKE_MANUAL_EVENTS=1    start in manual event completion mode
+#ifndef VRAMSCOPE_TESTS_FAKES_FAKE_CUDA_CONTROL_H_
+#define VRAMSCOPE_TESTS_FAKES_FAKE_CUDA_CONTROL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Frees every allocation, stream, event, VMM object and capture; zeroes the call counters;
+// re-reads the environment; forgets cuInit (the next driver call must be cuInit again, as in a
+// fresh process); clears the calling thread's context stack and capture mode. Other threads'
+// context stacks are left as they are (they hold stale handles of primary contexts, which stay
+// valid objects). Does not undo "forked after init" in a fork child.
+void vramscope_fake_reset(void);
+
+// Per-device capacity in bytes: cuMemGetInfo_v2 reports (capacity - used, capacity), allocations
+// beyond it fail with CUDA_ERROR_OUT_OF_MEMORY. Returns 0, or -1 for a device out of range.
+int vramscope_fake_set_capacity(int device, size_t bytes);
+
+// Number of devices reported by cuDeviceGetCount (1 or 2). Returns 0, or -1 if out of range.
+int vramscope_fake_set_device_count(int count);
+
+// Manual event completion. Off (default): work "finishes" as soon as it is submitted, so
+// cuEventRecord completes the event at once. On: a recorded event stays pending (cuEventQuery
+// returns CUDA_ERROR_NOT_READY) until the test completes it, or until a host-side wait covers it
+// (cuEventSynchronize of it, cuStreamSynchronize of its stream, cuCtxSynchronize of its
+// context): those waits complete the pending work they cover, modelling "the host waited, so
+// the GPU finished" — unless blocking sync is on.
+void vramscope_fake_set_manual_events(int on);
+
+// With manual events on and blocking sync on, the waits above block until another thread
+// completes the events they wait for (vramscope_fake_complete_*), instead of completing them.
+void vramscope_fake_set_blocking_sync(int on);
+
+// Completes every pending event. Returns how many were completed.
+int vramscope_fake_complete_all_events(void);
+
+// Completes the oldest pending event (recording order). Returns 1, or 0 if none was pending.
+int vramscope_fake_complete_next_event(void);
+
+// Number of recorded events not yet completed.
+int vramscope_fake_pending_events(void);
+
+// How many times the exported entry point with this exact name was called (e.g.
+// "cuMemAlloc_v2", "cuMemAllocAsync_ptsz", "cuGetProcAddress_v2"). Unknown names return 0.
+uint64_t vramscope_fake_call_count(const char* exact_name);
+
+// Sum of the call counters of all entry points (lookups not included).
+uint64_t vramscope_fake_total_calls(void);
+
+// How many times cuGetProcAddress or cuGetProcAddress_v2 was asked for this base name (e.g.
+// "cuMemAlloc", or "" for the runtime's first probe), whatever the version and flags.
+uint64_t vramscope_fake_lookup_count(const char* symbol);
+
+// Bytes of device memory charged to the device: cuMemAlloc_v2, cuMemAllocPitch_v2, memory held
+// by the stream-ordered pool (live allocations and cached bytes not yet trimmed) and physical
+// VMM allocations (cuMemCreate until released and unmapped). Managed and host memory are not
+// charged. -1 cast to size_t for a device out of range.
+size_t vramscope_fake_live_bytes(int device);
+
+// Number of live allocations charged to the device: cuMemAlloc_v2/cuMemAllocPitch_v2 blocks,
+// live stream-ordered allocations and physical VMM handles.
+int vramscope_fake_live_allocations(int device);
+
+// Number of live host-side allocations (cuMemHostAlloc, cuMemAllocHost_v2, cuMemAllocManaged).
+int vramscope_fake_live_host_allocations(void);
+
+// Bytes cached in the device's default stream-ordered pool (freed but not yet trimmed).
+size_t vramscope_fake_pool_cached_bytes(int device);
+
+// Number of live VA reservations (cuMemAddressReserve) and of live mappings (cuMemMap).
+int vramscope_fake_live_reservations(void);
+int vramscope_fake_live_mappings(void);
+
+// Number of stream captures begun and not yet ended, and how many of those were invalidated
+// by a prohibited call.
+int vramscope_fake_active_captures(void);
+int vramscope_fake_invalidated_captures(void);
+
+// 1 if this process is a fork child of a process that had called cuInit: every driver call
+// returns CUDA_ERROR_NOT_INITIALIZED, as the real driver does.
+int vramscope_fake_forked_after_init(void);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // VRAMSCOPE_TESTS_FAKES_FAKE_CUDA_CONTROL_H_

@@ -1,0 +1,303 @@
+// State, prologue and shared helpers of the fake CUDA driver. See fake_state.h.
+#include "fake_state.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+
+namespace vramscope::fake {
+namespace {
+
+size_t EnvSize(const char* name, size_t fallback) {
+  const char* v = getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long long n = strtoull(v, &end, 0);
+  return (end != nullptr && *end == '\0' && n > 0) ? static_cast<size_t>(n) : fallback;
+}
+
+void ConfigureFromEnv(State& s) {
+  size_t capacity = EnvSize("VRAMSCOPE_FAKE_CAPACITY", kDefaultCapacity);
+  for (int d = 0; d < kMaxDevices; ++d) {
+    s.devices[d].capacity = capacity;
+    s.devices[d].primary.device = d;
+    s.devices[d].default_pool.device = d;
+  }
+  size_t devices = EnvSize("VRAMSCOPE_FAKE_DEVICES", kMaxDevices);
+  s.device_count =
+      (devices >= 1 && devices <= kMaxDevices) ? static_cast<int>(devices) : kMaxDevices;
+  s.manual_events = EnvSize("VRAMSCOPE_FAKE_MANUAL_EVENTS", 0) != 0;
+  s.blocking_sync = false;
+}
+
+// fork(): the real driver cannot be used in the child of a process that initialised it
+// (research/interposers.md 1.2, 7.6); every call there returns CUDA_ERROR_NOT_INITIALIZED. The
+// prepare/parent/child handlers also keep the mutex consistent across fork.
+void AtForkPrepare() { GlobalState().mu.lock(); }
+void AtForkParent() { GlobalState().mu.unlock(); }
+void AtForkChild() {
+  State& s = GlobalState();
+  if (s.initialized) s.forked_after_init = true;
+  s.mu.unlock();
+}
+
+State* CreateState() {
+  // Never destroyed: static destructors of the program may still call the driver at exit.
+  auto* s = new State;
+  ConfigureFromEnv(*s);
+  pthread_atfork(AtForkPrepare, AtForkParent, AtForkChild);
+  return s;
+}
+
+}  // namespace
+
+State& GlobalState() {
+  static State* s = CreateState();
+  return *s;
+}
+
+uint64_t ThreadId() {
+  static std::atomic<uint64_t> next{1};
+  thread_local uint64_t id = next.fetch_add(1);
+  return id;
+}
+
+std::vector<CUctx_st*>& ContextStack() {
+  thread_local std::vector<CUctx_st*> stack;
+  return stack;
+}
+
+CUstreamCaptureMode& ThreadCaptureMode() {
+  thread_local CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  return mode;
+}
+
+void ResetLocked(State& s) {
+  while (!s.allocations.empty()) FreeAllocationLocked(s, s.allocations.begin());
+  for (CUstream_st* st : s.streams) delete st;
+  s.streams.clear();
+  for (CUevent_st* ev : s.events) delete ev;
+  s.events.clear();
+  for (CUgraph_st* g : s.graphs) delete g;
+  s.graphs.clear();
+  s.captures.clear();
+  s.ipc_opens.clear();
+  for (auto& [base, m] : s.mappings) {
+    munmap(reinterpret_cast<void*>(base), m.size);
+  }
+  s.mappings.clear();
+  for (auto& [base, size] : s.reservations) {
+    munmap(reinterpret_cast<void*>(base), size);
+  }
+  s.reservations.clear();
+  for (auto& [h, p] : s.physical) close(p.fd);
+  s.physical.clear();
+  for (Device& d : s.devices) {
+    d.used = 0;
+    d.live_allocations = 0;
+    d.primary.refcount = 0;
+    d.default_pool.live = 0;
+    d.default_pool.cached = 0;
+    d.default_pool.release_threshold = 0;
+  }
+  s.call_counts.clear();
+  s.initialized = false;
+  ConfigureFromEnv(s);
+  s.cv.notify_all();
+}
+
+Call::Call(const char* name) : s_(GlobalState()), lock_(s_.mu) { ++s_.call_counts[name]; }
+
+CUresult Call::RequireInit() const {
+  if (s_.forked_after_init || !s_.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  return CUDA_SUCCESS;
+}
+
+CUresult Call::RequireContext(CUctx_st** ctx) const {
+  if (CUresult r = RequireInit(); r != CUDA_SUCCESS) return r;
+  auto& stack = ContextStack();
+  // A primary context whose last retain was released is inactive: the real driver rejects it
+  // until it is retained again.
+  if (stack.empty() || stack.back() == nullptr || stack.back()->refcount <= 0) {
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  *ctx = stack.back();
+  return CUDA_SUCCESS;
+}
+
+bool ValidDevice(const State& s, CUdevice dev) { return dev >= 0 && dev < s.device_count; }
+
+bool Charge(State& s, int device, size_t bytes) {
+  Device& d = s.devices[device];
+  if (bytes > d.capacity || d.used > d.capacity - bytes) return false;
+  d.used += bytes;
+  return true;
+}
+
+void Uncharge(State& s, int device, size_t bytes) { s.devices[device].used -= bytes; }
+
+Allocation* FindContaining(State& s, CUdeviceptr ptr, size_t len, CUdeviceptr* base) {
+  auto it = s.allocations.upper_bound(ptr);
+  if (it == s.allocations.begin()) return nullptr;
+  --it;
+  // A zero-size query still has to point inside the allocation.
+  size_t need = len == 0 ? 1 : len;
+  if (ptr - it->first >= it->second.size || it->second.size - (ptr - it->first) < need) {
+    return nullptr;
+  }
+  if (base != nullptr) *base = it->first;
+  return &it->second;
+}
+
+bool InMapping(const State& s, CUdeviceptr ptr, size_t len, CUmemAccess_flags access) {
+  auto it = s.mappings.upper_bound(ptr);
+  if (it == s.mappings.begin()) return false;
+  --it;
+  return ptr - it->first < it->second.size && it->second.size - (ptr - it->first) >= len &&
+         (it->second.access & access) == access;
+}
+
+void FreeAllocationLocked(State& s, std::map<CUdeviceptr, Allocation>::iterator it) {
+  Allocation& a = it->second;
+  if (a.kind == AllocKind::kAsync) {
+    // Stream-ordered memory goes back to its pool, which keeps it reserved (still charged)
+    // until a synchronization point or cuMemPoolTrimTo releases it.
+    a.pool->live -= a.charged;
+    a.pool->cached += a.charged;
+    --s.devices[a.device].live_allocations;
+  } else if (a.charged > 0) {
+    Uncharge(s, a.device, a.charged);
+    --s.devices[a.device].live_allocations;
+  }
+  s.ipc_opens.erase(it->first);
+  free(a.storage);
+  s.allocations.erase(it);
+}
+
+void DestroyContextResourcesLocked(State& s, CUctx_st* ctx) {
+  for (auto it = s.allocations.begin(); it != s.allocations.end();) {
+    auto next = std::next(it);
+    if (it->second.ctx == ctx) FreeAllocationLocked(s, it);
+    it = next;
+  }
+  for (auto it = s.streams.begin(); it != s.streams.end();) {
+    auto next = std::next(it);
+    if ((*it)->ctx == ctx) {
+      s.captures.erase(reinterpret_cast<uintptr_t>(*it));
+      delete *it;
+      s.streams.erase(it);
+    }
+    it = next;
+  }
+  for (auto it = s.events.begin(); it != s.events.end();) {
+    auto next = std::next(it);
+    if ((*it)->ctx == ctx) {
+      delete *it;
+      s.events.erase(it);
+    }
+    it = next;
+  }
+  CUmemPoolHandle_st& pool = s.devices[ctx->device].default_pool;
+  TrimPoolLocked(s, &pool, 0);
+  s.cv.notify_all();
+}
+
+bool StreamKey(const State& s, CUstream stream, bool per_thread, uintptr_t* key) {
+  if (stream == nullptr) {
+    *key = reinterpret_cast<uintptr_t>(per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY);
+    return true;
+  }
+  if (stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
+    *key = reinterpret_cast<uintptr_t>(stream);
+    return true;
+  }
+  if (s.streams.count(stream) == 0) return false;
+  *key = reinterpret_cast<uintptr_t>(stream);
+  return true;
+}
+
+CUresult CheckCaptureUnsafeLocked(State& s) {
+  CUstreamCaptureMode mode = ThreadCaptureMode();
+  if (mode == CU_STREAM_CAPTURE_MODE_RELAXED || s.captures.empty()) return CUDA_SUCCESS;
+  uint64_t self = ThreadId();
+  bool prohibited = false;
+  for (auto& [key, c] : s.captures) {
+    bool own = c.thread == self && c.mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+    bool foreign_global = mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c.thread != self &&
+                          c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    if (own || foreign_global) {
+      c.invalidated = true;
+      prohibited = true;
+    }
+  }
+  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult RejectIfCapturingLocked(State& s, uintptr_t key) {
+  auto it = s.captures.find(key);
+  if (it == s.captures.end()) return CUDA_SUCCESS;
+  it->second.invalidated = true;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+void CompleteEventLocked(State& s, CUevent_st* ev) {
+  if (ev->status != CUevent_st::Status::kPending) return;
+  ev->status = CUevent_st::Status::kComplete;
+  ev->completed_at = std::chrono::steady_clock::now();
+  s.cv.notify_all();
+}
+
+void TrimPoolLocked(State& s, CUmemPoolHandle_st* pool, size_t keep) {
+  if (pool->cached <= keep) return;
+  Uncharge(s, pool->device, pool->cached - keep);
+  pool->cached = keep;
+}
+
+namespace {
+
+// Waits for (or, without blocking sync, completes) every pending event selected by `pick`.
+template <typename Pick>
+void WaitPendingLocked(Call& call, Pick pick) {
+  State& s = call.state();
+  auto pending = [&] {
+    for (CUevent_st* ev : s.events) {
+      if (ev->status == CUevent_st::Status::kPending && pick(ev)) return true;
+    }
+    return false;
+  };
+  if (s.manual_events && s.blocking_sync) {
+    s.cv.wait(call.lock(), [&] { return !pending(); });
+  } else {
+    for (CUevent_st* ev : s.events) {
+      if (ev->status == CUevent_st::Status::kPending && pick(ev)) CompleteEventLocked(s, ev);
+    }
+  }
+}
+
+void TrimAllPoolsLocked(State& s, int device) {
+  CUmemPoolHandle_st& pool = s.devices[device].default_pool;
+  TrimPoolLocked(s, &pool, pool.release_threshold);
+}
+
+}  // namespace
+
+void WaitEventLocked(Call& call, CUevent_st* ev, int device) {
+  WaitPendingLocked(call, [ev](CUevent_st* e) { return e == ev; });
+  TrimAllPoolsLocked(call.state(), device);
+}
+
+void WaitStreamLocked(Call& call, uintptr_t key, int device) {
+  WaitPendingLocked(call, [key](CUevent_st* e) { return e->stream_key == key; });
+  TrimAllPoolsLocked(call.state(), device);
+}
+
+void WaitContextLocked(Call& call, CUctx_st* ctx) {
+  WaitPendingLocked(call, [ctx](CUevent_st* e) { return e->ctx == ctx; });
+  TrimAllPoolsLocked(call.state(), ctx->device);
+}
+
+}  // namespace vramscope::fake

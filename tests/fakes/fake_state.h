@@ -1,0 +1,248 @@
+// Internal state of the fake CUDA driver (libcuda.so.1 for CI, backed by host memory).
+//
+// One process-wide State guarded by one mutex. Every exported entry point starts with a Call,
+// which counts the call under its exact exported name, takes the mutex, and checks the two
+// process-level conditions every real driver call checks first (cuInit was called; this is not
+// a fork child of an initialised process). Entry points never call other exported entry points:
+// under LD_PRELOAD a shim would interpose the inner call, so shared work lives in the helpers
+// declared here.
+//
+// Handles: CUcontext, CUstream, CUevent and CUmemoryPool point at the structs defined below
+// (cuda.h only forward-declares them). CUdeviceptr values are host addresses: device memory is
+// host memory, so tests can read what they wrote through cuMemcpy* or directly.
+//
+// Thread safety: all State members are guarded by State::mu; the context stack and the stream
+// capture mode are per thread (thread_local), as in the real driver.
+#ifndef VRAMSCOPE_TESTS_FAKES_FAKE_STATE_H_
+#define VRAMSCOPE_TESTS_FAKES_FAKE_STATE_H_
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#define VRAMSCOPE_FAKE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace vramscope::fake {
+
+inline constexpr int kMaxDevices = 2;
+inline constexpr int kDriverVersion = 13000;  // what cuDriverGetVersion reports (CUDA 13.0)
+inline constexpr size_t kDefaultCapacity = size_t{16} << 30;
+inline constexpr size_t kVmmGranularity = size_t{2} << 20;  // cuMemGetAllocationGranularity
+inline constexpr size_t kAllocAlignment = 256;  // cuMemAlloc returns 256-byte aligned memory
+inline constexpr size_t kPitchAlignment = 512;  // cuMemAllocPitch rounds rows to this
+
+}  // namespace vramscope::fake
+
+// Handle types named by cuda.h. Defined at global scope because cuda.h declares them there.
+struct CUctx_st {
+  int device = 0;
+  bool primary = true;
+  int refcount = 0;  // primary-context retains; 0 means inactive (no memory, unusable)
+};
+
+struct CUmemPoolHandle_st {
+  int device = 0;
+  size_t live = 0;               // bytes of live allocations from this pool
+  size_t cached = 0;             // freed by cuMemFreeAsync, still reserved by the pool
+  size_t release_threshold = 0;  // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0
+};
+
+struct CUstream_st {
+  CUctx_st* ctx = nullptr;
+  unsigned int flags = 0;
+  int priority = 0;
+};
+
+// cuStreamEndCapture's result. The fake records no nodes; the graph only has to be destroyable.
+struct CUgraph_st {};
+
+struct CUevent_st {
+  enum class Status { kNeverRecorded, kPending, kComplete };
+  CUctx_st* ctx = nullptr;
+  unsigned int flags = 0;
+  Status status = Status::kNeverRecorded;
+  uintptr_t stream_key = 0;  // normalized stream of the last record (see StreamKey)
+  uint64_t record_seq = 0;   // recording order, for vramscope_fake_complete_next_event
+  std::chrono::steady_clock::time_point completed_at{};
+};
+
+namespace vramscope::fake {
+
+enum class AllocKind {
+  kDevice,   // cuMemAlloc_v2
+  kPitch,    // cuMemAllocPitch_v2
+  kAsync,    // cuMemAllocAsync / cuMemAllocFromPoolAsync (pool memory)
+  kGraph,    // cuMemAllocAsync on a capturing stream: graph-owned, not charged until launch
+  kManaged,  // cuMemAllocManaged
+  kHost,     // cuMemHostAlloc / cuMemAllocHost_v2
+};
+
+struct Allocation {
+  size_t size = 0;     // bytes the caller asked for (pitch * height for pitched)
+  size_t charged = 0;  // bytes charged to the device (0 for host, managed, graph)
+  int device = 0;
+  CUctx_st* ctx = nullptr;
+  AllocKind kind = AllocKind::kDevice;
+  CUmemPoolHandle_st* pool = nullptr;  // kAsync only
+  uint64_t buffer_id = 0;              // CU_POINTER_ATTRIBUTE_BUFFER_ID
+  void* storage = nullptr;             // what to free(); equals the base address
+};
+
+struct Capture {
+  uint64_t id = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  uint64_t thread = 0;  // ThreadId() of the thread that began it
+  bool invalidated = false;
+};
+
+// VMM physical allocation (cuMemCreate): a memfd, so every mapping aliases the same pages and
+// data survives unmap/remap, as physical GPU memory does.
+struct Physical {
+  int fd = -1;
+  size_t size = 0;
+  int device = 0;
+  int mappings = 0;
+  bool released = false;  // cuMemRelease called; freed once the last mapping goes
+};
+
+struct Mapping {
+  size_t size = 0;
+  CUmemGenericAllocationHandle handle = 0;
+  size_t offset = 0;
+  CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;  // set by cuMemSetAccess
+};
+
+struct Device {
+  size_t capacity = kDefaultCapacity;
+  size_t used = 0;  // bytes charged (see vramscope_fake_live_bytes)
+  int live_allocations = 0;
+  CUctx_st primary;
+  CUmemPoolHandle_st default_pool;
+};
+
+struct State {
+  std::mutex mu;
+  std::condition_variable cv;  // signalled when events complete
+
+  bool initialized = false;        // cuInit succeeded in this process
+  bool forked_after_init = false;  // set in a fork child of an initialised process
+  int device_count = kMaxDevices;
+  bool manual_events = false;
+  bool blocking_sync = false;
+  Device devices[kMaxDevices];
+
+  std::map<CUdeviceptr, Allocation> allocations;  // by base address
+  std::set<CUstream_st*> streams;
+  std::set<CUevent_st*> events;
+  std::set<CUgraph_st*> graphs;
+  uint64_t next_record_seq = 1;
+  uint64_t next_buffer_id = 1;
+  uint64_t next_capture_id = 1;
+  std::map<uintptr_t, Capture> captures;  // by StreamKey of the capturing stream
+  std::map<CUdeviceptr, int> ipc_opens;   // base -> open count
+
+  std::map<CUmemGenericAllocationHandle, Physical> physical;
+  CUmemGenericAllocationHandle next_physical = 1;
+  std::map<CUdeviceptr, size_t> reservations;  // base -> size
+  std::map<CUdeviceptr, Mapping> mappings;     // base -> mapping
+
+  std::map<std::string, uint64_t> call_counts;
+};
+
+State& GlobalState();
+
+// Unique id of the calling thread (for capture ownership); never reused.
+uint64_t ThreadId();
+
+// The calling thread's context stack (top = current context) and capture mode.
+std::vector<CUctx_st*>& ContextStack();
+CUstreamCaptureMode& ThreadCaptureMode();
+
+// Resets State to the configuration in the environment, freeing everything it owns. Caller
+// holds mu.
+void ResetLocked(State& s);
+
+// RAII prologue of every entry point: counts `name`, locks the state.
+class Call {
+ public:
+  explicit Call(const char* name);
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  State& state() { return s_; }
+  std::unique_lock<std::mutex>& lock() { return lock_; }
+
+  // CUDA_ERROR_NOT_INITIALIZED before cuInit or in a fork child of an initialised process
+  // (the real driver refuses both), else CUDA_SUCCESS.
+  CUresult RequireInit() const;
+
+  // RequireInit, then the calling thread's current context (CUDA_ERROR_INVALID_CONTEXT if
+  // there is none or it is an inactive primary context).
+  CUresult RequireContext(CUctx_st** ctx) const;
+
+ private:
+  State& s_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+// Device ordinal validity (CUDA_ERROR_INVALID_DEVICE otherwise).
+bool ValidDevice(const State& s, CUdevice dev);
+
+// Charge/uncharge device memory. Charge returns false (and charges nothing) if it would
+// exceed the capacity.
+bool Charge(State& s, int device, size_t bytes);
+void Uncharge(State& s, int device, size_t bytes);
+
+// Finds the allocation containing [ptr, ptr+len) (host, managed, device, pool, graph);
+// nullptr if none. *base receives its base.
+Allocation* FindContaining(State& s, CUdeviceptr ptr, size_t len, CUdeviceptr* base);
+
+// True if [ptr, ptr+len) lies in one VMM mapping with at least `access` (cuMemSetAccess).
+bool InMapping(const State& s, CUdeviceptr ptr, size_t len, CUmemAccess_flags access);
+
+// Frees one allocation record and its storage, returning pool memory to its pool's cache and
+// uncharging the rest. Caller holds mu.
+void FreeAllocationLocked(State& s, std::map<CUdeviceptr, Allocation>::iterator it);
+
+// Destroys everything owned by `ctx` (allocations, streams, events, captures on its streams):
+// what the real driver does when a primary context is reset or its last retain released.
+void DestroyContextResourcesLocked(State& s, CUctx_st* ctx);
+
+// Normalized key of a stream handle: 0 and CU_STREAM_LEGACY map to CU_STREAM_LEGACY;
+// CU_STREAM_PER_THREAD (or 0 through a _ptsz entry point) maps to CU_STREAM_PER_THREAD.
+// Returns false for an unknown handle (CUDA_ERROR_INVALID_HANDLE).
+bool StreamKey(const State& s, CUstream stream, bool per_thread, uintptr_t* key);
+
+// Stream-capture rules of the real driver (cuThreadExchangeStreamCaptureMode docs): a
+// "potentially unsafe" call (synchronous allocation/free, host synchronization) made from a
+// thread whose mode is GLOBAL while any other thread captures in GLOBAL mode, or made while this
+// thread itself has a non-RELAXED capture in progress, and unless this thread's mode is RELAXED,
+// fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures.
+CUresult CheckCaptureUnsafeLocked(State& s);
+
+// Marks the capture on `key` (if any) invalidated and returns
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; CUDA_SUCCESS if the stream is not capturing.
+CUresult RejectIfCapturingLocked(State& s, uintptr_t key);
+
+// Host-side waits (see fake_cuda_control.h, manual events). Complete, or with blocking sync
+// wait for, the pending events selected; then trim stream-ordered pools to their release
+// threshold, as the real pool does at synchronization points.
+// `device` selects the pools to trim; it is passed in because a blocking wait releases the
+// mutex, and the event or stream may be destroyed meanwhile.
+void WaitEventLocked(Call& call, CUevent_st* ev, int device);
+void WaitStreamLocked(Call& call, uintptr_t key, int device);
+void WaitContextLocked(Call& call, CUctx_st* ctx);
+void CompleteEventLocked(State& s, CUevent_st* ev);
+void TrimPoolLocked(State& s, CUmemPoolHandle_st* pool, size_t keep);
+
+}  // namespace vramscope::fake
+
+#endif  // VRAMSCOPE_TESTS_FAKES_FAKE_STATE_H_
