@@ -11,7 +11,6 @@
 // Deviations: memory is host memory; cuIpcOpenMemHandle_v2 accepts handles of its own process
 // (the real driver refuses them) and refuses other processes' (it cannot share their memory).
 #include <cuda.h>
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -28,7 +27,7 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 CUresult NewAllocation(State& s, CUctx_st* ctx, size_t size, size_t charged, AllocKind kind,
                        CUdeviceptr* out) {
   if (charged > 0 && !Charge(s, ctx->device, charged)) return CUDA_ERROR_OUT_OF_MEMORY;
-  void* p = aligned_alloc(kAllocAlignment, RoundUp(size, kAllocAlignment));
+  void* p = AllocStorage(size);
   if (p == nullptr) {
     if (charged > 0) Uncharge(s, ctx->device, charged);
     return CUDA_ERROR_OUT_OF_MEMORY;

@@ -161,6 +161,14 @@ bool InMapping(const State& s, CUdeviceptr ptr, size_t len, CUmemAccess_flags ac
          (it->second.access & access) == access;
 }
 
+void* AllocStorage(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void FreeStorage(void* p, size_t bytes) { munmap(p, bytes); }
+
 void FreeAllocationLocked(State& s, std::map<CUdeviceptr, Allocation>::iterator it) {
   Allocation& a = it->second;
   if (a.kind == AllocKind::kAsync) {
@@ -174,7 +182,7 @@ void FreeAllocationLocked(State& s, std::map<CUdeviceptr, Allocation>::iterator 
     --s.devices[a.device].live_allocations;
   }
   s.ipc_opens.erase(it->first);
-  free(a.storage);
+  FreeStorage(a.storage, a.size);
   s.allocations.erase(it);
 }
 

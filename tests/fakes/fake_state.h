@@ -93,7 +93,7 @@ struct Allocation {
   AllocKind kind = AllocKind::kDevice;
   CUmemPoolHandle_st* pool = nullptr;  // kAsync only
   uint64_t buffer_id = 0;              // CU_POINTER_ATTRIBUTE_BUFFER_ID
-  void* storage = nullptr;             // what to free(); equals the base address
+  void* storage = nullptr;             // from AllocStorage; equals the base address
 };
 
 struct Capture {
@@ -207,6 +207,12 @@ Allocation* FindContaining(State& s, CUdeviceptr ptr, size_t len, CUdeviceptr* b
 
 // True if [ptr, ptr+len) lies in one VMM mapping with at least `access` (cuMemSetAccess).
 bool InMapping(const State& s, CUdeviceptr ptr, size_t len, CUmemAccess_flags access);
+
+// Host memory standing in for device memory: anonymous mmap, so untouched memory costs nothing
+// (tests fill devices of several GiB) and malloc debugging (meson's MALLOC_PERTURB_) does not
+// write through it. Page-aligned, which satisfies kAllocAlignment. nullptr on failure.
+void* AllocStorage(size_t bytes);
+void FreeStorage(void* p, size_t bytes);
 
 // Frees one allocation record and its storage, returning pool memory to its pool's cache and
 // uncharging the rest. Caller holds mu.

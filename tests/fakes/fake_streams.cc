@@ -19,7 +19,6 @@
 // the per-thread default streams of all threads share one identity; captured work records no
 // graph nodes.
 #include <cuda.h>
-#include <stdlib.h>
 
 #include <chrono>
 
@@ -264,8 +263,7 @@ CUresult AllocAsync(Call& call, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool
     reuse = pool->cached < bytesize ? pool->cached : bytesize;
     if (!Charge(s, pool->device, bytesize - reuse)) return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  void* p = aligned_alloc(kAllocAlignment,
-                          (bytesize + kAllocAlignment - 1) / kAllocAlignment * kAllocAlignment);
+  void* p = AllocStorage(bytesize);
   if (p == nullptr) {
     if (!capturing) Uncharge(s, pool->device, bytesize - reuse);
     return CUDA_ERROR_OUT_OF_MEMORY;
