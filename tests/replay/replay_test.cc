@@ -99,6 +99,10 @@ TEST(ReplayTrace, BundledTracesUnderEveryPolicy) {
           << name << " " << policy;
       EXPECT_EQ(result->failed_allocs, 0u) << name << " " << policy;
       EXPECT_GE(result->stats.peak_reserved_bytes, trace->peak_live_bytes) << name << " " << policy;
+      // Fragmentation at peak is sampled when the upstream's physical bytes reach a new high:
+      // that is the pool's peak reserved only if the two agree.
+      EXPECT_EQ(result->upstream_peak_physical_bytes, result->stats.peak_reserved_bytes)
+          << name << " " << policy;
     }
   }
 }

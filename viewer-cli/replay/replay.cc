@@ -105,6 +105,7 @@ absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_v
       }
     }
     result.stats = t.pool->Stats();
+    result.upstream_peak_physical_bytes = t.upstream.Counters().peak_physical_bytes;
   }
 
   // Timed runs: only the pool's calls (and a vector walk) inside the clock.

@@ -32,6 +32,10 @@ struct ReplayResult {
   double fragmentation_at_peak = 0;
   std::uint64_t free_bytes_at_peak = 0;
   std::uint64_t largest_free_block_at_peak = 0;
+  // The upstream's own high-water mark of physical bytes (Allocate + Map), which the measured run
+  // uses to find the moment of peak reserved; equal to stats.peak_reserved_bytes for a pool whose
+  // "reserved" means what its upstream holds.
+  std::uint64_t upstream_peak_physical_bytes = 0;
   std::uint64_t failed_allocs = 0;  // allocations the pool refused (their frees are skipped)
   double ns_per_event = 0;          // fastest timed run: pool time / replayed events
   int timed_runs = 0;
