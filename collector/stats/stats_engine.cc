@@ -1,0 +1,603 @@
+// ProcessStatsEngine: see stats_engine.h for what is computed and the accounting rules.
+#include "stats/stats_engine.h"
+
+#include <absl/strings/ascii.h>
+#include <absl/strings/str_cat.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace vramscope::collector {
+namespace {
+
+constexpr int kKinds = 10;  // AllocationKind values 0..9
+
+std::uint64_t SubtractSaturating(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
+
+int KindIndex(v1::AllocationKind kind) {
+  const int k = static_cast<int>(kind);
+  return k >= 0 && k < kKinds ? k : 0;
+}
+
+std::string KindName(int kind) {
+  std::string name = v1::AllocationKind_Name(static_cast<v1::AllocationKind>(kind));
+  constexpr std::string_view kPrefix = "ALLOCATION_KIND_";
+  if (name.rfind(kPrefix, 0) == 0) name = name.substr(kPrefix.size());
+  return absl::AsciiStrToLower(name);
+}
+
+}  // namespace
+
+bool KindCountsBytes(v1::AllocationKind kind) {
+  return kind != v1::ALLOCATION_KIND_HOST && kind != v1::ALLOCATION_KIND_IPC_IMPORT;
+}
+bool KindCountsReserved(v1::AllocationKind kind) {
+  return KindCountsBytes(kind) && kind != v1::ALLOCATION_KIND_POOLED;
+}
+
+struct ProcessStatsEngine::Device {
+  std::uint32_t id = 0;
+  std::size_t slot = 0;
+  std::uint64_t cur_requested = 0, peak_requested = 0;
+  std::uint64_t cur_allocated = 0, peak_allocated = 0;
+  std::uint64_t cur_reserved = 0, peak_reserved = 0;
+  std::uint64_t alloc_count = 0, free_count = 0, reserve_count = 0, release_count = 0;
+  std::array<std::uint64_t, kKinds> kind_current{};
+  std::array<std::uint64_t, kKinds> kind_peak{};
+  bool has_pool_state = false;
+  v1::PoolStateEvent pool_state;
+  // At the last new peak of reserved: the pool state then (updated by a state taken while still
+  // at that peak) and requested/allocated then.
+  bool at_peak_has_state = false;
+  v1::PoolStateEvent at_peak_state;
+  std::uint64_t at_peak_requested = 0, at_peak_allocated = 0;
+  std::vector<v1::OomRecord> ooms;
+  Timeline timeline;
+  bool has_counters = false;
+  v1::DeviceCounters counters;
+  struct Site {
+    std::uint64_t alloc_count = 0, total_bytes = 0, live_bytes = 0, peak_live_bytes = 0;
+  };
+  absl::flat_hash_map<std::uint64_t, Site> sites;
+
+  explicit Device(std::size_t max_points) : timeline(max_points) {}
+};
+
+struct ProcessStatsEngine::RangeAgg {
+  std::string name;
+  std::string domain;
+  std::uint64_t count = 0;
+  std::uint64_t total_time_ns = 0;
+  struct PerDevice {
+    bool touched = false;
+    std::uint64_t peak_allocated = 0;
+    std::int64_t net_growth = 0;
+    std::uint64_t alloc_count = 0;
+  };
+  std::vector<PerDevice> devices;  // by device slot
+  PerDevice& At(std::size_t slot) {
+    if (devices.size() <= slot) devices.resize(slot + 1);
+    return devices[slot];
+  }
+};
+
+ProcessStatsEngine::ProcessStatsEngine(StatsOptions options) : options_(options) {}
+ProcessStatsEngine::~ProcessStatsEngine() = default;
+
+ProcessStatsEngine::Device& ProcessStatsEngine::DeviceFor(std::uint32_t device) {
+  if (last_device_ != nullptr && last_device_->id == device) return *last_device_;
+  auto [it, inserted] = device_slots_.try_emplace(device, devices_.size());
+  if (inserted) {
+    devices_.push_back(std::make_unique<Device>(options_.max_timeline_points));
+    devices_.back()->id = device;
+    devices_.back()->slot = it->second;
+  }
+  last_device_ = devices_[it->second].get();
+  return *last_device_;
+}
+
+void ProcessStatsEngine::Sample(Device& device, std::uint64_t time_ns) {
+  device.timeline.Add(time_ns, device.cur_requested, device.cur_allocated, device.cur_reserved);
+}
+
+void ProcessStatsEngine::AllocatedRose(Device& device) {
+  if (device.cur_allocated > device.peak_allocated) device.peak_allocated = device.cur_allocated;
+  // Only the newest open range tracks the running maximum; older ones take it over at pop
+  // (CloseRange), which keeps this O(1) per allocation.
+  if (!open_ranges_.empty()) {
+    OpenRange& newest = open_ranges_.back();
+    if (newest.running.size() <= device.slot) newest.running.resize(device.slot + 1, 0);
+    newest.running[device.slot] = std::max(newest.running[device.slot], device.cur_allocated);
+  }
+}
+
+void ProcessStatsEngine::Add(const v1::Event& event) {
+  ++events_;
+  const std::uint64_t t = event.time_ns();
+  if (t != 0) {
+    if (first_time_ns_ == 0 || t < first_time_ns_) first_time_ns_ = t;
+    if (t > last_time_ns_) last_time_ns_ = t;
+  }
+  switch (event.payload_case()) {
+    case v1::Event::kAlloc:
+      OnAlloc(event, DeviceFor(event.device()));
+      break;
+    case v1::Event::kFree:
+      OnFree(event);
+      break;
+    case v1::Event::kPoolReserve: {
+      Device& device = DeviceFor(event.device());
+      ++device.reserve_count;
+      OnReserve(device, event.pool_reserve().bytes(), t);
+      break;
+    }
+    case v1::Event::kPoolRelease: {
+      Device& device = DeviceFor(event.device());
+      ++device.release_count;
+      OnRelease(device, event.pool_release().bytes(), t);
+      break;
+    }
+    case v1::Event::kNvtxPush:
+      OnNvtxPush(event);
+      break;
+    case v1::Event::kNvtxPop:
+      OnNvtxPop(event);
+      break;
+    case v1::Event::kOom: {
+      Device& device = DeviceFor(event.device());
+      if (device.ooms.size() < options_.max_ooms) {
+        const v1::OomEvent& oom = event.oom();
+        v1::OomRecord& record = device.ooms.emplace_back();
+        record.set_time_ns(t);
+        record.set_requested_bytes(oom.requested_bytes());
+        record.set_free_bytes(oom.free_bytes());
+        record.set_largest_free_block_bytes(oom.largest_free_block_bytes());
+        v1::OomVerdict verdict = oom.verdict();
+        if (verdict == v1::OOM_VERDICT_UNSPECIFIED) {
+          verdict = oom.free_bytes() >= oom.requested_bytes() ? v1::OOM_VERDICT_FRAGMENTATION
+                                                              : v1::OOM_VERDICT_CAPACITY;
+        }
+        record.set_verdict(verdict);
+      }
+      break;
+    }
+    case v1::Event::kPoolState:
+      OnPoolState(event.pool_state(), DeviceFor(event.device()));
+      break;
+    case v1::Event::kProcessStart:
+      start_ = event.process_start();
+      has_start_ = true;
+      start_monotonic_ns_ = t;
+      for (const v1::DeviceInfo& info : start_.devices()) DeviceFor(info.ordinal());
+      break;
+    case v1::Event::kProcessExit:
+      finished_ = true;
+      exit_code_ = event.process_exit().exit_code();
+      break;
+    case v1::Event::kDrop:
+      dropped_ += event.drop().dropped_records();
+      break;
+    case v1::Event::kSiteDefinition: {
+      const v1::SiteDefinition& site = event.site_definition();
+      site_frames_[site.site()].assign(site.frames().begin(), site.frames().end());
+      break;
+    }
+    case v1::Event::kCuptiMemory:  // the driver's view: not part of these figures yet
+    case v1::Event::PAYLOAD_NOT_SET:
+      break;
+  }
+}
+
+void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
+  const v1::AllocEvent& alloc = event.alloc();
+  const v1::AllocationKind kind = alloc.kind();
+  const std::uint64_t t = event.time_ns();
+  ++device.alloc_count;
+  // An address still live means its free was lost (dropped records): retire it first.
+  auto [it, inserted] = live_.try_emplace(alloc.address());
+  if (!inserted) {
+    const std::uint32_t old_device = it->second.device;
+    v1::Event implicit_free;
+    implicit_free.set_time_ns(t);
+    implicit_free.mutable_free()->set_address(alloc.address());
+    OnFree(implicit_free);               // erases the entry
+    --DeviceFor(old_device).free_count;  // not a real free
+    it = live_.try_emplace(alloc.address()).first;
+  }
+  it->second =
+      Live{alloc.requested_bytes(), alloc.allocated_bytes(), alloc.site(), t, event.device(), kind};
+  Device& d = DeviceFor(event.device());  // OnFree may have moved the cached device
+  const int k = KindIndex(kind);
+  d.kind_current[k] += alloc.allocated_bytes();
+  d.kind_peak[k] = std::max(d.kind_peak[k], d.kind_current[k]);
+  if (KindCountsBytes(kind)) {
+    d.cur_requested += alloc.requested_bytes();
+    d.peak_requested = std::max(d.peak_requested, d.cur_requested);
+    d.cur_allocated += alloc.allocated_bytes();
+    AllocatedRose(d);
+    if (KindCountsReserved(kind)) {
+      OnReserve(d, alloc.allocated_bytes(), t);  // samples the timeline
+    } else {
+      Sample(d, t);
+    }
+  }
+  if (alloc.site() != 0) {
+    Device::Site& site = d.sites[alloc.site()];
+    ++site.alloc_count;
+    site.total_bytes += alloc.requested_bytes();
+    site.live_bytes += alloc.requested_bytes();
+    site.peak_live_bytes = std::max(site.peak_live_bytes, site.live_bytes);
+  }
+  if (!open_ranges_.empty()) {
+    // Innermost range: the one the shim named, else the top of the thread's stack.
+    std::uint32_t range = alloc.nvtx_range();
+    if (range == 0) {
+      auto stack = thread_ranges_.find(event.thread_id());
+      if (stack != thread_ranges_.end() && !stack->second.empty()) range = stack->second.back();
+    }
+    if (range != 0) {
+      for (auto open = open_ranges_.rbegin(); open != open_ranges_.rend(); ++open) {
+        if (open->range_id == range) {
+          ranges_[open->agg].At(d.slot).alloc_count++;
+          break;
+        }
+      }
+    }
+  }
+}
+
+void ProcessStatsEngine::OnFree(const v1::Event& event) {
+  auto it = live_.find(event.free().address());
+  if (it == live_.end()) {
+    // Unknown address: its allocation was dropped (or predates tracing). Its bytes were never
+    // added, so none are taken away; the ring counters correct the totals.
+    ++DeviceFor(event.device()).free_count;
+    return;
+  }
+  const Live live = it->second;
+  live_.erase(it);
+  // Frees are routed by address, not by the device current on the freeing thread.
+  Device& d = DeviceFor(live.device);
+  ++d.free_count;
+  const int k = KindIndex(live.kind);
+  d.kind_current[k] = SubtractSaturating(d.kind_current[k], live.allocated);
+  if (live.site != 0) {
+    auto site = d.sites.find(live.site);
+    if (site != d.sites.end()) {
+      site->second.live_bytes = SubtractSaturating(site->second.live_bytes, live.requested);
+    }
+  }
+  if (!KindCountsBytes(live.kind)) return;
+  d.cur_requested = SubtractSaturating(d.cur_requested, live.requested);
+  d.cur_allocated = SubtractSaturating(d.cur_allocated, live.allocated);
+  if (KindCountsReserved(live.kind)) {
+    OnRelease(d, live.allocated, event.time_ns());
+  } else {
+    Sample(d, event.time_ns());
+  }
+}
+
+void ProcessStatsEngine::OnReserve(Device& device, std::uint64_t bytes, std::uint64_t time_ns) {
+  device.cur_reserved += bytes;
+  if (device.cur_reserved > device.peak_reserved) {
+    device.peak_reserved = device.cur_reserved;
+    device.at_peak_requested = device.cur_requested;
+    device.at_peak_allocated = device.cur_allocated;
+    device.at_peak_has_state = device.has_pool_state;
+    if (device.has_pool_state) device.at_peak_state = device.pool_state;
+  }
+  Sample(device, time_ns);
+}
+
+void ProcessStatsEngine::OnRelease(Device& device, std::uint64_t bytes, std::uint64_t time_ns) {
+  device.cur_reserved = SubtractSaturating(device.cur_reserved, bytes);
+  Sample(device, time_ns);
+}
+
+void ProcessStatsEngine::OnPoolState(const v1::PoolStateEvent& state, Device& device) {
+  device.pool_state = state;
+  device.has_pool_state = true;
+  // Still at the peak: this snapshot describes the pool at its peak better than an older one.
+  if (device.cur_reserved == device.peak_reserved && device.peak_reserved != 0) {
+    device.at_peak_state = state;
+    device.at_peak_has_state = true;
+    device.at_peak_requested = device.cur_requested;
+    device.at_peak_allocated = device.cur_allocated;
+  }
+}
+
+void ProcessStatsEngine::OnNvtxPush(const v1::Event& event) {
+  const v1::NvtxPushEvent& push = event.nvtx_push();
+  std::string key = push.domain();
+  key.push_back('\0');
+  key += push.name();
+  auto [it, inserted] = range_index_.try_emplace(std::move(key), ranges_.size());
+  if (inserted) {
+    RangeAgg& agg = ranges_.emplace_back();
+    agg.name = push.name();
+    agg.domain = push.domain();
+  }
+  OpenRange& open = open_ranges_.emplace_back();
+  open.range_id = push.range_id();
+  open.thread_id = event.thread_id();
+  open.agg = it->second;
+  open.start_ns = event.time_ns();
+  open.at_push.resize(devices_.size());
+  for (const auto& device : devices_) open.at_push[device->slot] = device->cur_allocated;
+  open.running = open.at_push;
+  thread_ranges_[event.thread_id()].push_back(push.range_id());
+}
+
+void ProcessStatsEngine::CloseRange(std::vector<OpenRange>& open, std::size_t index,
+                                    std::uint64_t time_ns, std::vector<RangeAgg>& ranges) const {
+  OpenRange& range = open[index];
+  RangeAgg& agg = ranges[range.agg];
+  ++agg.count;
+  agg.total_time_ns += SubtractSaturating(time_ns, range.start_ns);
+  // The highest allocated since this push is the maximum over this range's running value and
+  // those of every range opened after it.
+  std::vector<std::uint64_t> peak = range.running;
+  for (std::size_t j = index + 1; j < open.size(); ++j) {
+    const std::vector<std::uint64_t>& later = open[j].running;
+    if (peak.size() < later.size()) peak.resize(later.size(), 0);
+    for (std::size_t s = 0; s < later.size(); ++s) peak[s] = std::max(peak[s], later[s]);
+  }
+  for (const auto& device : devices_) {
+    const std::size_t s = device->slot;
+    RangeAgg::PerDevice& per = agg.At(s);
+    per.touched = true;
+    const std::uint64_t at_push = s < range.at_push.size() ? range.at_push[s] : 0;
+    const std::uint64_t high = std::max(s < peak.size() ? peak[s] : 0, at_push);
+    per.peak_allocated = std::max(per.peak_allocated, high);
+    per.net_growth +=
+        static_cast<std::int64_t>(device->cur_allocated) - static_cast<std::int64_t>(at_push);
+  }
+  // Hand this range's running maximum to the range opened just before it, which covers it.
+  if (index > 0) {
+    std::vector<std::uint64_t>& before = open[index - 1].running;
+    if (before.size() < range.running.size()) before.resize(range.running.size(), 0);
+    for (std::size_t s = 0; s < range.running.size(); ++s) {
+      before[s] = std::max(before[s], range.running[s]);
+    }
+  }
+  open.erase(open.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+void ProcessStatsEngine::OnNvtxPop(const v1::Event& event) {
+  const std::uint32_t id = event.nvtx_pop().range_id();
+  // Newest first: a pop nearly always closes the most recent push.
+  for (std::size_t i = open_ranges_.size(); i-- > 0;) {
+    if (open_ranges_[i].range_id != id) continue;
+    auto stack = thread_ranges_.find(open_ranges_[i].thread_id);
+    if (stack != thread_ranges_.end()) {
+      std::vector<std::uint32_t>& ids = stack->second;
+      auto pos = std::find(ids.rbegin(), ids.rend(), id);
+      if (pos != ids.rend()) ids.erase(std::next(pos).base());
+    }
+    CloseRange(open_ranges_, i, event.time_ns(), ranges_);
+    return;
+  }
+}
+
+void ProcessStatsEngine::AddBatch(const v1::EventBatch& batch) {
+  if (!has_key_ && batch.has_process()) {
+    key_ = batch.process();
+    has_key_ = true;
+  }
+  for (const v1::Event& event : batch.events()) Add(event);
+  for (const v1::DeviceCounters& counters : batch.counters()) AddCounters(counters);
+}
+
+void ProcessStatsEngine::AddCounters(const v1::DeviceCounters& counters) {
+  Device& device = DeviceFor(counters.device());
+  device.counters = counters;
+  device.has_counters = true;
+}
+
+namespace {
+
+void FillFragmentation(bool has_state, const v1::PoolStateEvent& state, std::uint64_t requested,
+                       std::uint64_t allocated, std::uint64_t reserved,
+                       v1::FragmentationStats* out) {
+  out->set_rounding_waste_bytes(SubtractSaturating(allocated, requested));
+  if (has_state) {
+    out->set_free_bytes(state.free_bytes());
+    out->set_largest_free_block_bytes(state.largest_free_block_bytes());
+    out->set_unreleasable_free_bytes(state.unreleasable_free_bytes());
+    out->set_largest_allocatable_bytes(state.largest_free_block_bytes());
+    out->set_external_fragmentation(
+        state.free_bytes() == 0 ? 0.0
+                                : 1.0 - static_cast<double>(std::min(
+                                            state.largest_free_block_bytes(), state.free_bytes())) /
+                                            static_cast<double>(state.free_bytes()));
+  } else {
+    // No pool snapshot (passthrough, or none recorded yet): only what the totals say.
+    out->set_free_bytes(SubtractSaturating(reserved, allocated));
+  }
+}
+
+}  // namespace
+
+v1::Report ProcessStatsEngine::Report() const {
+  v1::Report report;
+  v1::ProcessKey* key = report.mutable_process();
+  if (has_key_) *key = key_;
+  if (has_start_) {
+    if (key->pid() == 0) key->set_pid(start_.pid());
+    if (key->host().empty()) key->set_host(start_.host());
+    *report.mutable_command_line() = start_.command_line();
+    report.set_mode(start_.mode());
+  }
+  report.set_finished(finished_);
+  report.set_exit_code(exit_code_);
+  report.set_events(events_);
+  // Wall-clock when the key carries the start time (the ring's), else the event clock.
+  const std::uint64_t origin = has_start_ ? start_monotonic_ns_ : first_time_ns_;
+  if (key->start_time_ns() != 0) {
+    report.set_start_time_ns(key->start_time_ns());
+    report.set_end_time_ns(key->start_time_ns() + SubtractSaturating(last_time_ns_, origin));
+  } else {
+    report.set_start_time_ns(origin);
+    report.set_end_time_ns(last_time_ns_);
+  }
+
+  // Ranges still open are reported as if they closed at the last event.
+  std::vector<RangeAgg> ranges = ranges_;
+  std::vector<OpenRange> open = open_ranges_;
+  while (!open.empty()) CloseRange(open, open.size() - 1, last_time_ns_, ranges);
+
+  const double seconds =
+      static_cast<double>(SubtractSaturating(last_time_ns_, first_time_ns_)) / 1e9;
+  std::vector<const Device*> sorted;
+  for (const auto& device : devices_) sorted.push_back(device.get());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Device* a, const Device* b) { return a->id < b->id; });
+
+  for (const Device* d : sorted) {
+    v1::DeviceReport* out = report.add_devices();
+    out->mutable_device()->set_ordinal(d->id);
+    if (has_start_) {
+      for (const v1::DeviceInfo& info : start_.devices()) {
+        if (info.ordinal() == d->id) *out->mutable_device() = info;
+      }
+    }
+    std::uint64_t cur_req = d->cur_requested, peak_req = d->peak_requested;
+    std::uint64_t cur_alloc = d->cur_allocated, peak_alloc = d->peak_allocated;
+    std::uint64_t cur_res = d->cur_reserved, peak_res = d->peak_reserved;
+    std::uint64_t dropped = dropped_;
+    if (d->has_counters) {
+      const v1::DeviceCounters& c = d->counters;
+      dropped = std::max(dropped, c.records_dropped());
+      peak_req = std::max(peak_req, c.peak_requested_bytes());
+      peak_alloc = std::max(peak_alloc, c.peak_allocated_bytes());
+      peak_res = std::max(peak_res, c.peak_reserved_bytes());
+      if (dropped > 0) {
+        // Events are incomplete: the writer's running totals are the truth.
+        cur_req = c.current_requested_bytes();
+        cur_alloc = c.current_allocated_bytes();
+        cur_res = c.current_reserved_bytes();
+      }
+    }
+    out->set_current_requested_bytes(cur_req);
+    out->set_peak_requested_bytes(peak_req);
+    out->set_current_allocated_bytes(cur_alloc);
+    out->set_peak_allocated_bytes(peak_alloc);
+    out->set_current_reserved_bytes(cur_res);
+    out->set_peak_reserved_bytes(peak_res);
+    out->set_reserved_over_allocated(
+        peak_alloc == 0 ? 0.0 : static_cast<double>(peak_res) / static_cast<double>(peak_alloc));
+    FillFragmentation(d->has_pool_state, d->pool_state, cur_req, cur_alloc, cur_res,
+                      out->mutable_fragmentation());
+    FillFragmentation(d->at_peak_has_state, d->at_peak_state, d->at_peak_requested,
+                      d->at_peak_allocated, d->peak_reserved, out->mutable_fragmentation_at_peak());
+    out->set_alloc_count(d->alloc_count);
+    out->set_free_count(d->free_count);
+    out->set_allocs_per_second(seconds > 0 ? static_cast<double>(d->alloc_count) / seconds : 0.0);
+    out->set_pool_reserve_count(d->reserve_count);
+    out->set_pool_release_count(d->release_count);
+    for (const v1::OomRecord& oom : d->ooms) *out->add_ooms() = oom;
+
+    // NVTX ranges touched on this device, highest peak first.
+    std::vector<std::pair<const RangeAgg*, const RangeAgg::PerDevice*>> device_ranges;
+    for (const RangeAgg& agg : ranges) {
+      if (d->slot < agg.devices.size() && agg.devices[d->slot].touched) {
+        device_ranges.emplace_back(&agg, &agg.devices[d->slot]);
+      }
+    }
+    std::sort(device_ranges.begin(), device_ranges.end(), [](const auto& a, const auto& b) {
+      if (a.second->peak_allocated != b.second->peak_allocated) {
+        return a.second->peak_allocated > b.second->peak_allocated;
+      }
+      return a.first->name < b.first->name;
+    });
+    if (device_ranges.size() > options_.max_nvtx_ranges) {
+      device_ranges.resize(options_.max_nvtx_ranges);
+    }
+    for (const auto& [agg, per] : device_ranges) {
+      v1::NvtxRangeStats* stats = out->add_nvtx_ranges();
+      stats->set_name(agg->name);
+      stats->set_domain(agg->domain);
+      stats->set_count(agg->count);
+      stats->set_peak_allocated_bytes(per->peak_allocated);
+      stats->set_net_growth_bytes(per->net_growth);
+      stats->set_alloc_count(per->alloc_count);
+      stats->set_total_time_ns(agg->total_time_ns);
+    }
+
+    // Top sites by peak live bytes.
+    std::vector<std::pair<std::uint64_t, const Device::Site*>> sites;
+    sites.reserve(d->sites.size());
+    for (const auto& [site, stats] : d->sites) sites.emplace_back(site, &stats);
+    std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) {
+      if (a.second->peak_live_bytes != b.second->peak_live_bytes) {
+        return a.second->peak_live_bytes > b.second->peak_live_bytes;
+      }
+      return a.first < b.first;
+    });
+    if (sites.size() > options_.max_top_sites) sites.resize(options_.max_top_sites);
+    for (const auto& [site, stats] : sites) {
+      v1::SiteStats* s = out->add_top_sites();
+      s->set_site(site);
+      auto frames = site_frames_.find(site);
+      if (frames != site_frames_.end()) {
+        for (const std::string& frame : frames->second) s->add_frames(frame);
+      }
+      s->set_alloc_count(stats->alloc_count);
+      s->set_total_bytes(stats->total_bytes);
+      s->set_peak_live_bytes(stats->peak_live_bytes);
+    }
+
+    d->timeline.AppendTo(out->mutable_timeline());
+    out->set_dropped_records(dropped);
+    for (int k = 0; k < kKinds; ++k) {
+      if (d->kind_peak[k] != 0) (*out->mutable_peak_bytes_by_kind())[KindName(k)] = d->kind_peak[k];
+    }
+  }
+
+  // Leaks: what is still live once the process ended, largest first, per device.
+  if (finished_) {
+    std::vector<std::pair<std::uint64_t, const Live*>> leaks;
+    for (const auto& [address, live] : live_) leaks.emplace_back(address, &live);
+    std::sort(leaks.begin(), leaks.end(), [](const auto& a, const auto& b) {
+      if (a.second->requested != b.second->requested)
+        return a.second->requested > b.second->requested;
+      return a.first < b.first;
+    });
+    std::vector<std::size_t> per_device(report.devices_size(), 0);
+    for (const auto& [address, live] : leaks) {
+      for (int i = 0; i < report.devices_size(); ++i) {
+        if (report.devices(i).device().ordinal() != live->device) continue;
+        if (per_device[i]++ >= options_.max_leaks) break;
+        v1::Leak* leak = report.mutable_devices(i)->add_leaks();
+        leak->set_address(address);
+        leak->set_requested_bytes(live->requested);
+        leak->set_kind(live->kind);
+        leak->set_site(live->site);
+        leak->set_time_ns(live->time_ns);
+        break;
+      }
+    }
+  }
+  return report;
+}
+
+ProcessStatsEngine& StatsEngine::Process(const v1::ProcessKey& key) {
+  std::string id = absl::StrCat(key.host(), "/", key.pid(), "/", key.start_time_ns());
+  auto it = processes_.find(id);
+  if (it == processes_.end()) {
+    auto stats = std::make_unique<ProcessStatsEngine>(options_);
+    stats->SetProcessKey(key);
+    order_.push_back(id);
+    it = processes_.emplace(std::move(id), std::move(stats)).first;
+  }
+  return *it->second;
+}
+
+std::vector<v1::Report> StatsEngine::Reports() const {
+  std::vector<v1::Report> reports;
+  reports.reserve(order_.size());
+  for (const std::string& id : order_) reports.push_back(processes_.at(id)->Report());
+  return reports;
+}
+
+}  // namespace vramscope::collector

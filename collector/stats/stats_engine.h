@@ -1,0 +1,150 @@
+// ProcessStatsEngine: the statistics of one traced process, computed from its vramscope.v1 events.
+//
+// What it is: the collector's stats engine (no gRPC), also embedded in `vramscope run`. Feed it a
+// process's events in order (Add / AddBatch) and, when available, the ring's exact counters
+// (AddCounters); Report() builds a v1::Report at any time, per device:
+//   - current and peak requested / allocated / reserved bytes. Reserved = pool reservations plus
+//     every passed-through allocation kind (the driver holds it for the process); HOST and
+//     IPC_IMPORT count no device bytes (the same rule as the ring writer, vramscope/ring.h).
+//     Peaks come from the events and are raised to the ring counters' exact peaks; when records
+//     were dropped, current values are taken from the counters too.
+//   - reserved over allocated (each at its peak), rounding waste (allocated - requested);
+//   - fragmentation from the latest PoolState (1 - largest free / total free, unreleasable free,
+//     largest allocatable = largest free block), now and at the moment of peak reserved;
+//   - OOMs with verdicts (a missing verdict is decided: free >= requested -> fragmentation);
+//   - counts and rates; per NVTX range (name, domain) peak allocated while open, net growth,
+//     allocations made with it innermost on the allocating thread, time; top allocation sites;
+//     live allocations at exit (leaks, once a ProcessExit was seen); a timeline of at most
+//     max_timeline_points points that keeps maxima.
+//
+// Costs: Add is O(1) for allocation events (a flat_hash_map insert or erase, no allocation
+// otherwise); an NVTX pop costs O(open ranges). Report() is O(live allocations + sites + ranges).
+//
+// Thread safety: none; one thread per instance (StatsEngine below is not thread-safe either).
+// Error convention: events are trusted to be well-formed protos but not consistent: frees of
+// unknown addresses, pops of unknown ranges and counters going negative are tolerated and never
+// crash; nothing returns an error.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stats/timeline.h"
+#include "vramscope/v1/events.pb.h"
+#include "vramscope/v1/report.pb.h"
+
+namespace vramscope::collector {
+
+struct StatsOptions {
+  std::size_t max_timeline_points = 2000;
+  std::size_t max_top_sites = 10;
+  std::size_t max_leaks = 100;        // largest first
+  std::size_t max_nvtx_ranges = 100;  // per device, by peak allocated
+  std::size_t max_ooms = 100;         // first ones
+};
+
+// The accounting rule on the proto enum (mirrors vramscope_ring_alloc_kind_counts_*).
+bool KindCountsBytes(v1::AllocationKind kind);
+bool KindCountsReserved(v1::AllocationKind kind);
+
+class ProcessStatsEngine {
+ public:
+  explicit ProcessStatsEngine(StatsOptions options = {});
+  ~ProcessStatsEngine();
+  ProcessStatsEngine(const ProcessStatsEngine&) = delete;
+  ProcessStatsEngine& operator=(const ProcessStatsEngine&) = delete;
+
+  void SetProcessKey(const v1::ProcessKey& key) { key_ = key; }
+  void Add(const v1::Event& event);
+  // Events and counters of one batch (the batch's process key is taken if none was set).
+  void AddBatch(const v1::EventBatch& batch);
+  // The ring's exact counters for one device; the latest call wins.
+  void AddCounters(const v1::DeviceCounters& counters);
+
+  v1::Report Report() const;
+  std::uint64_t events() const { return events_; }
+  bool finished() const { return finished_; }
+
+ private:
+  struct Device;
+  struct Live {
+    std::uint64_t requested;
+    std::uint64_t allocated;
+    std::uint64_t site;
+    std::uint64_t time_ns;
+    std::uint32_t device;
+    v1::AllocationKind kind;
+  };
+  struct RangeAgg;
+  struct OpenRange {
+    std::uint32_t range_id;
+    std::uint32_t thread_id;
+    std::size_t agg;  // index into ranges_
+    std::uint64_t start_ns;
+    std::vector<std::uint64_t> at_push;  // allocated per device slot at push
+    std::vector<std::uint64_t> running;  // highest allocated per slot since push, own share
+  };
+
+  Device& DeviceFor(std::uint32_t device);
+  void OnAlloc(const v1::Event& event, Device& device);
+  void OnFree(const v1::Event& event);
+  void OnReserve(Device& device, std::uint64_t bytes, std::uint64_t time_ns);
+  void OnRelease(Device& device, std::uint64_t bytes, std::uint64_t time_ns);
+  void OnPoolState(const v1::PoolStateEvent& state, Device& device);
+  void OnNvtxPush(const v1::Event& event);
+  void OnNvtxPop(const v1::Event& event);
+  // Folds open range `index` into the aggregates (as if popped at time_ns) and returns nothing;
+  // `ranges` is the aggregate table to update (a copy in Report()).
+  void CloseRange(std::vector<OpenRange>& open, std::size_t index, std::uint64_t time_ns,
+                  std::vector<RangeAgg>& ranges) const;
+  void AllocatedRose(Device& device);
+  void Sample(Device& device, std::uint64_t time_ns);
+
+  StatsOptions options_;
+  v1::ProcessKey key_;
+  bool has_key_ = false;
+  v1::ProcessStartEvent start_;
+  bool has_start_ = false;
+  std::uint64_t start_monotonic_ns_ = 0;
+  bool finished_ = false;
+  std::int32_t exit_code_ = 0;
+  std::uint64_t events_ = 0;
+  std::uint64_t first_time_ns_ = 0;
+  std::uint64_t last_time_ns_ = 0;
+  std::uint64_t dropped_ = 0;
+
+  std::vector<std::unique_ptr<Device>> devices_;  // by slot, in order of first appearance
+  absl::flat_hash_map<std::uint32_t, std::size_t> device_slots_;
+  Device* last_device_ = nullptr;
+
+  absl::flat_hash_map<std::uint64_t, Live> live_;
+  absl::flat_hash_map<std::uint64_t, std::vector<std::string>> site_frames_;
+
+  std::vector<RangeAgg> ranges_;
+  absl::flat_hash_map<std::string, std::size_t> range_index_;  // domain + '\0' + name
+  std::vector<OpenRange> open_ranges_;                         // in push order
+  absl::flat_hash_map<std::uint32_t, std::vector<std::uint32_t>> thread_ranges_;  // tid -> ids
+};
+
+// Many processes, keyed by ProcessKey (host, pid, start time).
+class StatsEngine {
+ public:
+  explicit StatsEngine(StatsOptions options = {}) : options_(options) {}
+  ProcessStatsEngine& Process(const v1::ProcessKey& key);
+  void AddBatch(const v1::EventBatch& batch) { Process(batch.process()).AddBatch(batch); }
+  std::vector<v1::Report> Reports() const;
+  std::size_t size() const { return processes_.size(); }
+
+ private:
+  StatsOptions options_;
+  absl::flat_hash_map<std::string, std::unique_ptr<ProcessStatsEngine>> processes_;
+  std::vector<std::string> order_;
+};
+
+}  // namespace vramscope::collector

@@ -1,0 +1,62 @@
+#include "stats/timeline.h"
+
+#include <algorithm>
+
+namespace vramscope::collector {
+
+void Timeline::Add(std::uint64_t time_ns, std::uint64_t requested, std::uint64_t allocated,
+                   std::uint64_t reserved) {
+  if (points_.empty()) {
+    origin_ns_ = time_ns;
+    last_bucket_ = 0;
+    points_.push_back({time_ns, requested, allocated, reserved});
+    return;
+  }
+  // Out-of-order times (several threads, clock mapping) fold into the newest bucket.
+  if (time_ns < points_.back().time_ns) time_ns = points_.back().time_ns;
+  const std::uint64_t bucket = Bucket(time_ns);
+  if (bucket == last_bucket_) {
+    Point& p = points_.back();
+    p.requested = std::max(p.requested, requested);
+    p.allocated = std::max(p.allocated, allocated);
+    p.reserved = std::max(p.reserved, reserved);
+    return;
+  }
+  points_.push_back({time_ns, requested, allocated, reserved});
+  last_bucket_ = bucket;
+  while (points_.size() > max_points_) Coarsen();
+}
+
+void Timeline::Coarsen() {
+  bucket_ns_ *= 2;
+  std::size_t out = 0;
+  std::uint64_t out_bucket = Bucket(points_[0].time_ns);
+  for (std::size_t i = 1; i < points_.size(); ++i) {
+    const Point& p = points_[i];
+    const std::uint64_t bucket = Bucket(p.time_ns);
+    if (bucket == out_bucket) {
+      Point& q = points_[out];
+      q.requested = std::max(q.requested, p.requested);
+      q.allocated = std::max(q.allocated, p.allocated);
+      q.reserved = std::max(q.reserved, p.reserved);
+    } else {
+      points_[++out] = p;
+      out_bucket = bucket;
+    }
+  }
+  points_.resize(out + 1);
+  last_bucket_ = out_bucket;
+}
+
+void Timeline::AppendTo(google::protobuf::RepeatedPtrField<v1::TimelinePoint>* out) const {
+  out->Reserve(out->size() + static_cast<int>(points_.size()));
+  for (const Point& p : points_) {
+    v1::TimelinePoint* point = out->Add();
+    point->set_time_ns(p.time_ns);
+    point->set_requested_bytes(p.requested);
+    point->set_allocated_bytes(p.allocated);
+    point->set_reserved_bytes(p.reserved);
+  }
+}
+
+}  // namespace vramscope::collector
