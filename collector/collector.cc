@@ -309,7 +309,7 @@ absl::Status Collector::CreateLog(Process* process) ABSL_NO_THREAD_SAFETY_ANALYS
   return absl::InternalError(absl::StrFormat("cannot find a free log name for %s", base));
 }
 
-absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch) {
+absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::string_view wire) {
   if (!batch.has_process() || batch.process().pid() == 0) {
     return absl::InvalidArgumentError(
         "batch without a process key (pid 0): EventBatch.process must name the process");
@@ -355,7 +355,7 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch) {
         "sequence gap for process %s: stored up to %d, got %d; resend from sequence %d", key,
         process->acked, batch.sequence(), process->acked + 1));
   }
-  std::string record = FrameRecord(batch.SerializeAsString());
+  std::string record = FrameRecord(wire.empty() ? batch.SerializeAsString() : wire);
   uint64_t need = record.size() + (process->fd < 0 ? kLogMagic.size() : 0);
   uint64_t before = disk_bytes_.fetch_add(need, std::memory_order_relaxed);
   if (options_.max_disk_bytes != 0 && before + need > options_.max_disk_bytes) {

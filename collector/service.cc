@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "vramscope/collector/log.h"
@@ -21,22 +23,125 @@ absl::Duration ClampWatchInterval(uint32_t interval_ms) {
   return std::clamp(absl::Milliseconds(interval_ms), absl::Milliseconds(50), absl::Seconds(60));
 }
 
-grpc::Status CollectorService::Ingest(
-    grpc::ServerContext* context, grpc::ServerReaderWriter<v1::IngestAck, v1::EventBatch>* stream) {
-  v1::EventBatch batch;
-  v1::IngestAck ack;
-  while (stream->Read(&batch)) {
-    absl::StatusOr<uint64_t> acked = collector_->Ingest(batch);
-    if (!acked.ok()) {
-      Log(LogLevel::kWarning,
-          absl::StrFormat("Ingest from %s: %s", context->peer(), acked.status().ToString()));
-      return ToGrpcStatus(acked.status());
-    }
-    *ack.mutable_process() = batch.process();
-    ack.set_acked_sequence(*acked);
-    if (!stream->Write(ack)) break;  // the agent went away; it resends what it lacks
+namespace {
+
+// One Ingest stream. gRPC may run OnReadDone and OnWriteDone at the same time on different
+// threads; mu_ orders them. A read is always outstanding while the stream is healthy, and at most
+// one write: acknowledgements produced while a write is in flight wait in pending_, one per
+// process (they are cumulative, so the latest says all).
+class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  IngestReactor(Collector* collector, std::string peer)
+      : collector_(collector), peer_(std::move(peer)) {
+    StartRead(&request_);
   }
-  return grpc::Status::OK;
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the agent half-closed (or the call ended)
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      MaybeFinish();
+      return;
+    }
+    absl::Status status = Handle();
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) {
+      Log(LogLevel::kWarning, absl::StrFormat("Ingest from %s: %s", peer_, status.ToString()));
+      FinishOnce(ToGrpcStatus(status));
+      return;
+    }
+    if (finished_) return;
+    if (!writing_) WriteNext();
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {  // the agent went away; it resends what it lacks
+      FinishOnce(grpc::Status(grpc::StatusCode::CANCELLED, "acknowledgement not delivered"));
+      return;
+    }
+    if (!pending_.empty()) {
+      WriteNext();
+    } else {
+      MaybeFinish();
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Handle() {
+    std::vector<grpc::Slice> slices;
+    if (!request_.Dump(&slices).ok()) return absl::InternalError("cannot read the message");
+    wire_.clear();
+    for (const grpc::Slice& slice : slices) {
+      wire_.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    request_.Clear();
+    if (!batch_.ParseFromString(wire_)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "malformed message on Ingest: %d bytes that are not a vramscope.v1.EventBatch; is the "
+          "client a vramscope-agent of the same protocol version?",
+          wire_.size()));
+    }
+    absl::StatusOr<uint64_t> acked = collector_->Ingest(batch_, wire_);
+    if (!acked.ok()) return acked.status();
+    v1::IngestAck ack;
+    *ack.mutable_process() = batch_.process();
+    ack.set_acked_sequence(*acked);
+    absl::MutexLock lock(&mu_);
+    for (v1::IngestAck& pending : pending_) {
+      if (pending.process().pid() == ack.process().pid() &&
+          pending.process().start_time_ns() == ack.process().start_time_ns() &&
+          pending.process().host() == ack.process().host()) {
+        pending.set_acked_sequence(std::max(pending.acked_sequence(), *acked));
+        return absl::OkStatus();
+      }
+    }
+    pending_.push_back(std::move(ack));
+    return absl::OkStatus();
+  }
+
+  void WriteNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::string bytes = pending_.front().SerializeAsString();
+    pending_.erase(pending_.begin());
+    grpc::Slice slice(bytes);
+    response_ = grpc::ByteBuffer(&slice, 1);
+    writing_ = true;
+    StartWrite(&response_);
+  }
+
+  void MaybeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reads_done_ && !writing_ && pending_.empty()) FinishOnce(grpc::Status::OK);
+  }
+
+  void FinishOnce(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  Collector* const collector_;
+  const std::string peer_;
+  // Touched only by the read path (one read outstanding at a time).
+  grpc::ByteBuffer request_;
+  std::string wire_;
+  v1::EventBatch batch_;
+  absl::Mutex mu_;
+  grpc::ByteBuffer response_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::IngestAck> pending_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CollectorService::Ingest(
+    grpc::CallbackServerContext* context) {
+  return new IngestReactor(collector_, context->peer());
 }
 
 grpc::Status CollectorService::Watch(grpc::ServerContext* context, const v1::WatchRequest* request,

@@ -70,8 +70,9 @@ class Collector {
   Collector& operator=(const Collector&) = delete;
 
   // Stores `batch` unless it is a duplicate; returns the highest contiguous sequence stored for
-  // its process (the value to acknowledge).
-  absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch);
+  // its process (the value to acknowledge). `wire`, when given, is `batch` as received
+  // (serialized); it is stored as is.
+  absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {});
 
   absl::StatusOr<v1::Report> GetReport(const v1::ProcessKey& key) const;
   v1::ListProcessesResponse ListProcesses(bool include_finished) const;

@@ -29,12 +29,16 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // The Watch interval the collector uses for a requested one (0 = 1 s), clamped to [50 ms, 60 s].
 absl::Duration ClampWatchInterval(uint32_t interval_ms);
 
-class CollectorService final : public v1::Collector::Service {
+// Ingest is served raw (callback API on grpc::ByteBuffer): the collector parses each message
+// itself, so malformed bytes end the stream with INVALID_ARGUMENT instead of looking like a
+// half-close, and the received bytes are stored as they are, without serialising them again.
+class CollectorService final
+    : public v1::Collector::WithRawCallbackMethod_Ingest<v1::Collector::Service> {
  public:
   explicit CollectorService(Collector* collector) : collector_(collector) {}
 
-  grpc::Status Ingest(grpc::ServerContext* context,
-                      grpc::ServerReaderWriter<v1::IngestAck, v1::EventBatch>* stream) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Ingest(
+      grpc::CallbackServerContext* context) override;
   grpc::Status Watch(grpc::ServerContext* context, const v1::WatchRequest* request,
                      grpc::ServerWriter<v1::StatsUpdate>* writer) override;
   grpc::Status GetReport(grpc::ServerContext* context, const v1::GetReportRequest* request,

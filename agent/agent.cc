@@ -1,0 +1,125 @@
+#include "vramscope/agent/agent.h"
+
+#include <absl/strings/str_format.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "drain/ring_directory.h"
+#include "drain/ring_reader.h"
+#include "vramscope/agent/log.h"
+#include "vramscope/ring.h"
+
+namespace vramscope::agent {
+
+std::string DefaultRingDir() {
+  const char* dir = ::getenv("VRAMSCOPE_RING_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : VRAMSCOPE_RING_DEFAULT_DIR;
+}
+
+Agent::Agent(AgentOptions options)
+    : options_(std::move(options)), outbox_(options_.outbox), uplink_(&outbox_, options_.uplink) {
+  if (options_.ring_dir.empty()) options_.ring_dir = DefaultRingDir();
+  if (options_.batch_events < 1) options_.batch_events = 1;
+  directory_ = std::make_unique<RingDirectory>(options_.ring_dir);
+}
+
+Agent::~Agent() { uplink_.Stop(); }
+
+void Agent::OpenNewRings(const std::vector<std::string>& paths) {
+  const uid_t self = ::geteuid();
+  for (const std::string& path : paths) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) continue;  // gone again
+    if (!options_.all_users && st.st_uid != self) {
+      // Another user's process: its events are not ours to read (root reads every ring).
+      Log(LogLevel::kInfo, absl::StrFormat("%s belongs to uid %d, not %d: skipped (run the agent "
+                                           "as root to collect every user's rings)",
+                                           path, st.st_uid, self));
+      absl::MutexLock lock(&mu_);
+      ++rings_skipped_;
+      continue;
+    }
+    absl::StatusOr<std::unique_ptr<RingReader>> reader = RingReader::OpenFile(path);
+    if (!reader.ok()) {
+      if (reader.status().code() == absl::StatusCode::kUnavailable ||
+          reader.status().code() == absl::StatusCode::kFailedPrecondition) {
+        // Not initialised yet, or another reader (vramscope run) holds it: try again later.
+        directory_->Forget(path);
+        if (complained_.insert(path).second) {
+          Log(LogLevel::kInfo,
+              absl::StrFormat("%s: %s; will retry", path, reader.status().message()));
+        }
+        continue;
+      }
+      Log(LogLevel::kError, absl::StrFormat("%s: %s; skipped", path, reader.status().ToString()));
+      absl::MutexLock lock(&mu_);
+      ++rings_skipped_;
+      continue;
+    }
+    complained_.erase(path);
+    Log(LogLevel::kInfo, absl::StrFormat("draining %s (pid %d)", path, (*reader)->info().pid));
+    readers_.push_back(std::move(*reader));
+  }
+}
+
+absl::StatusOr<uint64_t> Agent::Poll() {
+  absl::StatusOr<std::vector<std::string>> found = directory_->Scan();
+  if (!found.ok()) return found.status();
+  OpenNewRings(*found);
+
+  uint64_t events = 0;
+  uint64_t finished = 0;
+  for (auto it = readers_.begin(); it != readers_.end();) {
+    RingReader& reader = **it;
+    bool drop_reader = false;
+    while (true) {
+      v1::EventBatch batch;
+      absl::StatusOr<DrainStats> stats =
+          reader.Drain(batch.mutable_events(), static_cast<size_t>(options_.batch_events));
+      if (!stats.ok()) {
+        Log(LogLevel::kError,
+            absl::StrFormat("%s: %s; closed", reader.path(), stats.status().ToString()));
+        drop_reader = true;
+        break;
+      }
+      if (batch.events_size() > 0) {
+        *batch.mutable_process() = reader.process_key();
+        for (v1::DeviceCounters& counters : reader.Counters()) {
+          *batch.add_counters() = std::move(counters);
+        }
+        events += static_cast<uint64_t>(batch.events_size());
+        outbox_.Add(std::move(batch));
+      }
+      if (stats->records < static_cast<uint64_t>(options_.batch_events)) break;
+    }
+    if (!drop_reader && reader.finished()) {
+      // Everything the writer published is in the outbox and the writer is gone: the ring has
+      // served its purpose (vramscope/ring.h: the reader removes it).
+      Log(LogLevel::kInfo, absl::StrFormat("%s: process %d finished; ring removed", reader.path(),
+                                           reader.info().pid));
+      ::unlink(reader.path().c_str());
+      drop_reader = true;
+      ++finished;
+    }
+    it = drop_reader ? readers_.erase(it) : it + 1;
+  }
+  absl::MutexLock lock(&mu_);
+  rings_finished_ += finished;
+  rings_open_ = readers_.size();
+  return events;
+}
+
+AgentCounters Agent::counters() const {
+  AgentCounters counters = outbox_.counters();
+  absl::MutexLock lock(&mu_);
+  counters.rings_open = rings_open_;
+  counters.rings_finished = rings_finished_;
+  counters.rings_skipped = rings_skipped_;
+  return counters;
+}
+
+}  // namespace vramscope::agent

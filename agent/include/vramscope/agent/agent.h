@@ -1,0 +1,76 @@
+// Agent: the drain loop of vramscope-agent, also usable as a library. It finds the event rings of
+// a directory (new ones on every poll), drains each into batches of at most `batch_events`
+// events with the ring header's exact counters attached, and hands them to an Outbox; an Uplink
+// streams the Outbox to the collector. Rings of other users are skipped unless the agent runs as
+// root. A ring whose writer is gone and that is fully drained is closed and its file removed.
+//
+// Thread safety: Poll() from one thread at a time; counters() and outbox() from any thread.
+// Error convention: absl::Status (Poll fails only when the ring directory cannot be read); one
+// ring failing is logged and counted in rings_skipped, the others go on.
+#ifndef VRAMSCOPE_AGENT_AGENT_H_
+#define VRAMSCOPE_AGENT_AGENT_H_
+
+#include <absl/container/flat_hash_set.h>
+#include <absl/status/statusor.h>
+#include <absl/synchronization/mutex.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vramscope/agent/outbox.h"
+#include "vramscope/agent/uplink.h"
+
+namespace vramscope::agent {
+
+class RingDirectory;
+class RingReader;
+
+struct AgentOptions {
+  std::string ring_dir;  // empty: $VRAMSCOPE_RING_DIR, else /dev/shm (vramscope/ring.h)
+  int batch_events = 4096;
+  bool all_users = false;  // read every user's rings (the agent forces this off unless root)
+  OutboxOptions outbox;
+  UplinkOptions uplink;
+};
+
+// The ring directory the shim writes to by default.
+std::string DefaultRingDir();
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Opens rings that appeared since the last call and drains every open ring completely.
+  // Returns the number of events handed to the outbox.
+  absl::StatusOr<uint64_t> Poll();
+
+  void StartUplink() { uplink_.Start(); }
+  void StopUplink() { uplink_.Stop(); }
+  Outbox& outbox() { return outbox_; }
+  Uplink& uplink() { return uplink_; }
+  AgentCounters counters() const;
+  const AgentOptions& options() const { return options_; }
+
+ private:
+  void OpenNewRings(const std::vector<std::string>& paths);
+
+  AgentOptions options_;
+  Outbox outbox_;
+  Uplink uplink_;
+  std::unique_ptr<RingDirectory> directory_;
+  std::vector<std::unique_ptr<RingReader>> readers_;
+  absl::flat_hash_set<std::string> complained_;  // paths already logged as unreadable
+  mutable absl::Mutex mu_;
+  uint64_t rings_finished_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rings_skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rings_open_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace vramscope::agent
+
+#endif  // VRAMSCOPE_AGENT_AGENT_H_
