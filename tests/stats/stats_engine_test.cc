@@ -1,0 +1,326 @@
+// The stats engine on crafted event streams: exact peaks, accounting by kind, reconciliation with
+// the ring counters, NVTX ranges, leaks, fragmentation, OOM verdicts, the bounded timeline.
+#include "stats/stats_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "event_builder.h"
+
+namespace vramscope::collector {
+namespace {
+
+using testing::EventStream;
+
+v1::Report Compute(const EventStream& stream, StatsOptions options = {}) {
+  ProcessStatsEngine stats(options);
+  for (const v1::Event& e : stream.events()) stats.Add(e);
+  return stats.Report();
+}
+
+const v1::DeviceReport& Device(const v1::Report& report, std::uint32_t ordinal) {
+  for (const v1::DeviceReport& d : report.devices()) {
+    if (d.device().ordinal() == ordinal) return d;
+  }
+  static const v1::DeviceReport kNone;
+  ADD_FAILURE() << "no device " << ordinal;
+  return kNone;
+}
+
+TEST(StatsEngineTest, ExactPeaksOfRequestedAllocatedReserved) {
+  EventStream s;
+  s.Start()
+      .Reserve(4096)
+      .Alloc(0x10, 1000, 1024)
+      .Alloc(0x20, 2000, 2048)
+      .Free(0x10)
+      .Alloc(0x30, 500, 512)
+      .Reserve(8192)
+      .Alloc(0x40, 5000, 5120)
+      .Free(0x20)
+      .Free(0x30)
+      .Release(4096);
+  const v1::Report report = Compute(s);
+  ASSERT_EQ(report.devices_size(), 1);
+  const v1::DeviceReport& d = report.devices(0);
+  EXPECT_EQ(d.peak_requested_bytes(), 2000u + 500 + 5000);
+  EXPECT_EQ(d.peak_allocated_bytes(), 2048u + 512 + 5120);
+  EXPECT_EQ(d.peak_reserved_bytes(), 4096u + 8192);
+  EXPECT_EQ(d.current_requested_bytes(), 5000u);
+  EXPECT_EQ(d.current_allocated_bytes(), 5120u);
+  EXPECT_EQ(d.current_reserved_bytes(), 8192u);
+  EXPECT_DOUBLE_EQ(d.reserved_over_allocated(), 12288.0 / 7680.0);
+  EXPECT_EQ(d.fragmentation().rounding_waste_bytes(), 120u);
+  EXPECT_EQ(d.alloc_count(), 4u);
+  EXPECT_EQ(d.free_count(), 3u);
+  EXPECT_EQ(d.pool_reserve_count(), 2u);
+  EXPECT_EQ(d.pool_release_count(), 1u);
+  EXPECT_EQ(d.peak_bytes_by_kind().at("pooled"), 2048u + 512 + 5120);
+  EXPECT_GT(d.allocs_per_second(), 0.0);
+  EXPECT_EQ(report.events(), s.events().size());
+  EXPECT_FALSE(report.finished());
+  EXPECT_EQ(report.process().pid(), 100u);
+  ASSERT_EQ(report.command_line_size(), 1);
+  EXPECT_EQ(report.mode(), "pool");
+}
+
+TEST(StatsEngineTest, PassedThroughKindsAreReservedHostIsNotDeviceMemory) {
+  EventStream s;
+  s.Alloc(0x1, 100, 100, 0, v1::ALLOCATION_KIND_STREAM_ORDERED)
+      .Alloc(0x2, 300, 300, 0, v1::ALLOCATION_KIND_HOST)
+      .Alloc(0x3, 50, 50, 0, v1::ALLOCATION_KIND_IPC_IMPORT)
+      .Free(0x1);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.peak_allocated_bytes(), 100u);
+  EXPECT_EQ(d.peak_reserved_bytes(), 100u);
+  EXPECT_EQ(d.current_reserved_bytes(), 0u);
+  EXPECT_EQ(d.peak_bytes_by_kind().at("host"), 300u);
+  EXPECT_EQ(d.peak_bytes_by_kind().at("stream_ordered"), 100u);
+  EXPECT_EQ(d.alloc_count(), 3u);
+}
+
+TEST(StatsEngineTest, FreesAreRoutedByAddressAndUnknownFreesIgnored) {
+  EventStream s;
+  s.Alloc(0x1, 100, 128, /*device=*/1).Free(0x1, /*device=*/0).Free(0x999);
+  const v1::Report report = Compute(s);
+  const v1::DeviceReport& d1 = Device(report, 1);
+  EXPECT_EQ(d1.current_allocated_bytes(), 0u);
+  EXPECT_EQ(d1.free_count(), 1u);
+  EXPECT_EQ(Device(report, 0).free_count(), 1u);  // the unknown one, counted, no bytes
+  EXPECT_EQ(Device(report, 0).current_allocated_bytes(), 0u);
+}
+
+TEST(StatsEngineTest, AReusedLiveAddressRetiresTheOldBlock) {
+  EventStream s;
+  s.Alloc(0x1, 100, 100).Alloc(0x1, 40, 40);  // the free between them was dropped
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.current_allocated_bytes(), 40u);
+  EXPECT_EQ(d.peak_allocated_bytes(), 100u);
+  EXPECT_EQ(d.free_count(), 0u);
+}
+
+TEST(StatsEngineTest, RingCountersCorrectPeaksAndCurrentsWhenRecordsWereDropped) {
+  // The ring dropped the allocation that made the peak, and a free.
+  EventStream s;
+  s.Start().Alloc(0x1, 100, 128).Drop(2).Alloc(0x3, 10, 16);
+  ProcessStatsEngine stats;
+  for (const v1::Event& e : s.events()) stats.Add(e);
+  v1::DeviceCounters counters;
+  counters.set_device(0);
+  counters.set_peak_requested_bytes(1100);
+  counters.set_peak_allocated_bytes(1152);
+  counters.set_peak_reserved_bytes(2048);
+  counters.set_current_requested_bytes(110);
+  counters.set_current_allocated_bytes(144);
+  counters.set_current_reserved_bytes(2048);
+  counters.set_records_dropped(2);
+  stats.AddCounters(counters);
+  const v1::DeviceReport d = stats.Report().devices(0);
+  EXPECT_EQ(d.peak_requested_bytes(), 1100u);
+  EXPECT_EQ(d.peak_allocated_bytes(), 1152u);
+  EXPECT_EQ(d.peak_reserved_bytes(), 2048u);
+  EXPECT_EQ(d.current_allocated_bytes(), 144u);
+  EXPECT_EQ(d.dropped_records(), 2u);
+}
+
+TEST(StatsEngineTest, CountersNeverLowerAPeakSeenInEvents) {
+  EventStream s;
+  s.Alloc(0x1, 100, 128);
+  ProcessStatsEngine stats;
+  for (const v1::Event& e : s.events()) stats.Add(e);
+  v1::DeviceCounters stale;  // a snapshot from before the allocation
+  stale.set_device(0);
+  stats.AddCounters(stale);
+  const v1::DeviceReport d = stats.Report().devices(0);
+  EXPECT_EQ(d.peak_allocated_bytes(), 128u);
+  EXPECT_EQ(d.current_allocated_bytes(), 128u);  // no drops: events are complete
+}
+
+TEST(StatsEngineTest, NvtxRangesPeakGrowthAndInnermostAllocations) {
+  // step { alloc 100; fwd { alloc 1000; free it; alloc 10 } ; free 100 }   (thread 1)
+  EventStream s;
+  s.Alloc(0x1, 50, 50)  // before any range: at push, allocated is 50
+      .Push(1, "step")
+      .Alloc(0x10, 100, 100)
+      .Push(2, "fwd")
+      .Alloc(0x20, 1000, 1000)
+      .Free(0x20)
+      .Alloc(0x30, 10, 10)
+      .Pop(2)
+      .Free(0x10)
+      .Pop(1)
+      .Push(3, "step")
+      .Pop(3);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  ASSERT_EQ(d.nvtx_ranges_size(), 2);
+  // Equal peaks: ordered by name.
+  const v1::NvtxRangeStats& fwd = d.nvtx_ranges(0);
+  const v1::NvtxRangeStats& step = d.nvtx_ranges(1);
+  EXPECT_EQ(step.name(), "step");
+  EXPECT_EQ(step.count(), 2u);
+  EXPECT_EQ(step.peak_allocated_bytes(), 50u + 100 + 1000);
+  EXPECT_EQ(step.net_growth_bytes(), 10);  // +10 (0x30 leaked from fwd), then 0
+  EXPECT_EQ(step.alloc_count(), 1u);       // 0x10 only; the others were inside fwd
+  EXPECT_EQ(step.total_time_ns(), 8000u + 1000u);
+  EXPECT_EQ(fwd.name(), "fwd");
+  EXPECT_EQ(fwd.count(), 1u);
+  EXPECT_EQ(fwd.peak_allocated_bytes(), 1150u);
+  EXPECT_EQ(fwd.net_growth_bytes(), 10);
+  EXPECT_EQ(fwd.alloc_count(), 2u);
+}
+
+TEST(StatsEngineTest, NvtxRangesOnTwoThreadsAndOneLeftOpen) {
+  // Thread 1 opens A; thread 2 opens B and allocates the peak; A closes after B's allocation
+  // is freed: A's peak must include what happened on thread 2 while it was open.
+  EventStream s;
+  s.Push(1, "A", 1)
+      .Push(2, "B", 2)
+      .Alloc(0x1, 700, 700, 0, v1::ALLOCATION_KIND_POOLED, 2)
+      .Free(0x1, 0, 2)
+      .Pop(2, 2)
+      .Alloc(0x2, 5, 5, 0, v1::ALLOCATION_KIND_POOLED, 1)
+      .Pop(1, 1)
+      .Push(3, "open", 1)
+      .Alloc(0x3, 60, 60, 0, v1::ALLOCATION_KIND_POOLED, 1);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  ASSERT_EQ(d.nvtx_ranges_size(), 3);
+  EXPECT_EQ(d.nvtx_ranges(0).name(), "A");
+  EXPECT_EQ(d.nvtx_ranges(0).peak_allocated_bytes(), 700u);
+  EXPECT_EQ(d.nvtx_ranges(0).alloc_count(), 1u);
+  EXPECT_EQ(d.nvtx_ranges(1).name(), "B");
+  EXPECT_EQ(d.nvtx_ranges(1).peak_allocated_bytes(), 700u);
+  EXPECT_EQ(d.nvtx_ranges(1).alloc_count(), 1u);
+  EXPECT_EQ(d.nvtx_ranges(2).name(), "open");  // closed at the last event for the report
+  EXPECT_EQ(d.nvtx_ranges(2).peak_allocated_bytes(), 65u);
+  EXPECT_EQ(d.nvtx_ranges(2).net_growth_bytes(), 60);
+}
+
+TEST(StatsEngineTest, PopOfAnUnknownRangeIsIgnored) {
+  EventStream s;
+  s.Alloc(0x1, 1, 1).Pop(42).Push(1, "x").Pop(7).Pop(1);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  ASSERT_EQ(d.nvtx_ranges_size(), 1);
+  EXPECT_EQ(d.nvtx_ranges(0).count(), 1u);
+}
+
+TEST(StatsEngineTest, LeaksAreTheLiveAllocationsAtExitLargestFirst) {
+  EventStream s;
+  s.Start()
+      .Alloc(0x1, 10, 16, 0, v1::ALLOCATION_KIND_POOLED, 1, 7)
+      .Alloc(0x2, 500, 512)
+      .Alloc(0x3, 40, 48);
+  s.Free(0x3);
+  EXPECT_EQ(Compute(s).devices(0).leaks_size(), 0);  // still running: not leaks yet
+  s.Exit(0);
+  const v1::Report report = Compute(s);
+  EXPECT_TRUE(report.finished());
+  const v1::DeviceReport& d = report.devices(0);
+  ASSERT_EQ(d.leaks_size(), 2);
+  EXPECT_EQ(d.leaks(0).address(), 0x2u);
+  EXPECT_EQ(d.leaks(0).requested_bytes(), 500u);
+  EXPECT_EQ(d.leaks(1).address(), 0x1u);
+  EXPECT_EQ(d.leaks(1).site(), 7u);
+  StatsOptions one;
+  one.max_leaks = 1;
+  EXPECT_EQ(Compute(s, one).devices(0).leaks_size(), 1);
+}
+
+TEST(StatsEngineTest, FragmentationNowAndAtPeak) {
+  EventStream s;
+  s.Reserve(1000)
+      .Alloc(0x1, 100, 100)
+      .PoolState(/*free=*/900, /*largest=*/900, 0)
+      .Reserve(1000)  // the peak: 2000 reserved
+      .Alloc(0x2, 200, 200)
+      .PoolState(/*free=*/1700, /*largest=*/850, /*unreleasable=*/800)
+      .Release(1000)
+      .PoolState(/*free=*/700, /*largest=*/700, 0);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_DOUBLE_EQ(d.fragmentation().external_fragmentation(), 0.0);
+  EXPECT_EQ(d.fragmentation().free_bytes(), 700u);
+  EXPECT_EQ(d.fragmentation().largest_allocatable_bytes(), 700u);
+  EXPECT_DOUBLE_EQ(d.fragmentation_at_peak().external_fragmentation(), 0.5);
+  EXPECT_EQ(d.fragmentation_at_peak().unreleasable_free_bytes(), 800u);
+  EXPECT_EQ(d.fragmentation_at_peak().largest_free_block_bytes(), 850u);
+}
+
+TEST(StatsEngineTest, OomVerdicts) {
+  EventStream s;
+  s.Oom(100, 500, 50)                                // enough free, no block: fragmentation
+      .Oom(1000, 500, 50)                            // not enough free: capacity
+      .Oom(10, 500, 500, v1::OOM_VERDICT_CAPACITY);  // the shim's verdict is kept
+  const v1::DeviceReport d = Compute(s).devices(0);
+  ASSERT_EQ(d.ooms_size(), 3);
+  EXPECT_EQ(d.ooms(0).verdict(), v1::OOM_VERDICT_FRAGMENTATION);
+  EXPECT_EQ(d.ooms(1).verdict(), v1::OOM_VERDICT_CAPACITY);
+  EXPECT_EQ(d.ooms(2).verdict(), v1::OOM_VERDICT_CAPACITY);
+  EXPECT_EQ(d.ooms(1).requested_bytes(), 1000u);
+}
+
+TEST(StatsEngineTest, TopSitesByPeakLiveBytes) {
+  EventStream s;
+  for (int i = 0; i < 5; ++i) s.Alloc(0x100 + i, 10, 10, 0, v1::ALLOCATION_KIND_POOLED, 1, 1);
+  for (int i = 0; i < 5; ++i) s.Free(0x100 + i);
+  s.Alloc(0x200, 30, 30, 0, v1::ALLOCATION_KIND_POOLED, 1, 2);
+  StatsOptions options;
+  options.max_top_sites = 1;
+  const v1::DeviceReport d = Compute(s, options).devices(0);
+  ASSERT_EQ(d.top_sites_size(), 1);
+  EXPECT_EQ(d.top_sites(0).site(), 1u);
+  EXPECT_EQ(d.top_sites(0).alloc_count(), 5u);
+  EXPECT_EQ(d.top_sites(0).total_bytes(), 50u);
+  EXPECT_EQ(d.top_sites(0).peak_live_bytes(), 50u);
+}
+
+TEST(StatsEngineTest, TimelineIsBoundedAndKeepsTheMaximum) {
+  EventStream s;
+  for (int i = 0; i < 50000; ++i) {
+    const std::uint64_t size = i == 31337 ? 1000000 : 100 + i % 7;
+    s.Alloc(0x1000 + i, size, size).Free(0x1000 + i);
+  }
+  StatsOptions options;
+  options.max_timeline_points = 500;
+  const v1::DeviceReport d = Compute(s, options).devices(0);
+  ASSERT_GT(d.timeline_size(), 100);
+  EXPECT_LE(d.timeline_size(), 500);
+  std::uint64_t highest = 0;
+  std::uint64_t previous_time = 0;
+  for (const v1::TimelinePoint& p : d.timeline()) {
+    highest = std::max(highest, p.allocated_bytes());
+    EXPECT_GE(p.time_ns(), previous_time);
+    previous_time = p.time_ns();
+  }
+  EXPECT_EQ(highest, 1000000u);
+  EXPECT_EQ(highest, d.peak_allocated_bytes());
+}
+
+TEST(StatsEngineTest, EngineKeysProcessesAndUsesBatchCounters) {
+  StatsEngine engine;
+  v1::EventBatch batch;
+  batch.mutable_process()->set_host("h");
+  batch.mutable_process()->set_pid(5);
+  batch.mutable_process()->set_start_time_ns(1000);
+  v1::Event* e = batch.add_events();
+  e->set_time_ns(10);
+  e->mutable_alloc()->set_address(1);
+  e->mutable_alloc()->set_requested_bytes(8);
+  e->mutable_alloc()->set_allocated_bytes(8);
+  e->mutable_alloc()->set_kind(v1::ALLOCATION_KIND_POOLED);
+  v1::DeviceCounters* c = batch.add_counters();
+  c->set_device(0);
+  c->set_peak_reserved_bytes(4096);
+  engine.AddBatch(batch);
+  batch.mutable_process()->set_pid(6);
+  engine.AddBatch(batch);
+  engine.AddBatch(batch);
+  ASSERT_EQ(engine.size(), 2u);
+  const std::vector<v1::Report> reports = engine.Reports();
+  EXPECT_EQ(reports[0].process().pid(), 5u);
+  EXPECT_EQ(reports[0].process().host(), "h");
+  EXPECT_EQ(reports[0].devices(0).peak_reserved_bytes(), 4096u);
+  EXPECT_EQ(reports[1].events(), 2u);
+}
+
+}  // namespace
+}  // namespace vramscope::collector
