@@ -161,7 +161,7 @@ Slot* ScanFor(CUcontext ctx) {
 
 void MarkDead(Slot* slot) {
   slot->dead.store(true, std::memory_order_release);
-  slot->upstream.MarkDead();
+  slot->upstream.Abandon();
   slot->fences.MarkDead();
 }
 
@@ -216,6 +216,24 @@ bool DriverUpstream::OwnsAddress(std::uintptr_t address) const {
   }
   pthread_mutex_unlock(&mu_);
   return owns;
+}
+
+void DriverUpstream::Abandon() {
+  if (dead_.exchange(true, std::memory_order_acq_rel)) return;
+  std::map<std::uintptr_t, std::size_t> mapped;
+  std::map<std::uintptr_t, std::size_t> held;
+  pthread_mutex_lock(&mu_);
+  mapped.swap(mapped_);
+  held.swap(held_);
+  pthread_mutex_unlock(&mu_);
+  std::uint64_t bytes = 0;
+  for (const auto& [address, size] : (vmm_ ? mapped : held)) bytes += size;
+  DevCounters(device_).reserved_bytes.Sub(bytes);
+  if (!vmm_ || Exiting()) return;
+  const RealDriver& real = Real();
+  DriverCallScope scope(nullptr);
+  for (const auto& [address, size] : mapped) (void)real.cuMemUnmap(address, size);
+  for (const auto& [address, size] : held) (void)real.cuMemAddressFree(address, size);
 }
 
 pool::UpstreamStatus DriverUpstream::Allocate(std::size_t bytes, std::uintptr_t* address) {

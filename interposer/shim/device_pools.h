@@ -42,7 +42,10 @@ class DriverUpstream final : public pool::Upstream {
  public:
   void Configure(CUcontext ctx, int device, bool vmm, std::size_t granularity,
                  const CUmemAccessDesc* access, int access_count);
-  void MarkDead() { dead_.store(true, std::memory_order_release); }
+  // The context is being torn down: never call the driver for this memory again. cuMemAlloc
+  // segments belong to the context and go with it. VMM memory belongs to the device and
+  // outlives the context, so its mappings and ranges are given back here (errors ignored).
+  void Abandon();
   bool vmm() const { return vmm_; }
   // True if `address` lies in a segment or reserved range this upstream holds.
   bool OwnsAddress(std::uintptr_t address) const;

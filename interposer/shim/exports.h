@@ -15,10 +15,17 @@
 #undef cuStreamBeginCapture
 #undef cuStreamEndCapture
 #undef cuStreamBeginCaptureToGraph
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
+#undef cuCtxDestroy
 
 extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
                                   cuuint64_t flags);
+// Pre-11.0 names of the context teardown calls (same arguments as their _v2).
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
 CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph);
@@ -80,8 +87,11 @@ CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGra
   X(cuStreamEndCapture_ptsz)             \
   X(cuCtxSynchronize)                    \
   X(cuDevicePrimaryCtxReset_v2)          \
+  X(cuDevicePrimaryCtxReset)             \
   X(cuDevicePrimaryCtxRelease_v2)        \
-  X(cuCtxDestroy_v2)
+  X(cuDevicePrimaryCtxRelease)           \
+  X(cuCtxDestroy_v2)                     \
+  X(cuCtxDestroy)
 
 // Driver functions the shim calls for its own work but does not hook. X(exact_name).
 #define VRAMSCOPE_USED_ENTRY_POINTS(X) \

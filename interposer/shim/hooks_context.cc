@@ -88,22 +88,25 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxSynchronize() {
   return result;
 }
 
+namespace vramscope::interposer {
+namespace {
+
 // A reset frees every allocation of the primary context: the pool's memory is gone with it, so
 // the pool is dropped without a driver call (before, so no thread takes a block that is about
 // to vanish, and after, for a pool a racing thread created meanwhile).
-VRAMSCOPE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-  VRAMSCOPE_PROLOGUE(cuDevicePrimaryCtxReset_v2);
+CUresult PrimaryReset(decltype(&::cuDevicePrimaryCtxReset_v2) reset, CUdevice dev) {
   if (Active() || Exiting()) DropPrimaryContext(dev);
-  const CUresult result = real.cuDevicePrimaryCtxReset_v2(dev);
+  const CUresult result = reset(dev);
   if (Active() || Exiting()) DropPrimaryContext(dev);
   return result;
 }
 
 // The last release destroys the primary context (and its memory).
-VRAMSCOPE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-  VRAMSCOPE_PROLOGUE(cuDevicePrimaryCtxRelease_v2);
-  const CUresult result = real.cuDevicePrimaryCtxRelease_v2(dev);
-  if (result == CUDA_SUCCESS && Active() && real.cuDevicePrimaryCtxGetState != nullptr) {
+CUresult PrimaryRelease(decltype(&::cuDevicePrimaryCtxRelease_v2) release, CUdevice dev) {
+  const CUresult result = release(dev);
+  const RealDriver& real = Real();
+  if (result == CUDA_SUCCESS && (Active() || Exiting()) &&
+      real.cuDevicePrimaryCtxGetState != nullptr) {
     unsigned int flags = 0;
     int active = 1;
     if (real.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
@@ -113,9 +116,41 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return result;
 }
 
-VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
-  VRAMSCOPE_PROLOGUE(cuCtxDestroy_v2);
-  const CUresult result = real.cuCtxDestroy_v2(ctx);
+CUresult Destroy(decltype(&::cuCtxDestroy_v2) destroy, CUcontext ctx) {
+  const CUresult result = destroy(ctx);
   if (result == CUDA_SUCCESS && (Active() || Exiting())) DropContext(ctx);
   return result;
+}
+
+}  // namespace
+}  // namespace vramscope::interposer
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  VRAMSCOPE_PROLOGUE(cuDevicePrimaryCtxReset_v2);
+  return PrimaryReset(real.cuDevicePrimaryCtxReset_v2, dev);
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev) {
+  VRAMSCOPE_PROLOGUE(cuDevicePrimaryCtxReset);
+  return PrimaryReset(real.cuDevicePrimaryCtxReset, dev);
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  VRAMSCOPE_PROLOGUE(cuDevicePrimaryCtxRelease_v2);
+  return PrimaryRelease(real.cuDevicePrimaryCtxRelease_v2, dev);
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
+  VRAMSCOPE_PROLOGUE(cuDevicePrimaryCtxRelease);
+  return PrimaryRelease(real.cuDevicePrimaryCtxRelease, dev);
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
+  VRAMSCOPE_PROLOGUE(cuCtxDestroy_v2);
+  return Destroy(real.cuCtxDestroy_v2, ctx);
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxDestroy(CUcontext ctx) {
+  VRAMSCOPE_PROLOGUE(cuCtxDestroy);
+  return Destroy(real.cuCtxDestroy, ctx);
 }

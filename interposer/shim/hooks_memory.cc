@@ -11,6 +11,7 @@
 // a handle that the importer resolves to another address.
 #include <algorithm>
 
+#include "capture.h"
 #include "counters.h"
 #include "device_pools.h"
 #include "hooks.h"
@@ -19,6 +20,17 @@
 
 namespace vramscope::interposer {
 namespace {
+
+// The calling thread's capture mode is RELAXED (probed by exchanging it and back).
+bool ThreadIsRelaxed() {
+  const RealDriver& real = Real();
+  if (real.cuThreadExchangeStreamCaptureMode == nullptr) return true;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (real.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS) return true;
+  CUstreamCaptureMode restore = mode;
+  (void)real.cuThreadExchangeStreamCaptureMode(&restore);
+  return mode == CU_STREAM_CAPTURE_MODE_RELAXED;
+}
 
 bool AnyPools() {
   Slot* slot = nullptr;
@@ -48,7 +60,10 @@ using namespace vramscope::interposer;
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   VRAMSCOPE_PROLOGUE(cuMemAlloc_v2);
   if (!Active() || dptr == nullptr || bytesize == 0) return real.cuMemAlloc_v2(dptr, bytesize);
-  if (Cfg().mode != Mode::kPassthrough) {
+  // While a capture is live, a thread that is not in relaxed mode gets the driver's own answer
+  // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture invalidated, where the driver says
+  // so): the pool must not make a prohibited cudaMalloc succeed.
+  if (Cfg().mode != Mode::kPassthrough && !(AnyCaptureLive() && !ThreadIsRelaxed())) {
     CUcontext ctx = nullptr;
     // No current context: the driver's own answer (CUDA_ERROR_INVALID_CONTEXT and friends).
     if (real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) {

@@ -1,0 +1,33 @@
+// A small CUDA program for summary_test: a few pooled allocations and one of each passthrough
+// kind, then a normal exit (the shim prints its VRAMSCOPE_SUMMARY line from its atexit handler).
+#include <cuda.h>
+#include <stdio.h>
+
+int main() {
+  constexpr size_t kMiB = size_t{1} << 20;
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+      cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    fprintf(stderr, "summary_helper: no driver\n");
+    return 1;
+  }
+  CUdeviceptr a = 0;
+  CUdeviceptr b = 0;
+  CUdeviceptr c = 0;
+  if (cuMemAlloc_v2(&a, 3 * kMiB) != CUDA_SUCCESS || cuMemAlloc_v2(&b, kMiB) != CUDA_SUCCESS ||
+      cuMemFree_v2(a) != CUDA_SUCCESS || cuMemAlloc_v2(&c, 2 * kMiB) != CUDA_SUCCESS ||
+      cuMemFree_v2(b) != CUDA_SUCCESS) {
+    return 2;
+  }
+  CUdeviceptr pitched = 0;
+  size_t pitch = 0;
+  CUdeviceptr managed = 0;
+  void* host = nullptr;
+  if (cuMemAllocPitch_v2(&pitched, &pitch, 1000, 100, 4) != CUDA_SUCCESS ||
+      cuMemAllocManaged(&managed, kMiB, CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS ||
+      cuMemHostAlloc(&host, 4096, 0) != CUDA_SUCCESS || cuMemFree_v2(pitched) != CUDA_SUCCESS ||
+      cuMemFreeHost(host) != CUDA_SUCCESS) {
+    return 3;
+  }
+  return 0;  // c and managed stay live: the summary shows them as current bytes
+}

@@ -1,0 +1,68 @@
+// VRAMSCOPE_SUMMARY=1 makes the shim print one line to stderr at exit. Runs summary_helper
+// (path in VRAMSCOPE_SUMMARY_HELPER) under the environment meson gives this test.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <regex>
+#include <string>
+
+namespace {
+
+// Runs the helper with VRAMSCOPE_SUMMARY=1; returns its stderr and exit status.
+std::string RunHelper(int* exit_status) {
+  const char* helper = getenv("VRAMSCOPE_SUMMARY_HELPER");
+  if (helper == nullptr) return "";
+  int fds[2];
+  if (pipe(fds) != 0) return "";
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    setenv("VRAMSCOPE_SUMMARY", "1", 1);
+    execl(helper, helper, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char buffer[4096];
+  ssize_t n = 0;
+  while ((n = read(fds[0], buffer, sizeof(buffer))) > 0) out.append(buffer, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  *exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+TEST(SummaryTest, OneLineAtExit) {
+  ASSERT_NE(getenv("VRAMSCOPE_SUMMARY_HELPER"), nullptr);
+  int status = -1;
+  const std::string out = RunHelper(&status);
+  EXPECT_EQ(status, 0) << out;
+  const char* mode_env = getenv("VRAMSCOPE_MODE");
+  const std::string mode = mode_env != nullptr && mode_env[0] != '\0' ? mode_env : "pool";
+  std::smatch match;
+  const std::regex line("vramscope: mode=" + mode +
+                        R"( policy=\S+( dev0 [^\n]*)? passthrough [^\n]*\n)");
+  ASSERT_TRUE(std::regex_search(out, match, line)) << out;
+  const std::string summary = match.str(0);
+  if (mode != "passthrough") {
+    // Three pooled allocations of 3, 1 and 2 MiB; peak live 4 MiB requested; two frees.
+    EXPECT_NE(summary.find(" dev0 peak_requested=4194304 "), std::string::npos) << summary;
+    EXPECT_NE(summary.find(" current_requested=2097152 "), std::string::npos) << summary;
+    EXPECT_NE(summary.find(" allocs=3 frees=2 "), std::string::npos) << summary;
+    EXPECT_NE(summary.find(" device=0/0/0 "), std::string::npos) << summary;
+  } else {
+    EXPECT_NE(summary.find(" device=2097152/4194304/3 "), std::string::npos) << summary;
+  }
+  EXPECT_NE(summary.find(" managed=1048576/1048576/1 "), std::string::npos) << summary;
+  EXPECT_NE(summary.find(" host=0/4096/1 "), std::string::npos) << summary;
+  EXPECT_NE(summary.find(" pitch=0/"), std::string::npos) << summary;
+  // Exactly one line.
+  EXPECT_EQ(out.find("vramscope: mode="), out.rfind("vramscope: mode=")) << out;
+}
+
+}  // namespace

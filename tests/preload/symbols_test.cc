@@ -1,0 +1,71 @@
+// libvramscope.so links nothing heavy and exports only its hooks (DESIGN.md: the shim carries
+// no gRPC, protobuf, Abseil, libcudart or libcuda). Reads `readelf -d` and `nm -D` of the
+// library named by VRAMSCOPE_SHIM_PATH.
+#include <gtest/gtest.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+std::string RunCommand(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  pclose(pipe);
+  return out;
+}
+
+std::string ShimPath() {
+  const char* path = getenv("VRAMSCOPE_SHIM_PATH");
+  return path != nullptr ? path : "";
+}
+
+TEST(ShimSymbolsTest, NeededLibrariesAreOnlyTheSystemOnes) {
+  ASSERT_FALSE(ShimPath().empty());
+  const std::string out = RunCommand("readelf -d '" + ShimPath() + "'");
+  ASSERT_NE(out.find("Dynamic section"), std::string::npos) << out;
+  const std::regex needed(R"(\(NEEDED\)\s+Shared library: \[([^\]]+)\])");
+  const std::regex allowed(
+      R"((libc|libdl|libpthread|libstdc\+\+|libgcc_s|libm)\.so\.\d+|ld-linux[-\w.]*\.so\.\d+)");
+  int count = 0;
+  for (std::sregex_iterator it(out.begin(), out.end(), needed), end; it != end; ++it) {
+    ++count;
+    const std::string library = (*it)[1];
+    EXPECT_TRUE(std::regex_match(library, allowed)) << "unexpected NEEDED " << library;
+  }
+  EXPECT_GE(count, 1);
+}
+
+TEST(ShimSymbolsTest, ExportsOnlyHooks) {
+  ASSERT_FALSE(ShimPath().empty());
+  const std::string out = RunCommand("nm -D --defined-only '" + ShimPath() + "'");
+  std::istringstream lines(out);
+  std::string line;
+  std::set<std::string> exported;
+  const std::regex hook(R"(cu[A-Z]\w*|dlsym|vramscope_\w+)");
+  while (std::getline(lines, line)) {
+    std::istringstream fields(line);
+    std::string address, type, name;
+    if (!(fields >> address >> type >> name)) continue;
+    exported.insert(name);
+    EXPECT_TRUE(std::regex_match(name, hook))
+        << "unexpected export " << name << " (" << type << ")";
+  }
+  for (const char* name :
+       {"dlsym", "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc_v2", "cuMemFree_v2",
+        "cuMemGetInfo_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync_ptsz",
+        "cuMemAllocFromPoolAsync_ptsz", "cuMemCreate", "cuMemMap", "cuIpcGetMemHandle",
+        "cuCtxSynchronize", "cuDevicePrimaryCtxReset_v2", "cuStreamBeginCapture_v2_ptsz"}) {
+    EXPECT_EQ(exported.count(name), 1u) << name << " is not exported";
+  }
+}
+
+}  // namespace
