@@ -1,0 +1,138 @@
+#include "run/chrome_trace.h"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+#include <cstdio>
+
+namespace vramscope::cli {
+namespace {
+
+// Microseconds with nanosecond precision, as the format allows fractional ts.
+std::string Micros(std::uint64_t ns) { return absl::StrFormat("%d.%03d", ns / 1000, ns % 1000); }
+
+}  // namespace
+
+std::string JsonString(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+void ChromeTrace::Add(std::uint32_t pid, const v1::Event& event) {
+  if (event.time_ns() > last_time_ns_) last_time_ns_ = event.time_ns();
+  switch (event.payload_case()) {
+    case v1::Event::kNvtxPush: {
+      const v1::NvtxPushEvent& push = event.nvtx_push();
+      const std::uint64_t key = (std::uint64_t{pid} << 32) | push.range_id();
+      open_[key] = Open{event.thread_id(), event.time_ns(), push.name(), push.domain()};
+      break;
+    }
+    case v1::Event::kNvtxPop: {
+      const std::uint64_t key = (std::uint64_t{pid} << 32) | event.nvtx_pop().range_id();
+      auto it = open_.find(key);
+      if (it == open_.end()) break;
+      if (slices_.size() < max_slices_) {
+        slices_.push_back(Slice{pid, it->second.tid, it->second.start_ns, event.time_ns(),
+                                std::move(it->second.name), std::move(it->second.domain)});
+      } else {
+        ++slices_dropped_;
+      }
+      open_.erase(it);
+      break;
+    }
+    case v1::Event::kOom: {
+      const v1::OomEvent& oom = event.oom();
+      instants_.push_back(Instant{
+          pid, event.thread_id(), event.time_ns(), absl::StrCat("OOM cuda:", event.device()),
+          absl::StrFormat(
+              "\"requested_bytes\":%d,\"free_bytes\":%d,\"largest_free_block_bytes\":%d,"
+              "\"verdict\":%s",
+              oom.requested_bytes(), oom.free_bytes(), oom.largest_free_block_bytes(),
+              JsonString(v1::OomVerdict_Name(oom.verdict())))});
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+std::string ChromeTrace::Json(const std::vector<v1::Report>& reports) const {
+  std::string out = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+  bool first = true;
+  auto emit = [&](const std::string& record) {
+    if (!first) out += ",\n";
+    first = false;
+    out += record;
+  };
+  for (const v1::Report& report : reports) {
+    const std::uint32_t pid = report.process().pid();
+    std::string name = report.command_line_size() > 0 ? report.command_line(0) : "process";
+    const std::size_t slash = name.rfind('/');
+    if (slash != std::string::npos) name = name.substr(slash + 1);
+    emit(absl::StrFormat(R"({"ph":"M","name":"process_name","pid":%d,"args":{"name":%s}})", pid,
+                         JsonString(absl::StrCat(name, " (pid ", pid, ")"))));
+    for (const v1::DeviceReport& device : report.devices()) {
+      const std::uint32_t d = device.device().ordinal();
+      for (const v1::TimelinePoint& p : device.timeline()) {
+        const std::string ts = Micros(p.time_ns());
+        emit(absl::StrFormat(
+            R"({"ph":"C","name":"cuda:%d allocated","pid":%d,"ts":%s,"args":{"bytes":%d}})", d, pid,
+            ts, p.allocated_bytes()));
+        emit(absl::StrFormat(
+            R"({"ph":"C","name":"cuda:%d reserved","pid":%d,"ts":%s,"args":{"bytes":%d}})", d, pid,
+            ts, p.reserved_bytes()));
+        emit(absl::StrFormat(
+            R"({"ph":"C","name":"cuda:%d requested","pid":%d,"ts":%s,"args":{"bytes":%d}})", d, pid,
+            ts, p.requested_bytes()));
+      }
+    }
+  }
+  auto slice = [&](std::uint32_t pid, std::uint32_t tid, std::uint64_t start, std::uint64_t end,
+                   const std::string& name, const std::string& domain) {
+    emit(absl::StrFormat(
+        R"({"ph":"X","cat":"nvtx","name":%s,"pid":%d,"tid":%d,"ts":%s,"dur":%s,"args":{"domain":%s}})",
+        JsonString(name), pid, tid, Micros(start), Micros(end > start ? end - start : 0),
+        JsonString(domain)));
+  };
+  for (const Slice& s : slices_) slice(s.pid, s.tid, s.start_ns, s.end_ns, s.name, s.domain);
+  // Ranges never popped end at the last event seen.
+  for (const auto& [key, open] : open_) {
+    slice(static_cast<std::uint32_t>(key >> 32), open.tid, open.start_ns, last_time_ns_, open.name,
+          open.domain);
+  }
+  for (const Instant& i : instants_) {
+    emit(absl::StrFormat(
+        R"({"ph":"i","s":"p","cat":"oom","name":%s,"pid":%d,"tid":%d,"ts":%s,"args":{%s}})",
+        JsonString(i.name), i.pid, i.tid, Micros(i.time_ns), i.args));
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+}  // namespace vramscope::cli

@@ -1,0 +1,70 @@
+// ChromeTrace: Chrome Trace Event JSON for ui.perfetto.dev and chrome://tracing.
+//
+// Per traced process (pid): a process_name metadata record; per device counter tracks
+// "cuda:N allocated", "cuda:N reserved" and "cuda:N requested" (bytes) from the report's
+// downsampled timeline; NVTX ranges as complete ("X") slices on the thread that pushed them;
+// OOMs as process-scoped instants. Times are microseconds on CLOCK_MONOTONIC, shared by every
+// process, so their tracks line up.
+//
+// Slices are kept in memory up to max_slices (further ones are counted, not kept).
+// Thread safety: none.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vramscope/v1/events.pb.h"
+#include "vramscope/v1/report.pb.h"
+
+namespace vramscope::cli {
+
+class ChromeTrace {
+ public:
+  explicit ChromeTrace(std::size_t max_slices = 200000) : max_slices_(max_slices) {}
+
+  // Events of process `pid`, in order.
+  void Add(std::uint32_t pid, const v1::Event& event);
+  // The whole trace; `reports` give process names and the counter timelines.
+  std::string Json(const std::vector<v1::Report>& reports) const;
+  std::uint64_t slices_dropped() const { return slices_dropped_; }
+
+ private:
+  struct Slice {
+    std::uint32_t pid;
+    std::uint32_t tid;
+    std::uint64_t start_ns;
+    std::uint64_t end_ns;
+    std::string name;
+    std::string domain;
+  };
+  struct Open {
+    std::uint32_t tid;
+    std::uint64_t start_ns;
+    std::string name;
+    std::string domain;
+  };
+  struct Instant {
+    std::uint32_t pid;
+    std::uint32_t tid;
+    std::uint64_t time_ns;
+    std::string name;
+    std::string args;  // JSON object body
+  };
+
+  std::size_t max_slices_;
+  std::vector<Slice> slices_;
+  std::vector<Instant> instants_;
+  // (pid << 32 | range id) -> the open range
+  absl::flat_hash_map<std::uint64_t, Open> open_;
+  std::uint64_t last_time_ns_ = 0;
+  std::uint64_t slices_dropped_ = 0;
+};
+
+// JSON string literal (quotes included) with the escapes RFC 8259 requires.
+std::string JsonString(std::string_view text);
+
+}  // namespace vramscope::cli

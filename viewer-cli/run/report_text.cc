@@ -1,0 +1,116 @@
+#include "run/report_text.h"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+#include <absl/strings/str_join.h>
+
+#include <algorithm>
+
+#include "run/size.h"
+
+namespace vramscope::cli {
+namespace {
+
+constexpr int kShown = 5;  // ranges, sites, leaks listed per device
+
+std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", 100.0 * fraction); }
+
+}  // namespace
+
+std::string FormatRunReport(const v1::Report& report) {
+  std::string out;
+  const std::string command =
+      report.command_line().empty() ? "?" : absl::StrJoin(report.command_line(), " ");
+  std::string status = report.finished() ? absl::StrCat("exited ", report.exit_code())
+                                         : std::string("still running");
+  std::uint64_t dropped = 0;
+  for (const v1::DeviceReport& d : report.devices())
+    dropped = std::max(dropped, d.dropped_records());
+  absl::StrAppendFormat(&out, "vramscope: pid %d: %s\n", report.process().pid(), command);
+  absl::StrAppendFormat(&out, "  %s, mode %s, %d events, %.3f s, %d records dropped%s\n", status,
+                        report.mode().empty() ? "?" : report.mode(), report.events(),
+                        static_cast<double>(report.end_time_ns() - report.start_time_ns()) / 1e9,
+                        dropped, dropped > 0 ? " (peaks stay exact: ring counters)" : "");
+  if (report.devices().empty()) out += "  no device memory was allocated\n";
+  for (const v1::DeviceReport& d : report.devices()) {
+    const v1::DeviceInfo& info = d.device();
+    absl::StrAppendFormat(&out, "  cuda:%d%s%s\n", info.ordinal(),
+                          info.name().empty() ? "" : absl::StrCat(" ", info.name()),
+                          info.total_memory_bytes() == 0
+                              ? ""
+                              : absl::StrCat(" (", FormatBytes(info.total_memory_bytes()), ")"));
+    absl::StrAppendFormat(&out, "    peak      requested %-10s allocated %-10s reserved %-10s",
+                          FormatBytes(d.peak_requested_bytes()),
+                          FormatBytes(d.peak_allocated_bytes()),
+                          FormatBytes(d.peak_reserved_bytes()));
+    if (d.peak_allocated_bytes() > 0) {
+      absl::StrAppendFormat(&out, " reserved/allocated %.2f", d.reserved_over_allocated());
+    }
+    out += "\n";
+    absl::StrAppendFormat(
+        &out, "    %-9s requested %-10s allocated %-10s reserved %s\n",
+        report.finished() ? "at exit" : "now", FormatBytes(d.current_requested_bytes()),
+        FormatBytes(d.current_allocated_bytes()), FormatBytes(d.current_reserved_bytes()));
+    const v1::FragmentationStats& f = d.fragmentation_at_peak();
+    absl::StrAppendFormat(
+        &out,
+        "    fragmentation at peak: external %s, free %s, largest free %s, unreleasable %s, "
+        "rounding waste %s\n",
+        Percent(f.external_fragmentation()), FormatBytes(f.free_bytes()),
+        FormatBytes(f.largest_free_block_bytes()), FormatBytes(f.unreleasable_free_bytes()),
+        FormatBytes(f.rounding_waste_bytes()));
+    absl::StrAppendFormat(&out,
+                          "    allocations %d (%.0f/s), frees %d, pool reserves %d, releases %d\n",
+                          d.alloc_count(), d.allocs_per_second(), d.free_count(),
+                          d.pool_reserve_count(), d.pool_release_count());
+    if (!d.ooms().empty()) {
+      int fragmentation = 0;
+      for (const v1::OomRecord& oom : d.ooms()) {
+        fragmentation += oom.verdict() == v1::OOM_VERDICT_FRAGMENTATION;
+      }
+      absl::StrAppendFormat(&out,
+                            "    out of memory: %d (fragmentation %d, capacity %d); first asked "
+                            "%s with %s free, largest free block %s\n",
+                            d.ooms_size(), fragmentation, d.ooms_size() - fragmentation,
+                            FormatBytes(d.ooms(0).requested_bytes()),
+                            FormatBytes(d.ooms(0).free_bytes()),
+                            FormatBytes(d.ooms(0).largest_free_block_bytes()));
+    }
+    if (!d.nvtx_ranges().empty()) {
+      out += "    NVTX ranges (peak allocated while open, net growth, allocations, count):\n";
+      for (int i = 0; i < std::min(kShown, d.nvtx_ranges_size()); ++i) {
+        const v1::NvtxRangeStats& r = d.nvtx_ranges(i);
+        const std::int64_t growth = r.net_growth_bytes();
+        absl::StrAppendFormat(
+            &out, "      %-24s %-10s %s%-10s %6d allocs %6d times\n",
+            r.domain().empty() ? r.name() : absl::StrCat(r.domain(), ":", r.name()),
+            FormatBytes(r.peak_allocated_bytes()), growth < 0 ? "-" : "+",
+            FormatBytes(static_cast<std::uint64_t>(growth < 0 ? -growth : growth)), r.alloc_count(),
+            r.count());
+      }
+    }
+    if (!d.top_sites().empty()) {
+      out += "    top allocation sites (peak live):\n";
+      for (int i = 0; i < std::min(kShown, d.top_sites_size()); ++i) {
+        const v1::SiteStats& s = d.top_sites(i);
+        absl::StrAppendFormat(
+            &out, "      %-10s %6d allocs  %s\n", FormatBytes(s.peak_live_bytes()), s.alloc_count(),
+            s.frames().empty() ? absl::StrFormat("site %#x", s.site()) : s.frames(0));
+      }
+    }
+    if (!d.leaks().empty()) {
+      std::uint64_t bytes = 0;
+      for (const v1::Leak& leak : d.leaks()) bytes += leak.requested_bytes();
+      absl::StrAppendFormat(&out, "    not freed at exit: %d%s blocks, %s (largest first):",
+                            d.leaks_size(), d.leaks_size() >= 100 ? "+" : "", FormatBytes(bytes));
+      for (int i = 0; i < std::min(kShown, d.leaks_size()); ++i) {
+        absl::StrAppendFormat(&out, " %#x %s", d.leaks(i).address(),
+                              FormatBytes(d.leaks(i).requested_bytes()));
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace vramscope::cli

@@ -1,0 +1,89 @@
+#include "run/ring_session.h"
+
+#include <absl/strings/str_cat.h>
+
+#include <utility>
+
+namespace vramscope::cli {
+
+RingSession::RingSession(std::string dir, collector::StatsOptions options, ChromeTrace* trace)
+    : directory_(std::move(dir)), options_(options), trace_(trace) {}
+
+RingSession::~RingSession() = default;
+
+absl::Status RingSession::Poll() {
+  absl::StatusOr<std::vector<std::string>> found = directory_.Scan();
+  if (!found.ok()) return found.status();
+  for (const std::string& path : *found) {
+    absl::StatusOr<std::unique_ptr<agent::RingReader>> reader = agent::RingReader::OpenFile(path);
+    if (!reader.ok()) {
+      if (absl::IsUnavailable(reader.status())) {
+        directory_.Forget(path);  // not initialised yet: next time
+      } else {
+        warnings_.push_back(absl::StrCat("skipping ring: ", reader.status().message()));
+      }
+      continue;
+    }
+    Ring ring;
+    ring.stats = std::make_unique<collector::ProcessStatsEngine>(options_);
+    ring.stats->SetProcessKey((*reader)->process_key());
+    ring.reader = std::move(*reader);
+    rings_.push_back(std::move(ring));
+  }
+  for (Ring& ring : rings_) DrainOnce(ring);
+  return absl::OkStatus();
+}
+
+std::uint64_t RingSession::DrainOnce(Ring& ring) {
+  if (ring.failed || ring.reader->finished()) return 0;
+  // Bounded batches keep the buffer's memory flat however far behind we are.
+  constexpr std::size_t kBatch = 65536;
+  std::uint64_t total = 0;
+  for (;;) {
+    buffer_.Clear();
+    absl::StatusOr<agent::DrainStats> stats = ring.reader->Drain(&buffer_, kBatch);
+    if (!stats.ok()) {
+      ring.failed = true;
+      warnings_.push_back(absl::StrCat("ring of pid ", ring.reader->info().pid,
+                                       " became unreadable: ", stats.status().message()));
+      return total;
+    }
+    const std::uint32_t pid = ring.reader->info().pid;
+    for (const v1::Event& event : buffer_) {
+      ring.stats->Add(event);
+      if (trace_ != nullptr) trace_->Add(pid, event);
+    }
+    total += stats->records;
+    if (stats->finished || stats->records < kBatch) break;
+  }
+  for (const v1::DeviceCounters& counters : ring.reader->Counters()) {
+    ring.stats->AddCounters(counters);
+  }
+  return total;
+}
+
+absl::Status RingSession::Finish() {
+  // Rings created by processes that ended just now, then drain until nothing moves.
+  if (absl::Status status = Poll(); !status.ok()) return status;
+  for (;;) {
+    std::uint64_t moved = 0;
+    for (Ring& ring : rings_) moved += DrainOnce(ring);
+    if (moved == 0) break;
+  }
+  for (const Ring& ring : rings_) {
+    if (!ring.failed && !ring.reader->finished()) {
+      warnings_.push_back(absl::StrCat("pid ", ring.reader->info().pid,
+                                       " is still running: its report is partial"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<v1::Report> RingSession::Reports() const {
+  std::vector<v1::Report> reports;
+  reports.reserve(rings_.size());
+  for (const Ring& ring : rings_) reports.push_back(ring.stats->Report());
+  return reports;
+}
+
+}  // namespace vramscope::cli

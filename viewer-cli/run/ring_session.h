@@ -1,0 +1,55 @@
+// RingSession: the daemon-free pipeline of `vramscope run`: every ring in one directory
+// (the command's and its children's), drained into one stats engine per process.
+//
+// Poll() finds rings created since the last call and drains every open one; Finish() drains
+// until every ring is finished (its writer gone) or nothing moves. A ring that cannot be opened
+// yet is retried on the next Poll; one that is invalid is reported in warnings() and skipped.
+// Thread safety: none. Error convention: absl::Status for the directory itself only.
+#pragma once
+
+#include <absl/status/status.h>
+#include <google/protobuf/repeated_ptr_field.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "drain/ring_directory.h"
+#include "drain/ring_reader.h"
+#include "run/chrome_trace.h"
+#include "stats/stats_engine.h"
+#include "vramscope/v1/report.pb.h"
+
+namespace vramscope::cli {
+
+class RingSession {
+ public:
+  RingSession(std::string dir, collector::StatsOptions options, ChromeTrace* trace);
+  ~RingSession();
+
+  absl::Status Poll();
+  absl::Status Finish();
+  // One report per process, in the order their rings were found.
+  std::vector<v1::Report> Reports() const;
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  std::size_t rings() const { return rings_.size(); }
+
+ private:
+  struct Ring {
+    std::unique_ptr<agent::RingReader> reader;
+    std::unique_ptr<collector::ProcessStatsEngine> stats;
+    bool failed = false;
+  };
+  // Drains one ring once; returns the records consumed.
+  std::uint64_t DrainOnce(Ring& ring);
+
+  agent::RingDirectory directory_;
+  collector::StatsOptions options_;
+  ChromeTrace* trace_;
+  std::vector<Ring> rings_;
+  std::vector<std::string> warnings_;
+  google::protobuf::RepeatedPtrField<v1::Event> buffer_;
+};
+
+}  // namespace vramscope::cli

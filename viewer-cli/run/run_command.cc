@@ -1,0 +1,399 @@
+// `vramscope run`: see run_command.h. The main job of vramscope with no daemon: start CMD with
+// LD_PRELOAD=libvramscope.so and a private ring directory, drain while it runs, report at exit.
+#include "run/run_command.h"
+
+#include <absl/strings/str_cat.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <google/protobuf/util/json_util.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "drain/ring_directory.h"
+#include "run/chrome_trace.h"
+#include "run/report_text.h"
+#include "run/ring_session.h"
+#include "run/size.h"
+
+namespace vramscope::cli {
+namespace {
+
+constexpr int kPollIntervalMs = 10;
+
+struct RunOptions {
+  std::string json_path;
+  std::string trace_path;
+  std::optional<std::uint64_t> max_peak;
+  std::vector<char*> command;
+};
+
+void PrintRunUsage(std::FILE* out) {
+  std::fprintf(
+      out,
+      "usage: vramscope run [--json FILE] [--trace FILE] [--max-peak SIZE] [--] CMD [ARGS...]\n"
+      "\n"
+      "Runs CMD with the vramscope shim preloaded (no daemon needed). CMD and every process it\n"
+      "starts are traced; at exit a report per process and device goes to stderr: peak\n"
+      "requested, allocated and reserved bytes, fragmentation, counts, NVTX ranges, top sites,\n"
+      "memory not freed at exit.\n"
+      "\n"
+      "options:\n"
+      "  --json FILE       write the report as JSON (proto field names): one process -> a\n"
+      "                    vramscope.v1.Report object; otherwise {\"reports\": [Report, ...]}\n"
+      "  --trace FILE      write a Chrome trace (JSON) for ui.perfetto.dev: per device counter\n"
+      "                    tracks \"cuda:N allocated/reserved/requested\", NVTX ranges as slices\n"
+      "  --max-peak SIZE   exit 1 when any process's peak RESERVED bytes on any device (what the\n"
+      "                    driver held for it: the figure that runs out) exceed SIZE; SIZE is\n"
+      "                    bytes or 512MiB, 4GiB, 1.5GB, 2G (K/M/G/T and KiB.. = 1024-based,\n"
+      "                    KB/MB/GB/TB = 1000-based)\n"
+      "  -h, --help        this text\n"
+      "\n"
+      "The shim is found at $VRAMSCOPE_SHIM, else next to this executable (build tree:\n"
+      "../interposer/shim/libvramscope.so; installed: ../lib/libvramscope.so).\n"
+      "exit status: CMD's (128+N when killed by signal N, 127 when it cannot start); when CMD\n"
+      "succeeded: 1 if --max-peak was exceeded, 2 if an output file could not be written;\n"
+      "2 for usage errors.\n");
+}
+
+// Returns nullopt after printing the problem (usage error) or for --help (help set).
+std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
+  RunOptions options;
+  int i = 1;
+  auto value = [&](std::string_view flag, std::string* out) -> bool {
+    const std::string_view arg = argv[i];
+    if (arg.size() > flag.size() && arg.substr(0, flag.size()) == flag && arg[flag.size()] == '=') {
+      *out = std::string(arg.substr(flag.size() + 1));
+      return true;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "vramscope run: %.*s needs a value\n", static_cast<int>(flag.size()),
+                   flag.data());
+      return false;
+    }
+    *out = argv[++i];
+    return true;
+  };
+  auto matches = [&](std::string_view flag) {
+    const std::string_view arg = argv[i];
+    return arg == flag || (arg.size() > flag.size() && arg.substr(0, flag.size()) == flag &&
+                           arg[flag.size()] == '=');
+  };
+  for (; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      *help = true;
+      return std::nullopt;
+    }
+    if (matches("--json")) {
+      if (!value("--json", &options.json_path)) return std::nullopt;
+    } else if (matches("--trace")) {
+      if (!value("--trace", &options.trace_path)) return std::nullopt;
+    } else if (matches("--max-peak")) {
+      std::string size;
+      if (!value("--max-peak", &size)) return std::nullopt;
+      options.max_peak = ParseSize(size);
+      if (!options.max_peak) {
+        std::fprintf(stderr,
+                     "vramscope run: --max-peak '%s' is not a size (examples: 4GiB, 512MiB, "
+                     "1.5GB, 1073741824)\n",
+                     size.c_str());
+        return std::nullopt;
+      }
+    } else if (!arg.empty() && arg[0] == '-') {
+      std::fprintf(stderr, "vramscope run: unknown option '%s'\n", argv[i]);
+      return std::nullopt;
+    } else {
+      break;  // CMD starts here
+    }
+  }
+  for (; i < argc; ++i) options.command.push_back(argv[i]);
+  if (options.command.empty()) {
+    std::fprintf(stderr, "vramscope run: no command given\n");
+    return std::nullopt;
+  }
+  return options;
+}
+
+bool IsFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The shim: $VRAMSCOPE_SHIM, else relative to this executable. Empty after printing why.
+std::string FindShim() {
+  if (const char* env = getenv("VRAMSCOPE_SHIM"); env != nullptr && env[0] != '\0') {
+    if (IsFile(env)) return env;
+    std::fprintf(stderr, "vramscope run: VRAMSCOPE_SHIM=%s is not a file\n", env);
+    return "";
+  }
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  std::vector<std::string> tried;
+  if (n > 0) {
+    exe[n] = '\0';
+    std::string dir = exe;
+    dir = dir.substr(0, dir.rfind('/'));
+    for (const char* relative :
+         {"/../interposer/shim/libvramscope.so", "/../lib/libvramscope.so",
+          "/../lib/x86_64-linux-gnu/libvramscope.so", "/../lib64/libvramscope.so"}) {
+      std::string candidate = dir + relative;
+      if (IsFile(candidate)) return candidate;
+      tried.push_back(candidate);
+    }
+  }
+  std::fprintf(stderr, "vramscope run: cannot find libvramscope.so (looked at:");
+  for (const std::string& path : tried) std::fprintf(stderr, " %s", path.c_str());
+  std::fprintf(stderr, "); set VRAMSCOPE_SHIM=/path/to/libvramscope.so\n");
+  return "";
+}
+
+// A private directory for the rings: on /dev/shm when usable (memory, not disk), else $TMPDIR.
+std::string MakeRingDir() {
+  std::vector<std::string> bases;
+  if (access("/dev/shm", W_OK) == 0) bases.push_back("/dev/shm");
+  const char* tmp = getenv("TMPDIR");
+  bases.push_back(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp");
+  for (const std::string& base : bases) {
+    std::string pattern = base + "/vramscope-run.XXXXXX";
+    if (mkdtemp(pattern.data()) != nullptr) return pattern;
+  }
+  return "";
+}
+
+void RemoveRingDir(const std::string& dir) {
+  agent::RingDirectory rings(dir);
+  // Ring files and any ".tmp" a writer left half-created.
+  if (absl::StatusOr<std::vector<std::string>> found = rings.Scan(); found.ok()) {
+    for (const std::string& path : *found) unlink(path.c_str());
+  }
+  rmdir(dir.c_str());  // fails (harmlessly) if a writer is still creating a file
+}
+
+volatile sig_atomic_t g_child = 0;
+
+void ForwardSignal(int sig) {
+  if (g_child > 0) kill(g_child, sig);
+}
+
+// fork + exec with the shim preloaded. Returns the pid, or -1 after printing why (exec errors
+// come back through a close-on-exec pipe, so "command not found" is reported by us).
+pid_t Spawn(const RunOptions& options, const std::string& shim, const std::string& ring_dir,
+            int* exec_errno) {
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(report[0]);
+    close(report[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    // The child: default signal handling, the shim after anything already preloaded (ASan's
+    // runtime must stay first).
+    signal(SIGINT, SIG_DFL);
+    signal(SIGQUIT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    const char* existing = getenv("LD_PRELOAD");
+    const std::string preload =
+        existing != nullptr && existing[0] != '\0' ? std::string(existing) + ":" + shim : shim;
+    setenv("LD_PRELOAD", preload.c_str(), 1);
+    setenv("VRAMSCOPE_RING_DIR", ring_dir.c_str(), 1);
+    std::vector<char*> args = options.command;
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    const int err = errno;
+    if (write(report[1], &err, sizeof(err)) != sizeof(err)) {
+      // Nothing more to do: the parent sees exit status 127 either way.
+    }
+    _exit(err == ENOENT ? 127 : 126);
+  }
+  close(report[1]);
+  int err = 0;
+  ssize_t n;
+  do {
+    n = read(report[0], &err, sizeof(err));
+  } while (n < 0 && errno == EINTR);
+  close(report[0]);
+  *exec_errno = n == sizeof(err) ? err : 0;
+  return pid;
+}
+
+// Waits for the child while draining; returns its wait status.
+int Supervise(pid_t child, RingSession& session) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, child, 0));
+  int status = 0;
+  for (;;) {
+    if (absl::Status s = session.Poll(); !s.ok()) {
+      std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
+    }
+    if (pidfd >= 0) {
+      // Wakes as soon as the child exits, else after the poll interval.
+      pollfd fd = {pidfd, POLLIN, 0};
+      poll(&fd, 1, kPollIntervalMs);
+    } else {
+      poll(nullptr, 0, kPollIntervalMs);
+    }
+    const pid_t done = waitpid(child, &status, WNOHANG);
+    if (done == child) break;
+    if (done < 0 && errno != EINTR) break;
+  }
+  if (pidfd >= 0) close(pidfd);
+  return status;
+}
+
+bool WriteFile(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << content;
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "vramscope run: cannot write %s: %s\n", path.c_str(), strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+std::string ReportsJson(const std::vector<v1::Report>& reports) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  print.add_whitespace = true;
+  auto one = [&](const v1::Report& report) {
+    std::string json;
+    (void)google::protobuf::util::MessageToJsonString(report, &json, print);
+    return json;
+  };
+  if (reports.size() == 1) return one(reports[0]);
+  std::string out = "{\"reports\": [\n";
+  for (std::size_t i = 0; i < reports.size(); ++i) {
+    if (i > 0) out += ",\n";
+    out += one(reports[i]);
+  }
+  out += "]}\n";
+  return out;
+}
+
+}  // namespace
+
+int RunRun(int argc, char** argv) {
+  bool help = false;
+  const std::optional<RunOptions> parsed = ParseArgs(argc, argv, &help);
+  if (help) {
+    PrintRunUsage(stdout);
+    return kExitOk;
+  }
+  if (!parsed) {
+    std::fprintf(stderr, "`vramscope run --help` for usage\n");
+    return kExitUsage;
+  }
+  const RunOptions& options = *parsed;
+  const std::string shim = FindShim();
+  if (shim.empty()) return kExitUsage;
+  const std::string ring_dir = MakeRingDir();
+  if (ring_dir.empty()) {
+    std::fprintf(stderr, "vramscope run: cannot create a ring directory in /dev/shm or $TMPDIR\n");
+    return kExitUsage;
+  }
+
+  ChromeTrace trace;
+  RingSession session(ring_dir, collector::StatsOptions{},
+                      options.trace_path.empty() ? nullptr : &trace);
+
+  // Ctrl-C reaches CMD through the terminal's process group; we outlive it to report.
+  struct sigaction ignore = {}, forward = {}, old_int, old_quit, old_term, old_hup;
+  ignore.sa_handler = SIG_IGN;
+  forward.sa_handler = ForwardSignal;
+  sigaction(SIGINT, &ignore, &old_int);
+  sigaction(SIGQUIT, &ignore, &old_quit);
+  sigaction(SIGTERM, &forward, &old_term);
+  sigaction(SIGHUP, &forward, &old_hup);
+
+  int exec_errno = 0;
+  const pid_t child = Spawn(options, shim, ring_dir, &exec_errno);
+  int exit_code;
+  if (child < 0) {
+    std::fprintf(stderr, "vramscope run: cannot start a process: %s\n", strerror(errno));
+    exit_code = 126;
+  } else {
+    g_child = child;
+    const int status = Supervise(child, session);
+    g_child = 0;
+    if (exec_errno != 0) {
+      std::fprintf(stderr, "vramscope run: cannot run %s: %s\n", options.command[0],
+                   strerror(exec_errno));
+    }
+    exit_code = WIFEXITED(status)     ? WEXITSTATUS(status)
+                : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                      : 1;
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGQUIT, &old_quit, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
+
+  if (absl::Status s = session.Finish(); !s.ok()) {
+    std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
+  }
+  const std::vector<v1::Report> reports = session.Reports();
+  RemoveRingDir(ring_dir);
+
+  for (const std::string& warning : session.warnings()) {
+    std::fprintf(stderr, "vramscope run: %s\n", warning.c_str());
+  }
+  if (reports.empty() && exec_errno == 0) {
+    std::fprintf(stderr,
+                 "vramscope run: no process wrote an event ring (the shim records only programs "
+                 "that use the CUDA driver)\n");
+  }
+  for (const v1::Report& report : reports) {
+    std::fputs(FormatRunReport(report).c_str(), stderr);
+  }
+
+  bool outputs_ok = true;
+  if (!options.json_path.empty()) outputs_ok &= WriteFile(options.json_path, ReportsJson(reports));
+  if (!options.trace_path.empty()) outputs_ok &= WriteFile(options.trace_path, trace.Json(reports));
+
+  bool over = false;
+  if (options.max_peak) {
+    for (const v1::Report& report : reports) {
+      for (const v1::DeviceReport& device : report.devices()) {
+        if (device.peak_reserved_bytes() <= *options.max_peak) continue;
+        over = true;
+        std::fprintf(stderr,
+                     "vramscope run: FAIL: pid %u cuda:%u peak reserved %s (%llu bytes) exceeds "
+                     "--max-peak %s (%llu bytes)\n",
+                     report.process().pid(), device.device().ordinal(),
+                     FormatBytes(device.peak_reserved_bytes()).c_str(),
+                     static_cast<unsigned long long>(device.peak_reserved_bytes()),
+                     FormatBytes(*options.max_peak).c_str(),
+                     static_cast<unsigned long long>(*options.max_peak));
+      }
+    }
+    if (!over) {
+      std::fprintf(stderr, "vramscope run: peak reserved within --max-peak %s\n",
+                   FormatBytes(*options.max_peak).c_str());
+    }
+  }
+  if (exit_code != 0) return exit_code;
+  if (over) return kExitCheckFailed;
+  if (!outputs_ok) return kExitUsage;
+  return kExitOk;
+}
+
+}  // namespace vramscope::cli

@@ -1,0 +1,19 @@
+// `vramscope run [OPTIONS] -- CMD ARGS...`: runs CMD under the shim with no daemon, drains the
+// event rings of CMD and of every child process it starts, and reports at exit.
+//
+// Exit status: CMD's own (a signal N becomes 128 + N; 127 when CMD cannot be started); when CMD
+// succeeded, 1 if --max-peak was exceeded, 2 if an output file could not be written. 2 for usage
+// errors (nothing is run).
+#pragma once
+
+#include <string_view>
+
+namespace vramscope::cli {
+
+inline constexpr std::string_view kRunSummary =
+    "run a command under the shim: report peaks and fragmentation at exit, trace, CI gate";
+
+// argv[0] is "run".
+int RunRun(int argc, char** argv);
+
+}  // namespace vramscope::cli
