@@ -4,7 +4,7 @@
 // primary context, retained/released with a reference count, whose last release or reset
 // destroys all its memory; the current context is per thread (a stack, as cuCtxPushCurrent /
 // cuCtxPopCurrent use it); calls that need a context return CUDA_ERROR_INVALID_CONTEXT without
-// one. Non-primary contexts (cuCtxCreate) are not implemented.
+// one. Non-primary contexts (cuCtxCreate_v4 / cuCtxDestroy_v2) hold their own memory too.
 #include <cuda.h>
 #include <stdio.h>
 #include <string.h>
@@ -17,11 +17,21 @@
 namespace vramscope::fake {
 namespace {
 
-CUctx_st* ValidContext(State& s, CUcontext ctx) {
-  for (int d = 0; d < s.device_count; ++d) {
-    if (ctx == &s.devices[d].primary) return ctx;
-  }
-  return nullptr;
+CUresult CtxCreate(Call& call, CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
+  State& s = call.state();
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+  (void)flags;  // scheduling flags change nothing here
+  auto* ctx = new CUctx_st;
+  ctx->device = dev;
+  ctx->primary = false;
+  ctx->refcount = 1;
+  s.contexts.insert(ctx);
+  // A new context is made current: pushed on the calling thread's stack.
+  ContextStack().push_back(ctx);
+  *pctx = ctx;
+  return CUDA_SUCCESS;
 }
 
 CUresult PrimaryCtxRelease(Call& call, CUdevice dev) {
@@ -255,6 +265,45 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned
   if (!vramscope::fake::ValidDevice(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
   *flags = 0;
   *active = s.devices[dev].primary.refcount > 0 ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+// Non-primary contexts: created current, destroyed with all their memory. The stream-ordered
+// pool and VMM allocations belong to the device, not the context.
+VRAMSCOPE_FAKE_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams,
+                                              unsigned int flags, CUdevice dev) {
+  Call call("cuCtxCreate_v4");
+  (void)ctxCreateParams;  // execution affinity / CIG parameters are not modelled
+  return vramscope::fake::CtxCreate(call, pctx, flags, dev);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  Call call("cuCtxCreate_v2");
+  return vramscope::fake::CtxCreate(call, pctx, flags, dev);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray,
+                                              int numParams, unsigned int flags, CUdevice dev) {
+  Call call("cuCtxCreate_v3");
+  (void)paramsArray;  // execution affinity is not modelled
+  (void)numParams;
+  return vramscope::fake::CtxCreate(call, pctx, flags, dev);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  Call call("cuCtxDestroy_v2");
+  if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
+  State& s = call.state();
+  // Primary contexts are not destroyed this way (cuDevicePrimaryCtxRelease / Reset are).
+  if (ctx == nullptr || s.contexts.count(ctx) == 0 || ctx->destroyed) {
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  vramscope::fake::DestroyContextResourcesLocked(s, ctx);
+  ctx->destroyed = true;
+  ctx->refcount = 0;
+  // Popped from the calling thread's stack if it is current there.
+  auto& stack = vramscope::fake::ContextStack();
+  if (!stack.empty() && stack.back() == ctx) stack.pop_back();
   return CUDA_SUCCESS;
 }
 

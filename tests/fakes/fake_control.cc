@@ -135,6 +135,7 @@ VRAMSCOPE_FAKE_EXPORT int vramscope_fake_live_host_allocations(void) {
   int n = 0;
   for (const auto& [base, a] : s.allocations) {
     n += (a.kind == vramscope::fake::AllocKind::kHost ||
+          a.kind == vramscope::fake::AllocKind::kHostRegistered ||
           a.kind == vramscope::fake::AllocKind::kManaged)
              ? 1
              : 0;

@@ -78,7 +78,8 @@ size_t vramscope_fake_live_bytes(int device);
 // live stream-ordered allocations and physical VMM handles.
 int vramscope_fake_live_allocations(int device);
 
-// Number of live host-side allocations (cuMemHostAlloc, cuMemAllocHost_v2, cuMemAllocManaged).
+// Number of live host-side allocations (cuMemHostAlloc, cuMemAllocHost_v2, cuMemAllocManaged)
+// and host registrations (cuMemHostRegister_v2).
 int vramscope_fake_live_host_allocations(void);
 
 // Bytes cached in the device's default stream-ordered pool (freed but not yet trimmed).

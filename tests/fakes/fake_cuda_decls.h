@@ -50,6 +50,32 @@ CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevi
                                       size_t ByteCount);
 CUresult CUDAAPI cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N);
 
+// cuCtxCreate's CUDA 3.2 and 11.4 ABIs (cuda.h maps cuCtxCreate to cuCtxCreate_v4).
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev);
+CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams,
+                                unsigned int flags, CUdevice dev);
+
+// Older stream-capture ABIs, still requested by CUDA 11/12 runtimes.
+CUresult CUDAAPI
+vramscope_fake_cuStreamBeginCapture_v10000(CUstream hStream) __asm__("cuStreamBeginCapture");
+CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
+CUresult CUDAAPI vramscope_fake_cuStreamGetCaptureInfo_v10010(
+    CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+    cuuint64_t* id_out) __asm__("cuStreamGetCaptureInfo");
+CUresult CUDAAPI cuStreamGetCaptureInfo_ptsz(CUstream hStream,
+                                             CUstreamCaptureStatus* captureStatus_out,
+                                             cuuint64_t* id_out);
+CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hStream,
+                                           CUstreamCaptureStatus* captureStatus_out,
+                                           cuuint64_t* id_out, CUgraph* graph_out,
+                                           const CUgraphNode** dependencies_out,
+                                           size_t* numDependencies_out);
+CUresult CUDAAPI cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream,
+                                                CUstreamCaptureStatus* captureStatus_out,
+                                                cuuint64_t* id_out, CUgraph* graph_out,
+                                                const CUgraphNode** dependencies_out,
+                                                size_t* numDependencies_out);
+
 // Older ABIs of names whose current version cuda.h maps to a _v2 (declared by cuda.h only under
 // __CUDA_API_VERSION_INTERNAL; the real driver still exports them).
 CUresult CUDAAPI vramscope_fake_cuDeviceGetUuid_v9020(CUuuid* uuid,

@@ -150,9 +150,10 @@ PointerInfo Describe(State& s, CUdeviceptr ptr) {
     info.found = true;
     info.ctx = a->ctx;
     info.device = a->device;
-    info.type = a->kind == AllocKind::kHost ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+    bool host = a->kind == AllocKind::kHost || a->kind == AllocKind::kHostRegistered;
+    info.type = host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
     info.managed = a->kind == AllocKind::kManaged;
-    info.host_accessible = a->kind == AllocKind::kHost || a->kind == AllocKind::kManaged;
+    info.host_accessible = host || a->kind == AllocKind::kManaged;
     info.range_start = base;
     info.range_size = a->size;
     info.buffer_id = a->buffer_id;
@@ -265,7 +266,8 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   if (CUresult r = vramscope::fake::CheckCaptureUnsafeLocked(s); r != CUDA_SUCCESS) return r;
   // Frees by address, whatever the current context (unified addressing), like the driver.
   auto it = s.allocations.find(dptr);
-  if (it == s.allocations.end() || it->second.kind == AllocKind::kHost) {
+  if (it == s.allocations.end() || it->second.kind == AllocKind::kHost ||
+      it->second.kind == AllocKind::kHostRegistered) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   vramscope::fake::FreeAllocationLocked(s, it);
@@ -343,6 +345,60 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemFreeHost(void* p) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   vramscope::fake::FreeAllocationLocked(s, it);
+  return CUDA_SUCCESS;
+}
+
+// cudaHostRegister: the caller's memory becomes pinned (here: known to the driver) until
+// cuMemHostUnregister. Overlapping registrations fail as in the driver.
+VRAMSCOPE_FAKE_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
+  Call call("cuMemHostRegister_v2");
+  CUctx_st* ctx = nullptr;
+  if (CUresult r = call.RequireContext(&ctx); r != CUDA_SUCCESS) return r;
+  constexpr unsigned int kKnown = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                                  CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+  if (p == nullptr || bytesize == 0 || (Flags & ~kKnown) != 0) return CUDA_ERROR_INVALID_VALUE;
+  State& s = call.state();
+  auto base = reinterpret_cast<CUdeviceptr>(p);
+  auto next = s.allocations.lower_bound(base);
+  bool overlaps = (next != s.allocations.end() && next->first < base + bytesize) ||
+                  vramscope::fake::FindContaining(s, base, 1, nullptr) != nullptr;
+  if (overlaps) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  vramscope::fake::Allocation a;
+  a.size = bytesize;
+  a.device = ctx->device;
+  a.ctx = ctx;
+  a.kind = AllocKind::kHostRegistered;
+  a.buffer_id = s.next_buffer_id++;
+  s.allocations.emplace(base, a);
+  return CUDA_SUCCESS;
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuMemHostUnregister(void* p) {
+  Call call("cuMemHostUnregister");
+  CUctx_st* ctx = nullptr;
+  if (CUresult r = call.RequireContext(&ctx); r != CUDA_SUCCESS) return r;
+  State& s = call.state();
+  auto it = s.allocations.find(reinterpret_cast<CUdeviceptr>(p));
+  if (it == s.allocations.end() || it->second.kind != AllocKind::kHostRegistered) {
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  }
+  vramscope::fake::FreeAllocationLocked(s, it);
+  return CUDA_SUCCESS;
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p,
+                                                            unsigned int Flags) {
+  Call call("cuMemHostGetDevicePointer_v2");
+  CUctx_st* ctx = nullptr;
+  if (CUresult r = call.RequireContext(&ctx); r != CUDA_SUCCESS) return r;
+  if (pdptr == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  vramscope::fake::Allocation* a =
+      vramscope::fake::FindContaining(call.state(), reinterpret_cast<CUdeviceptr>(p), 1, nullptr);
+  if (a == nullptr || (a->kind != AllocKind::kHost && a->kind != AllocKind::kHostRegistered)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // Unified addressing: the device pointer is the host pointer.
+  *pdptr = reinterpret_cast<CUdeviceptr>(p);
   return CUDA_SUCCESS;
 }
 

@@ -16,9 +16,8 @@
 // - it works before cuInit (the runtime calls it first).
 // Every pointer returned equals dlsym(libcuda, "<exact name>"), so a shim can route by pointer.
 //
-// Deviation: pre-3.2 32-bit ABIs (cuMemAlloc v2000 etc.) and other old variants the fake does
-// not implement (cuStreamBeginCapture v10000, cuStreamGetCaptureInfo before 12030) are not
-// served: such versions get VERSION_NOT_SUFFICIENT instead of the old function.
+// Deviation: the pre-3.2 32-bit ABIs (cuMemAlloc v2000 etc.) are not implemented, so such
+// versions get VERSION_NOT_SUFFICIENT instead of the old function.
 #include <cuda.h>
 #include <string.h>
 
@@ -52,6 +51,10 @@ void* Fn(F* f) {
 // Sorted by symbol, then version (ascending): lookups take the last match not newer than the
 // caller's version.
 const Entry kTable[] = {
+    VRAMSCOPE_E("cuCtxCreate", 3020, cuCtxCreate_v2),
+    VRAMSCOPE_E("cuCtxCreate", 11040, cuCtxCreate_v3),
+    VRAMSCOPE_E("cuCtxCreate", 12050, cuCtxCreate_v4),
+    VRAMSCOPE_E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     VRAMSCOPE_E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     VRAMSCOPE_E("cuCtxGetDevice", 2000, cuCtxGetDevice),
     VRAMSCOPE_E("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),
@@ -110,6 +113,9 @@ const Entry kTable[] = {
                 cuMemGetAllocationPropertiesFromHandle),
     VRAMSCOPE_E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     VRAMSCOPE_E("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    VRAMSCOPE_E("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
+    VRAMSCOPE_E("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    VRAMSCOPE_E("cuMemHostUnregister", 4000, cuMemHostUnregister),
     VRAMSCOPE_E("cuMemMap", 10020, cuMemMap),
     VRAMSCOPE_E("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
     VRAMSCOPE_E("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
@@ -123,12 +129,17 @@ const Entry kTable[] = {
     VRAMSCOPE_ED("cuMemsetD8", 3020, cuMemsetD8_v2),
     VRAMSCOPE_E("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
     VRAMSCOPE_E("cuPointerGetAttributes", 7000, cuPointerGetAttributes),
+    {"cuStreamBeginCapture", 10000, Fn(&vramscope_fake_cuStreamBeginCapture_v10000),
+     Fn(&cuStreamBeginCapture_ptsz)},
     VRAMSCOPE_EP("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     VRAMSCOPE_E("cuStreamCreate", 2000, cuStreamCreate),
     VRAMSCOPE_E("cuStreamCreateWithPriority", 5050, cuStreamCreateWithPriority),
     VRAMSCOPE_E("cuStreamDestroy", 2000, vramscope_fake_cuStreamDestroy_v2000),
     VRAMSCOPE_E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     VRAMSCOPE_EP("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    {"cuStreamGetCaptureInfo", 10010, Fn(&vramscope_fake_cuStreamGetCaptureInfo_v10010),
+     Fn(&cuStreamGetCaptureInfo_ptsz)},
+    VRAMSCOPE_EP("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2),
     VRAMSCOPE_EP("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3),
     VRAMSCOPE_EP("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
     VRAMSCOPE_EP("cuStreamQuery", 2000, cuStreamQuery),

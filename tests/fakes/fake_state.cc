@@ -78,6 +78,10 @@ CUstreamCaptureMode& ThreadCaptureMode() {
 
 void ResetLocked(State& s) {
   while (!s.allocations.empty()) FreeAllocationLocked(s, s.allocations.begin());
+  for (CUctx_st* ctx : s.contexts) {
+    ctx->destroyed = true;
+    ctx->refcount = 0;
+  }
   for (CUstream_st* st : s.streams) delete st;
   s.streams.clear();
   for (CUevent_st* ev : s.events) delete ev;
@@ -122,11 +126,20 @@ CUresult Call::RequireContext(CUctx_st** ctx) const {
   auto& stack = ContextStack();
   // A primary context whose last retain was released is inactive: the real driver rejects it
   // until it is retained again.
-  if (stack.empty() || stack.back() == nullptr || stack.back()->refcount <= 0) {
+  if (stack.empty() || stack.back() == nullptr || stack.back()->refcount <= 0 ||
+      stack.back()->destroyed) {
     return CUDA_ERROR_INVALID_CONTEXT;
   }
   *ctx = stack.back();
   return CUDA_SUCCESS;
+}
+
+CUctx_st* ValidContext(State& s, CUcontext ctx) {
+  for (int d = 0; d < s.device_count; ++d) {
+    if (ctx == &s.devices[d].primary) return ctx;
+  }
+  if (s.contexts.count(ctx) != 0 && !ctx->destroyed) return ctx;
+  return nullptr;
 }
 
 bool ValidDevice(const State& s, CUdevice dev) { return dev >= 0 && dev < s.device_count; }
@@ -182,7 +195,7 @@ void FreeAllocationLocked(State& s, std::map<CUdeviceptr, Allocation>::iterator 
     --s.devices[a.device].live_allocations;
   }
   s.ipc_opens.erase(it->first);
-  FreeStorage(a.storage, a.size);
+  if (a.storage != nullptr) FreeStorage(a.storage, a.size);
   s.allocations.erase(it);
 }
 

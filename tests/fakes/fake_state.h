@@ -45,7 +45,8 @@ inline constexpr size_t kPitchAlignment = 512;  // cuMemAllocPitch rounds rows t
 struct CUctx_st {
   int device = 0;
   bool primary = true;
-  int refcount = 0;  // primary-context retains; 0 means inactive (no memory, unusable)
+  int refcount = 0;        // primary-context retains; 0 means inactive (no memory, unusable)
+  bool destroyed = false;  // non-primary context after cuCtxDestroy_v2 (or a reset)
 };
 
 struct CUmemPoolHandle_st {
@@ -77,12 +78,13 @@ struct CUevent_st {
 namespace vramscope::fake {
 
 enum class AllocKind {
-  kDevice,   // cuMemAlloc_v2
-  kPitch,    // cuMemAllocPitch_v2
-  kAsync,    // cuMemAllocAsync / cuMemAllocFromPoolAsync (pool memory)
-  kGraph,    // cuMemAllocAsync on a capturing stream: graph-owned, not charged until launch
-  kManaged,  // cuMemAllocManaged
-  kHost,     // cuMemHostAlloc / cuMemAllocHost_v2
+  kDevice,          // cuMemAlloc_v2
+  kPitch,           // cuMemAllocPitch_v2
+  kAsync,           // cuMemAllocAsync / cuMemAllocFromPoolAsync (pool memory)
+  kGraph,           // cuMemAllocAsync on a capturing stream: graph-owned, not charged until launch
+  kManaged,         // cuMemAllocManaged
+  kHost,            // cuMemHostAlloc / cuMemAllocHost_v2
+  kHostRegistered,  // cuMemHostRegister_v2: the caller's memory, not owned
 };
 
 struct Allocation {
@@ -93,7 +95,7 @@ struct Allocation {
   AllocKind kind = AllocKind::kDevice;
   CUmemPoolHandle_st* pool = nullptr;  // kAsync only
   uint64_t buffer_id = 0;              // CU_POINTER_ATTRIBUTE_BUFFER_ID
-  void* storage = nullptr;             // from AllocStorage; equals the base address
+  void* storage = nullptr;  // from AllocStorage (== the base address); nullptr if not owned
 };
 
 struct Capture {
@@ -140,6 +142,9 @@ struct State {
   Device devices[kMaxDevices];
 
   std::map<CUdeviceptr, Allocation> allocations;  // by base address
+  // Non-primary contexts (cuCtxCreate). Never deleted: other threads' context stacks may
+  // still name one after cuCtxDestroy_v2, and must find it marked destroyed, not freed.
+  std::set<CUctx_st*> contexts;
   std::set<CUstream_st*> streams;
   std::set<CUevent_st*> events;
   std::set<CUgraph_st*> graphs;
@@ -192,6 +197,10 @@ class Call {
   State& s_;
   std::unique_lock<std::mutex> lock_;
 };
+
+// `ctx` if it names a usable context (a primary context of a present device, or a live
+// non-primary one), else nullptr.
+CUctx_st* ValidContext(State& s, CUcontext ctx);
 
 // Device ordinal validity (CUDA_ERROR_INVALID_DEVICE otherwise).
 bool ValidDevice(const State& s, CUdevice dev);

@@ -445,6 +445,17 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream,
   return fake::BeginCapture(call, hStream, mode, true);
 }
 
+// CUDA 10.0 ABI: no mode argument, the capture is GLOBAL.
+VRAMSCOPE_FAKE_EXPORT CUresult vramscope_fake_cuStreamBeginCapture_v10000(CUstream hStream) {
+  Call call("cuStreamBeginCapture");
+  return fake::BeginCapture(call, hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream hStream) {
+  Call call("cuStreamBeginCapture_ptsz");
+  return fake::BeginCapture(call, hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, true);
+}
+
 VRAMSCOPE_FAKE_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
   Call call("cuStreamEndCapture");
   return fake::EndCapture(call, hStream, phGraph, false);
@@ -485,6 +496,39 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(
   Call call("cuStreamGetCaptureInfo_v3_ptsz");
   return fake::GetCaptureInfoV3(call, hStream, captureStatus_out, id_out, graph_out,
                                 dependencies_out, edgeData_out, numDependencies_out, true);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult vramscope_fake_cuStreamGetCaptureInfo_v10010(
+    CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* id_out) {
+  Call call("cuStreamGetCaptureInfo");
+  return fake::GetCaptureInfoV3(call, hStream, captureStatus_out, id_out, nullptr, nullptr, nullptr,
+                                nullptr, false);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuStreamGetCaptureInfo_ptsz(CUstream hStream,
+                                                           CUstreamCaptureStatus* captureStatus_out,
+                                                           cuuint64_t* id_out) {
+  Call call("cuStreamGetCaptureInfo_ptsz");
+  return fake::GetCaptureInfoV3(call, hStream, captureStatus_out, id_out, nullptr, nullptr, nullptr,
+                                nullptr, true);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream,
+                                                         CUstreamCaptureStatus* captureStatus_out,
+                                                         cuuint64_t* id_out, CUgraph* graph_out,
+                                                         const CUgraphNode** dependencies_out,
+                                                         size_t* numDependencies_out) {
+  Call call("cuStreamGetCaptureInfo_v2");
+  return fake::GetCaptureInfoV3(call, hStream, captureStatus_out, id_out, graph_out,
+                                dependencies_out, nullptr, numDependencies_out, false);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(
+    CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* id_out,
+    CUgraph* graph_out, const CUgraphNode** dependencies_out, size_t* numDependencies_out) {
+  Call call("cuStreamGetCaptureInfo_v2_ptsz");
+  return fake::GetCaptureInfoV3(call, hStream, captureStatus_out, id_out, graph_out,
+                                dependencies_out, nullptr, numDependencies_out, true);
 }
 
 VRAMSCOPE_FAKE_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {

@@ -45,6 +45,9 @@ const char* const kDefaultExpectedSymbols[] = {
     "cuIpcCloseMemHandle",
     "cuDevicePrimaryCtxRelease_v2",
     "cuDevicePrimaryCtxReset_v2",
+    "cuCtxDestroy_v2",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
 };
 
 std::vector<std::string> ExpectedSymbols() {
@@ -320,6 +323,41 @@ TEST_F(RouteTest, PitchedManagedAndHostMemory) {
   EXPECT_EQ(api_.cuMemFreeHost(h), CUDA_ERROR_INVALID_VALUE);
 }
 
+TEST_F(RouteTest, HostRegistration) {
+  std::vector<char> buffer(64 * 1024);
+  ASSERT_EQ(api_.cuMemHostRegister_v2(buffer.data(), buffer.size(), 0), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMemHostRegister_v2(buffer.data() + 16, 16, 0),
+            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  CUdeviceptr d = 0;
+  EXPECT_EQ(api_.cuMemHostGetDevicePointer_v2(&d, buffer.data() + 8, 0), CUDA_SUCCESS);
+  EXPECT_EQ(d, reinterpret_cast<CUdeviceptr>(buffer.data() + 8));
+  EXPECT_EQ(api_.cuMemFree_v2(reinterpret_cast<CUdeviceptr>(buffer.data())),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuMemHostUnregister(buffer.data()), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMemHostUnregister(buffer.data()), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+}
+
+TEST_F(RouteTest, DestroyedContextTakesItsMemory) {
+  CUcontext ctx = nullptr;
+  ASSERT_EQ(api_.cuCtxCreate_v4(&ctx, nullptr, 0, 1), CUDA_SUCCESS);  // made current
+  size_t free0 = FreeBytes();
+  CUdeviceptr p = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&p, 8 * kMiB), CUDA_SUCCESS);
+  EXPECT_LE(FreeBytes(), free0 - 8 * kMiB);
+  ASSERT_EQ(api_.cuCtxDestroy_v2(ctx), CUDA_SUCCESS);
+  CUcontext current = nullptr;
+  ASSERT_EQ(api_.cuCtxGetCurrent(&current), CUDA_SUCCESS);
+  EXPECT_EQ(current, ctx_);  // popped
+  CUcontext ctx1 = nullptr;
+  ASSERT_EQ(api_.cuDevicePrimaryCtxRetain(&ctx1, 1), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxPushCurrent_v2(ctx1), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), free0);  // device 1's memory is back
+  EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE);
+  CUcontext popped = nullptr;
+  ASSERT_EQ(api_.cuCtxPopCurrent_v2(&popped), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuDevicePrimaryCtxRelease_v2(1), CUDA_SUCCESS);
+}
+
 TEST_F(RouteTest, StreamsAndEvents) {
   CUstream s = nullptr;
   ASSERT_EQ(api_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -425,6 +463,11 @@ TEST_F(RouteTest, RelaxedModeAllowsAllocationDuringCapture) {
   EXPECT_EQ(
       api_.cuStreamGetCaptureInfo_v3_ptsz(s, &status, &id, nullptr, nullptr, nullptr, nullptr),
       CUDA_SUCCESS);
+  size_t deps = 1;
+  EXPECT_EQ(api_.cuStreamGetCaptureInfo_v2(s, &status, &id, nullptr, nullptr, &deps), CUDA_SUCCESS);
+  EXPECT_EQ(deps, 0u);
+  EXPECT_EQ(api_.cuStreamGetCaptureInfo_v2_ptsz(s, &status, &id, nullptr, nullptr, nullptr),
+            CUDA_SUCCESS);
   EXPECT_EQ(api_.cuStreamIsCapturing_ptsz(s, &status), CUDA_SUCCESS);
   EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
   CUgraph graph = nullptr;

@@ -109,7 +109,7 @@ bool LoadByDlsym(DriverApi* api, std::string* error) {
   return true;
 }
 
-bool LoadByProcAddress(DriverApi* api, std::string* error, int cuda_version) {
+bool LoadByProcAddress(DriverApi* api, std::string* error) {
   *api = DriverApi{};
   void* h = OpenDriver(error);
   if (h == nullptr) return false;
@@ -145,7 +145,7 @@ bool LoadByProcAddress(DriverApi* api, std::string* error, int cuda_version) {
   for (const Row& row : Rows()) {
     const EntryPoint& e = row.entry;
     if (strcmp(e.symbol, "cuGetProcAddress") == 0) continue;
-    int version = cuda_version != 0 ? cuda_version : e.version;
+    int version = e.version;
     cuuint64_t flags = e.per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
     p = nullptr;
     r = gpa(e.symbol, &p, version, flags, &status);

@@ -202,7 +202,22 @@ namespace vramscope::fake {
   X(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle",   \
     11000, 0, PFN_cuIpcOpenMemHandle_v11000)                                                       \
   X(cuIpcCloseMemHandle, cuIpcCloseMemHandle, "cuIpcCloseMemHandle", "cuIpcCloseMemHandle", 4010,  \
-    0, PFN_cuIpcCloseMemHandle_v4010)
+    0, PFN_cuIpcCloseMemHandle_v4010)                                                              \
+  X(cuCtxCreate_v4, cuCtxCreate_v4, "cuCtxCreate_v4", "cuCtxCreate", 12050, 0,                     \
+    PFN_cuCtxCreate_v12050)                                                                        \
+  X(cuCtxDestroy_v2, cuCtxDestroy_v2, "cuCtxDestroy_v2", "cuCtxDestroy", 4000, 0,                  \
+    PFN_cuCtxDestroy_v4000)                                                                        \
+  X(cuMemHostRegister_v2, cuMemHostRegister_v2, "cuMemHostRegister_v2", "cuMemHostRegister", 6050, \
+    0, PFN_cuMemHostRegister_v6050)                                                                \
+  X(cuMemHostUnregister, cuMemHostUnregister, "cuMemHostUnregister", "cuMemHostUnregister", 4000,  \
+    0, PFN_cuMemHostUnregister_v4000)                                                              \
+  X(cuMemHostGetDevicePointer_v2, cuMemHostGetDevicePointer_v2, "cuMemHostGetDevicePointer_v2",    \
+    "cuMemHostGetDevicePointer", 3020, 0, PFN_cuMemHostGetDevicePointer_v3020)                     \
+  X(cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2, "cuStreamGetCaptureInfo_v2",             \
+    "cuStreamGetCaptureInfo", 11030, 0, PFN_cuStreamGetCaptureInfo_v11030)                         \
+  X(cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v2_ptsz,                                \
+    "cuStreamGetCaptureInfo_v2_ptsz", "cuStreamGetCaptureInfo", 11030, 1,                          \
+    PFN_cuStreamGetCaptureInfo_v11030_ptsz)
 
 struct DriverApi {
 #define VRAMSCOPE_FAKE_MEMBER(member, direct, exported, symbol, version, per_thread, pfn) \
@@ -234,9 +249,9 @@ bool LoadByDlsym(DriverApi* api, std::string* error);
 
 // (R1) The CUDA runtime's sequence (see the file comment). Every lookup must return
 // CUDA_SUCCESS, a non-NULL pointer and CU_GET_PROC_ADDRESS_SUCCESS; the empty-name probe must
-// return CUDA_SUCCESS with NULL. `cuda_version` 0 asks for each entry at its own ABI version;
-// a runtime passes its own version (13000), which must give the same functions.
-bool LoadByProcAddress(DriverApi* api, std::string* error, int cuda_version = 0);
+// return CUDA_SUCCESS with NULL. Each entry is asked for at its own ABI version (a runtime
+// passes its own version, which gives the same function unless a newer ABI superseded it).
+bool LoadByProcAddress(DriverApi* api, std::string* error);
 
 // (R4) Address of each exported name as the dynamic linker bound it for this program. Defined
 // in routes_direct.cc (fake_routes_direct_dep).
