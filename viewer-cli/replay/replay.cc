@@ -27,7 +27,7 @@ class CompletedFences final : public FenceTracker {
 
 // Operations between two progress reports (and, in timed runs, between two clock reads: the
 // clock costs ~20 ns, amortised to nothing over a batch).
-constexpr std::size_t kBatch = 64 * 1024;
+constexpr std::size_t kBatch = std::size_t{64} * 1024;
 constexpr int kMaxTimedRuns = 5;
 constexpr std::chrono::milliseconds kTimingBudget(250);
 

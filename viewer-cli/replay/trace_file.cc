@@ -11,8 +11,8 @@
 namespace vramscope::cli {
 namespace {
 
-constexpr std::size_t kInputBytes = 256 * 1024;
-constexpr std::size_t kOutputBytes = 1024 * 1024;
+constexpr std::size_t kInputBytes = std::size_t{256} * 1024;
+constexpr std::size_t kOutputBytes = std::size_t{1024} * 1024;
 
 bool HasGzipMagic(const char* bytes, std::size_t size) {
   return size >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
@@ -145,8 +145,7 @@ absl::StatusOr<std::string_view> TraceFile::NextCompressed() {
         z.member_ended = true;
         break;
       case Z_OK:
-        break;
-      case Z_BUF_ERROR:  // no progress: caught below
+      case Z_BUF_ERROR:  // no progress possible: caught below
         break;
       case Z_MEM_ERROR:
         return absl::ResourceExhaustedError(absl::StrFormat("%s: out of memory in zlib", path_));

@@ -31,7 +31,7 @@ inline constexpr std::string_view kTraceHeader = "action,addr,size,stream,time_u
 // Sizes above this are rejected as corrupt (256 TiB: no device has that much memory).
 inline constexpr std::uint64_t kMaxTraceSize = std::uint64_t{1} << 48;
 // A line longer than this is rejected as corrupt (real lines are under 200 bytes).
-inline constexpr std::size_t kMaxTraceLineBytes = 64 * 1024;
+inline constexpr std::size_t kMaxTraceLineBytes = std::size_t{64} * 1024;
 
 enum class TraceAction : std::uint8_t {
   kAlloc,          // the application allocates: replayed
