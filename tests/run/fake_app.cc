@@ -1,0 +1,106 @@
+// A stand-in for a CUDA program under the shim: writes the records the shim would (pool reserve,
+// NVTX ranges, allocations, frees) into a ring in $VRAMSCOPE_RING_DIR, then exits as told.
+//
+//   run_fake_app [--allocs N] [--size BYTES] [--leak K] [--fork] [--oom] [--exit CODE]
+//                [--signal SIG]
+// Pool: one reserve of N * size rounded up to 2 MiB; each block's allocated size is the
+// request rounded up to 512 bytes. --leak K leaves the last K blocks unfreed. --fork: a child
+// (with its own ring, as the shim does after fork) allocates N/2 blocks and exits 0 first.
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "vramscope/ring/ring_writer.h"
+
+namespace {
+
+using vramscope::interposer::RingError;
+using vramscope::interposer::RingWriter;
+
+constexpr std::uint64_t kBase = 0x7f0000000000;
+
+std::uint64_t RoundUp(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
+
+void Workload(RingWriter& ring, std::uint64_t allocs, std::uint64_t size, std::uint64_t leak,
+              bool oom) {
+  const std::uint64_t rounded = RoundUp(size, 512);
+  const std::uint64_t segment = RoundUp(allocs * rounded, 2 << 20);
+  ring.RecordPoolReserve(0, kBase, segment);
+  const char kStep[] = "step";
+  ring.RecordNvtxPush(0, 1, 0, 0, kStep, strlen(kStep), nullptr, 0);
+  for (std::uint64_t i = 0; i < allocs; ++i) {
+    ring.RecordAlloc(0, kBase + i * rounded, size, rounded, VRAMSCOPE_RING_ALLOC_POOLED);
+  }
+  vramscope_ring_pool_state_payload state = {};
+  state.free_bytes = segment - allocs * rounded;
+  state.largest_free_block_bytes = state.free_bytes;
+  state.reserved_bytes = segment;
+  ring.RecordPoolState(0, state);
+  if (oom) ring.RecordOom(0, segment * 4, state.free_bytes, state.largest_free_block_bytes, 0);
+  for (std::uint64_t i = 0; i + leak < allocs; ++i) {
+    ring.RecordFree(0, kBase + i * rounded, size, rounded, VRAMSCOPE_RING_ALLOC_POOLED);
+  }
+  ring.RecordNvtxPop(0, 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::uint64_t allocs = 10, size = 1 << 20, leak = 0;
+  int exit_code = 0, sig = 0;
+  bool fork_child = false, oom = false;
+  for (int i = 1; i < argc; ++i) {
+    const char* arg = argv[i];
+    const char* next = i + 1 < argc ? argv[i + 1] : "0";
+    if (strcmp(arg, "--allocs") == 0) {
+      allocs = strtoull(next, nullptr, 10), ++i;
+    } else if (strcmp(arg, "--size") == 0) {
+      size = strtoull(next, nullptr, 10), ++i;
+    } else if (strcmp(arg, "--leak") == 0) {
+      leak = strtoull(next, nullptr, 10), ++i;
+    } else if (strcmp(arg, "--exit") == 0) {
+      exit_code = atoi(next), ++i;
+    } else if (strcmp(arg, "--signal") == 0) {
+      sig = atoi(next), ++i;
+    } else if (strcmp(arg, "--fork") == 0) {
+      fork_child = true;
+    } else if (strcmp(arg, "--oom") == 0) {
+      oom = true;
+    } else {
+      std::fprintf(stderr, "run_fake_app: unknown argument %s\n", arg);
+      return 64;
+    }
+  }
+  if (leak > allocs) leak = allocs;
+
+  // Like the shim: no ring directory configured means no recording, and the program still runs.
+  RingWriter ring;
+  const bool recording = getenv("VRAMSCOPE_RING_DIR") != nullptr && ring.Open({}) == RingError::kOk;
+  if (recording) {
+    const std::uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    ring.SetDeviceInfo(0, "Fake GPU", uuid, 80ull << 30);
+  }
+  if (fork_child) {
+    const pid_t child = fork();
+    if (child == 0) {
+      RingWriter own;  // the child of a fork starts clean, with its own ring
+      ring.Close();
+      if (recording && own.Open({}) == RingError::kOk) {
+        Workload(own, allocs / 2, size, 0, false);
+        own.MarkExited(0);
+      }
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+  }
+  if (recording) Workload(ring, allocs, size, leak, oom);
+  if (sig != 0) raise(sig);
+  if (recording) ring.MarkExited(exit_code);
+  return exit_code;
+}
