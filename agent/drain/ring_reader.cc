@@ -286,9 +286,16 @@ absl::StatusOr<DrainStats> RingReader::Drain(google::protobuf::RepeatedPtrField<
     return stats;
   }
   const int events_before = out->size();
-  if (!started_) {
+  // ProcessStart first, and again whenever the shim has described another device since (it
+  // fills device_info as contexts appear); consumers keep the latest.
+  std::uint32_t devices_known = 0;
+  for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
+    if (Load(&header_->device_info[d].valid) == 1) devices_known |= 1u << d;
+  }
+  if (!started_ || devices_known != devices_described_) {
     AppendProcessStart(out);
     started_ = true;
+    devices_described_ = devices_known;
   }
   // Read the drop counter before the records: drops counted by now happened while the records
   // still in the ring filled it, so they belong after those records.

@@ -6,8 +6,9 @@
 // (the writers' records_dropped counter, and slots a dead writer claimed but never published)
 // and the writer's end (exited flag, or the process gone), after which it emits ProcessExit once.
 //
-// Event order per ring: ProcessStart (synthesised from the header, first Drain), then the records
-// in ring order, a DropEvent wherever new drops were noticed, ProcessExit last.
+// Event order per ring: ProcessStart (synthesised from the header, first Drain; repeated with the
+// full device list when the shim describes another device later), then the records in ring
+// order, a DropEvent wherever new drops were noticed, ProcessExit last.
 //
 // Thread safety: one thread at a time per reader. A file ring is flock()ed exclusively while
 // open: a second reader of the same file gets FailedPrecondition.
@@ -114,6 +115,7 @@ class RingReader {
   std::uint64_t dropped_seen_ = 0;  // writer-side drops already reported
   std::uint64_t last_time_ns_ = 0;
   bool started_ = false;
+  std::uint32_t devices_described_ = 0;  // device_info entries sent in a ProcessStart
   bool exit_seen_ = false;
   bool finished_ = false;
 };

@@ -212,5 +212,24 @@ TEST(RingWriterTest, CloseKeepsTheFileForTheReader) {
   EXPECT_TRUE(events[2].process_exit().killed());
 }
 
+TEST(RingWriterTest, DeviceDescribedLaterRepeatsProcessStart) {
+  TempDir dir;
+  RingWriter writer;
+  ASSERT_EQ(writer.Open({.dir = dir.path().c_str()}), RingError::kOk);
+  auto reader = agent::RingReader::OpenFile(writer.path());
+  ASSERT_TRUE(reader.ok());
+  google::protobuf::RepeatedPtrField<v1::Event> events;
+  ASSERT_TRUE((*reader)->Drain(&events).ok());
+  ASSERT_EQ(events.size(), 1);
+  EXPECT_EQ(events[0].process_start().devices_size(), 0);
+  ASSERT_TRUE((*reader)->Drain(&events).ok());
+  EXPECT_EQ(events.size(), 1);  // nothing new
+  writer.SetDeviceInfo(1, "second", nullptr, 1 << 30);
+  ASSERT_TRUE((*reader)->Drain(&events).ok());
+  ASSERT_EQ(events.size(), 2);
+  ASSERT_EQ(events[1].process_start().devices_size(), 1);
+  EXPECT_EQ(events[1].process_start().devices(0).ordinal(), 1u);
+}
+
 }  // namespace
 }  // namespace vramscope::interposer
