@@ -111,6 +111,7 @@ absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_v
   // Timed runs: only the pool's calls (and a vector walk) inside the clock.
   std::chrono::nanoseconds best = std::chrono::nanoseconds::max();
   std::chrono::nanoseconds total(0);
+  int planned_runs = 1;  // for the progress bar: re-estimated after the first run
   while (result.timed_runs < kMaxTimedRuns && (result.timed_runs == 0 || total < kTimingBudget)) {
     std::fill(addresses.begin(), addresses.end(), 0);
     absl::StatusOr<std::unique_ptr<PoolUnderTest>> made = MakePoolUnderTest(policy);
@@ -135,12 +136,18 @@ absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_v
       if (progress) {
         progress("timing", (static_cast<double>(result.timed_runs) +
                             static_cast<double>(end) / static_cast<double>(ops.size())) /
-                               kMaxTimedRuns);
+                               planned_runs);
       }
     }
     ++result.timed_runs;
     total += run;
     best = std::min(best, run);
+    if (result.timed_runs == 1) {
+      const auto per_run = std::max<std::chrono::nanoseconds::rep>(run.count(), 1);
+      planned_runs = static_cast<int>(std::clamp<std::chrono::nanoseconds::rep>(
+          (std::chrono::nanoseconds(kTimingBudget).count() + per_run - 1) / per_run, 1,
+          kMaxTimedRuns));
+    }
   }
   result.ns_per_event =
       ops.empty() ? 0.0 : static_cast<double>(best.count()) / static_cast<double>(ops.size());
