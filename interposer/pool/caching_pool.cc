@@ -42,11 +42,13 @@ class CachingPool final : public Pool {
         tuning_(tuning),
         capacity_(options.capacity_bytes),
         granularity_(layout == Layout::kVmm ? upstream->MapGranularity() : 0),
+        partial_unmap_(layout == Layout::kVmm && upstream->UnmapsPartialMaps()),
         blocks_(sizeof(Block)),
         nodes_(64),
         heaps_{FreeIndex(&nodes_), FreeIndex(&nodes_)},
         regions_(std::less<>(), SlotAllocator<std::pair<const std::uintptr_t, Region*>>(&nodes_)),
-        unmapped_(BySizeAddr{}, SlotAllocator<Block*>(&nodes_)) {
+        unmapped_{BlockSet(BySizeAddr{}, SlotAllocator<Block*>(&nodes_)),
+                  BlockSet(BySizeAddr{}, SlotAllocator<Block*>(&nodes_))} {
     if (layout_ == Layout::kVmm) {
       std::size_t device = capacity_ != 0 ? capacity_ : upstream_->TotalBytes();
       // Twice the device: address space is free, and best fit over it never runs out of room
@@ -58,23 +60,27 @@ class CachingPool final : public Pool {
 
   ~CachingPool() override {
     // Give everything back, live blocks included: the pool's memory dies with it.
-    if (va_region_ != nullptr) {
-      Block* b = FirstBlock(va_region_);
-      while (b != nullptr) {
-        if (b->state == BlockState::kUnmapped) {
-          b = b->next;
-          continue;
+    if (layout_ == Layout::kVmm) {
+      for (Region* va : va_) {
+        if (va == nullptr) continue;
+        Block* b = FirstBlock(va);
+        while (b != nullptr) {
+          if (b->state == BlockState::kUnmapped) {
+            b = b->next;
+            continue;
+          }
+          const std::uintptr_t start = b->addr;
+          while (b != nullptr && b->state != BlockState::kUnmapped) b = b->next;
+          const std::uintptr_t end = b != nullptr ? b->addr : va->base + va->size;
+          (void)upstream_->Unmap(start, end - start);
         }
-        const std::uintptr_t start = b->addr;
-        while (b != nullptr && b->state != BlockState::kUnmapped) b = b->next;
-        const std::uintptr_t end = b != nullptr ? b->addr : va_region_->base + va_region_->size;
-        (void)upstream_->Unmap(start, end - start);
+        (void)upstream_->ReleaseRange(va->base, va->size);
       }
-      (void)upstream_->ReleaseRange(va_region_->base, va_region_->size);
     } else {
       for (auto& [base, region] : regions_) (void)upstream_->Free(base, region->size);
     }
     for (auto& [base, region] : regions_) delete[] region->pages;
+    for (auto& [base, region] : regions_) delete[] region->edges;
     for (auto& [base, region] : regions_) delete region;
   }
 
@@ -216,7 +222,8 @@ class CachingPool final : public Pool {
   // --- Allocation path ---------------------------------------------------------------------
 
   std::uint8_t HeapFor(std::size_t rounded) const {
-    return layout_ == Layout::kSegments && rounded <= tuning_.small_max_bytes ? 0 : 1;
+    const bool split = layout_ == Layout::kSegments || tuning_.vmm_separate_small;
+    return split && rounded <= tuning_.small_max_bytes ? 0 : 1;
   }
 
   // Finds a free block for `rounded` bytes at `*position`, growing, releasing and waiting as
@@ -347,28 +354,40 @@ class CachingPool final : public Pool {
 
   // --- Virtual memory ------------------------------------------------------------------------
 
-  bool EnsureAddressSpace() {
-    if (va_region_ != nullptr) return true;
-    Region* region = NewRegion(va_bytes_, 1);
+  // Small requests get an address range of their own (like PyTorch's small pool), so the small
+  // long-lived blocks cannot pin the large mapped chunks.
+  bool EnsureAddressSpace(std::uint8_t heap) {
+    if (va_[heap] != nullptr) return true;
+    Region* region = NewRegion(va_bytes_, heap);
     if (region == nullptr) return false;
+    region->edges = new (std::nothrow) std::uint64_t[va_bytes_ / granularity_ / 64 + 1]();
+    if (region->edges == nullptr) {
+      DeleteRegion(region);
+      return false;
+    }
     std::uintptr_t base = 0;
     ++stats_.upstream_grow_calls;
-    if (upstream_->ReserveRange(va_bytes_, &base) != UpstreamStatus::kOk ||
-        base % granularity_ != 0) {
+    if (upstream_->ReserveRange(va_bytes_, &base) != UpstreamStatus::kOk) {
+      DeleteRegion(region);
+      return false;
+    }
+    if (base % granularity_ != 0) {
+      ++stats_.upstream_shrink_calls;
+      (void)upstream_->ReleaseRange(base, va_bytes_);
       DeleteRegion(region);
       return false;
     }
     region->base = base;
     regions_.emplace(base, region);
-    va_region_ = region;
+    va_[heap] = region;
     Block* b = NewBlock();
     b->addr = base;
     b->size = va_bytes_;
     b->region = region;
-    b->heap = 1;
+    b->heap = heap;
     b->state = BlockState::kUnmapped;
     region->pages[0] = b;
-    unmapped_.insert(b);
+    unmapped_[heap].insert(b);
     return true;
   }
 
@@ -383,10 +402,10 @@ class CachingPool final : public Pool {
   // Where to put `rounded` bytes so the fewest new granules are mapped: for every unmapped hole,
   // the run it forms with its free mapped neighbours, placed against either end of the run.
   // Holes only appear where granules were unmapped, so there are few of them.
-  bool PlaceMapped(std::size_t rounded, Placement* best) const {
+  bool PlaceMapped(std::size_t rounded, std::uint8_t heap, Placement* best) const {
     bool found = false;
     const std::size_t g = granularity_;
-    for (Block* hole : unmapped_) {
+    for (Block* hole : unmapped_[heap]) {
       Block* left =
           hole->prev != nullptr && hole->prev->state == BlockState::kFree ? hole->prev : nullptr;
       Block* right =
@@ -423,9 +442,10 @@ class CachingPool final : public Pool {
 
   UpstreamStatus GrowMapped(std::size_t rounded, bool map_ahead, Block** block,
                             std::uintptr_t* position) {
-    if (!EnsureAddressSpace()) return UpstreamStatus::kError;
+    const std::uint8_t heap = HeapFor(rounded);
+    if (!EnsureAddressSpace(heap)) return UpstreamStatus::kError;
     Placement place;
-    if (!PlaceMapped(rounded, &place)) return UpstreamStatus::kOutOfMemory;
+    if (!PlaceMapped(rounded, heap, &place)) return UpstreamStatus::kOutOfMemory;
     std::size_t cost = place.map_end - place.map_start;
     // Soft cap: keep mapped bytes near the peak of allocated bytes by unmapping free granules
     // elsewhere before mapping new ones. Peak reserved is what the ratio goal measures.
@@ -439,7 +459,7 @@ class CachingPool final : public Pool {
       std::size_t want = reserved_ + cost > budget ? reserved_ + cost - budget : 0;
       if (OverCapacity(cost)) want = std::max(want, reserved_ + cost - capacity_);
       if (UnmapFreeGranules(want) == 0) break;
-      if (!PlaceMapped(rounded, &place)) return UpstreamStatus::kOutOfMemory;
+      if (!PlaceMapped(rounded, heap, &place)) return UpstreamStatus::kOutOfMemory;
       cost = place.map_end - place.map_start;
     }
     if (OverCapacity(cost)) return UpstreamStatus::kOutOfMemory;
@@ -469,16 +489,18 @@ class CachingPool final : public Pool {
     ++stats_.upstream_grow_calls;
     const UpstreamStatus status = upstream_->Map(place.map_start, cost);
     if (status != UpstreamStatus::kOk) return status;
+    MarkMapped(place.hole->region, place.map_start, place.map_end);
     AddReserved(cost);
     // Cut the mapped part out of the hole and merge it with its free neighbours.
     Block* hole = place.hole;
-    unmapped_.erase(hole);
+    unmapped_[heap].erase(hole);
     if (place.map_start > hole->addr) {
       Block* left = hole;
       hole = SplitAt(left, place.map_start);
-      unmapped_.insert(left);
+      unmapped_[heap].insert(left);
     }
-    if (hole->addr + hole->size > place.map_end) unmapped_.insert(SplitAt(hole, place.map_end));
+    if (hole->addr + hole->size > place.map_end)
+      unmapped_[heap].insert(SplitAt(hole, place.map_end));
     hole->state = BlockState::kFree;
     *block = MergeFreeNeighbours(hole);
     InsertFree(*block);
@@ -494,10 +516,13 @@ class CachingPool final : public Pool {
     while (released < want) {
       Block* batch[16];
       std::size_t n = 0;
-      heaps_[1].ForEachLargestFirst(g, [&](Block* b) {
-        if (InteriorBytes(b) != 0) batch[n++] = b;
-        return n < 16;
-      });
+      for (FreeIndex& heap : heaps_) {
+        if (n == 16) break;
+        heap.ForEachLargestFirst(g, [&](Block* b) {
+          if (InteriorBytes(b) != 0) batch[n++] = b;
+          return n < 16;
+        });
+      }
       if (n == 0) break;
       for (std::size_t i = 0; i < n && released < want; ++i) {
         if (!ReserveScratch()) return released;
@@ -510,10 +535,9 @@ class CachingPool final : public Pool {
   }
 
   std::size_t UnmapInterior(Block* b) {
-    const std::size_t g = granularity_;
-    const std::uintptr_t base = va_region_->base;
-    const std::uintptr_t start = base + RoundUp(b->addr - base, g);
-    const std::uintptr_t end = base + RoundDown(b->addr + b->size - base, g);
+    std::uintptr_t start = 0;
+    std::uintptr_t end = 0;
+    if (!ReleasableRange(b, &start, &end)) return 0;
     ++stats_.upstream_shrink_calls;
     if (upstream_->Unmap(start, end - start) != UpstreamStatus::kOk) return 0;
     reserved_ -= end - start;
@@ -530,24 +554,91 @@ class CachingPool final : public Pool {
     middle->state = BlockState::kUnmapped;
     if (middle->prev != nullptr && middle->prev->state == BlockState::kUnmapped) {
       Block* prev = middle->prev;
-      unmapped_.erase(prev);
+      unmapped_[prev->heap].erase(prev);
       Absorb(prev, middle);
       middle = prev;
     }
     if (middle->next != nullptr && middle->next->state == BlockState::kUnmapped) {
-      unmapped_.erase(middle->next);
+      unmapped_[middle->heap].erase(middle->next);
       Absorb(middle, middle->next);
     }
-    unmapped_.insert(middle);
+    unmapped_[middle->heap].insert(middle);
     return end - start;
   }
 
-  // Whole granules inside a free block (virtual-memory layout): what unmapping it would return.
+  // What unmapping a free block could give back (virtual-memory layout): the whole granules
+  // inside it, or, when the upstream unmaps whole Maps only, the whole Map chunks inside it (a
+  // chunk that is partly live then stays).
   std::size_t InteriorBytes(const Block* b) const {
-    const std::uintptr_t base = b->region->base;
-    const std::size_t start = RoundUp(b->addr - base, granularity_);
-    const std::size_t end = RoundDown(b->addr + b->size - base, granularity_);
-    return end > start ? end - start : 0;
+    if (b->size < granularity_) return 0;
+    std::uintptr_t start = 0;
+    std::uintptr_t end = 0;
+    return ReleasableRange(b, &start, &end) ? end - start : 0;
+  }
+
+  bool ReleasableRange(const Block* b, std::uintptr_t* start, std::uintptr_t* end) const {
+    const Region* region = b->region;
+    const std::uintptr_t base = region->base;
+    const std::size_t first = RoundUp(b->addr - base, granularity_) / granularity_;
+    const std::size_t last = RoundDown(b->addr + b->size - base, granularity_) / granularity_;
+    if (last <= first) return false;
+    if (partial_unmap_) {
+      *start = base + first * granularity_;
+      *end = base + last * granularity_;
+      return true;
+    }
+    const std::size_t from = NextEdge(region->edges, first, last);
+    if (from >= last) return false;
+    const std::size_t to = PrevEdge(region->edges, last, from);
+    if (to <= from) return false;
+    *start = base + from * granularity_;
+    *end = base + to * granularity_;
+    return true;
+  }
+
+  // Chunk edges: bit k is set when a Map chunk starts or ends at granule k. Mapping [s, e)
+  // clears the bits strictly inside and sets both ends, so for every mapped chunk its edges are
+  // set and its inside clear (bits over unmapped granules are stale and never consulted).
+  void MarkMapped(Region* region, std::uintptr_t start, std::uintptr_t end) {
+    std::uint64_t* edges = region->edges;
+    const std::size_t first = (start - region->base) / granularity_;
+    const std::size_t last = (end - region->base) / granularity_;
+    for (std::size_t k = first + 1; k < last;) {
+      if (k % 64 == 0 && k + 64 <= last) {
+        edges[k / 64] = 0;
+        k += 64;
+      } else {
+        edges[k / 64] &= ~(std::uint64_t{1} << (k % 64));
+        ++k;
+      }
+    }
+    edges[first / 64] |= std::uint64_t{1} << (first % 64);
+    edges[last / 64] |= std::uint64_t{1} << (last % 64);
+  }
+
+  // First edge in [from, limit], or limit + 1 if none.
+  static std::size_t NextEdge(const std::uint64_t* edges, std::size_t from, std::size_t limit) {
+    std::size_t word = from / 64;
+    std::uint64_t bits = edges[word] & (~std::uint64_t{0} << (from % 64));
+    while (bits == 0) {
+      if (++word > limit / 64) return limit + 1;
+      bits = edges[word];
+    }
+    const std::size_t k = word * 64 + static_cast<std::size_t>(std::countr_zero(bits));
+    return k <= limit ? k : limit + 1;
+  }
+
+  // Last edge in [limit, from], or limit if none (limit itself is known to be an edge).
+  static std::size_t PrevEdge(const std::uint64_t* edges, std::size_t from, std::size_t limit) {
+    std::size_t word = from / 64;
+    const unsigned shift = 63 - static_cast<unsigned>(from % 64);
+    std::uint64_t bits = (edges[word] << shift) >> shift;
+    while (bits == 0) {
+      if (word == 0 || --word < limit / 64) return limit;
+      bits = edges[word];
+    }
+    const std::size_t k = word * 64 + 63 - static_cast<std::size_t>(std::countl_zero(bits));
+    return k >= limit ? k : limit;
   }
 
   std::size_t ReleaseIdleLocked(std::size_t want) {
@@ -755,6 +846,7 @@ class CachingPool final : public Pool {
   const Tuning tuning_;
   const std::size_t capacity_;
   const std::size_t granularity_;
+  const bool partial_unmap_;  // the upstream unmaps any granules, not only whole Maps
   std::size_t va_bytes_ = 0;
 
   mutable std::mutex mu_;
@@ -764,11 +856,11 @@ class CachingPool final : public Pool {
   std::map<std::uintptr_t, Region*, std::less<>,
            SlotAllocator<std::pair<const std::uintptr_t, Region*>>>
       regions_;
-  Region* va_region_ = nullptr;
-  BlockSet unmapped_;              // virtual memory: unmapped holes by (size, address)
-  AddrMap live_;                   // address -> Block*
-  AddrMap fence_refs_;             // fence -> pending blocks waiting on it
-  Block* pending_head_ = nullptr;  // FIFO, oldest first
+  Region* va_[2] = {nullptr, nullptr};  // virtual memory: one reserved range per heap
+  BlockSet unmapped_[2];                // virtual memory: unmapped holes by (size, address)
+  AddrMap live_;                        // address -> Block*
+  AddrMap fence_refs_;                  // fence -> pending blocks waiting on it
+  Block* pending_head_ = nullptr;       // FIFO, oldest first
   Block* pending_tail_ = nullptr;
   std::size_t pending_bytes_ = 0;
   std::size_t reserved_ = 0;

@@ -54,6 +54,7 @@ struct Region {
   std::size_t page_count = 0;
   unsigned page_shift = 0;
   std::uint8_t heap = 0;
+  std::uint64_t* edges = nullptr;  // virtual memory: Map chunk edges, one bit per granule
 };
 
 struct SizeKey {

@@ -18,6 +18,9 @@ struct Tuning {
   std::size_t vmm_slack_granules = 2;
   // When mapping, map this share of the allocated bytes beyond the need (within the soft cap).
   double vmm_map_ahead = 0.03;
+  // Requests up to small_max_bytes get a reserved range of their own (measured: more upstream
+  // calls on the traces for no better ratio, so off).
+  bool vmm_separate_small = false;
   // Address space reserved when neither the options nor the upstream say how big the device is.
   std::size_t vmm_default_va_bytes = std::size_t{1} << 40;
   // --- Segment layout (PyTorch's constants) ---

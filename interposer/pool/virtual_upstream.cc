@@ -162,6 +162,17 @@ UpstreamStatus VirtualUpstream::Unmap(std::uintptr_t address, std::size_t bytes)
     ++counters_.invalid_calls;
     return UpstreamStatus::kInvalidArgument;
   }
+  if (!options_.allow_partial_unmap) {
+    // cuMemUnmap: "the range must be the entire contiguous address range that was mapped".
+    for (auto scan = it; scan != range->mapped.end() && scan->first < end; ++scan) {
+      const std::uintptr_t stop = scan->first + scan->second;
+      if (stop <= address) continue;
+      if (scan->first < address || stop > end) {
+        ++counters_.invalid_calls;
+        return UpstreamStatus::kInvalidArgument;
+      }
+    }
+  }
   // Cut the overlapping mappings, keeping the parts outside [address, end).
   while (it != range->mapped.end() && it->first < end) {
     const std::uintptr_t start = it->first;

@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -36,11 +37,22 @@ std::vector<std::string> AllPolicies() {
   }
 }
 
-class PoolContractTest : public ::testing::TestWithParam<std::string> {
+// (policy, whether the upstream unmaps parts of a Map)
+using ContractParam = std::tuple<std::string, bool>;
+
+class PoolContractTest : public ::testing::TestWithParam<ContractParam> {
  protected:
+  static std::string Policy() { return std::get<0>(GetParam()); }
+  static VirtualUpstreamOptions UpstreamOptions() {
+    VirtualUpstreamOptions options;
+    options.allow_partial_unmap = std::get<1>(GetParam());
+    return options;
+  }
+
   std::unique_ptr<Pool> Make(Upstream* upstream, FenceTracker* fences, std::size_t capacity = 0) {
     PoolOptions options;
-    options.policy = GetParam();
+    const std::string policy = Policy();
+    options.policy = policy;
     options.capacity_bytes = capacity;
     std::unique_ptr<Pool> pool = MakePool(upstream, fences, options);
     EXPECT_NE(pool, nullptr);
@@ -69,14 +81,14 @@ class PoolContractTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(PoolContractTest, ReportsItsPolicy) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
-  EXPECT_EQ(pool->policy(), GetParam());
+  EXPECT_EQ(pool->policy(), Policy());
 }
 
 TEST_P(PoolContractTest, ServesOneByteToTheWholeDevice) {
-  VirtualUpstreamOptions options;
+  VirtualUpstreamOptions options = UpstreamOptions();
   options.capacity_bytes = 256 * kMiB;
   VirtualUpstream upstream(options);
   FakeFences fences;
@@ -93,7 +105,7 @@ TEST_P(PoolContractTest, ServesOneByteToTheWholeDevice) {
 }
 
 TEST_P(PoolContractTest, RejectsZeroAndOverCapacitySizes) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences, 64 * kMiB);
   std::uintptr_t address = 0;
@@ -103,7 +115,7 @@ TEST_P(PoolContractTest, RejectsZeroAndOverCapacitySizes) {
 }
 
 TEST_P(PoolContractTest, RoundsTo512AndKeepsRequestedAndAllocatedExact) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
   std::uintptr_t a = 0;
@@ -125,7 +137,7 @@ TEST_P(PoolContractTest, RoundsTo512AndKeepsRequestedAndAllocatedExact) {
 }
 
 TEST_P(PoolContractTest, InvalidFreesAreRejectedWithoutHarm) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
   std::uintptr_t a = 0;
@@ -140,7 +152,7 @@ TEST_P(PoolContractTest, InvalidFreesAreRejectedWithoutHarm) {
 }
 
 TEST_P(PoolContractTest, LookupFindsInteriorPointersOfLiveBlocksOnly) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
   std::vector<std::uintptr_t> blocks;
@@ -168,7 +180,7 @@ TEST_P(PoolContractTest, LookupFindsInteriorPointersOfLiveBlocksOnly) {
 }
 
 TEST_P(PoolContractTest, BlockIsNotReusedBeforeItsFenceCompletes) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
   std::uintptr_t a = 0;
@@ -192,7 +204,7 @@ TEST_P(PoolContractTest, BlockIsNotReusedBeforeItsFenceCompletes) {
 }
 
 TEST_P(PoolContractTest, PendingFencesArePolledInBatchesOldestFirst) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
   std::vector<std::uintptr_t> blocks(100);
@@ -216,7 +228,7 @@ TEST_P(PoolContractTest, PendingFencesArePolledInBatchesOldestFirst) {
 }
 
 TEST_P(PoolContractTest, DrainPendingWaitsForEveryFence) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
   std::uintptr_t a = 0;
@@ -233,7 +245,7 @@ TEST_P(PoolContractTest, DrainPendingWaitsForEveryFence) {
 }
 
 TEST_P(PoolContractTest, UnderPressureWaitsOnTheOldestFenceRatherThanFailing) {
-  VirtualUpstreamOptions options;
+  VirtualUpstreamOptions options = UpstreamOptions();
   options.capacity_bytes = 64 * kMiB;
   VirtualUpstream upstream(options);
   FakeFences fences;
@@ -252,7 +264,7 @@ TEST_P(PoolContractTest, UnderPressureWaitsOnTheOldestFenceRatherThanFailing) {
 }
 
 TEST_P(PoolContractTest, UpstreamOomReleasesIdleMemoryAndRetriesOnce) {
-  VirtualUpstream inner;
+  VirtualUpstream inner(UpstreamOptions());
   FlakyUpstream upstream(&inner);
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
@@ -276,7 +288,7 @@ TEST_P(PoolContractTest, UpstreamOomReleasesIdleMemoryAndRetriesOnce) {
 }
 
 TEST_P(PoolContractTest, SecondUpstreamOomFailsWithCapacityVerdict) {
-  VirtualUpstream inner;
+  VirtualUpstream inner(UpstreamOptions());
   FlakyUpstream upstream(&inner);
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
@@ -291,7 +303,7 @@ TEST_P(PoolContractTest, SecondUpstreamOomFailsWithCapacityVerdict) {
 }
 
 TEST_P(PoolContractTest, LargestFreeBlockIsServedWithoutAnUpstreamCall) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
   std::mt19937_64 rng(7);
@@ -314,7 +326,7 @@ TEST_P(PoolContractTest, LargestFreeBlockIsServedWithoutAnUpstreamCall) {
 }
 
 TEST_P(PoolContractTest, ReleaseIdleLeavesOnlyUnreleasableFreeBytes) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
   std::mt19937_64 rng(11);
@@ -344,7 +356,7 @@ TEST_P(PoolContractTest, ReleaseIdleLeavesOnlyUnreleasableFreeBytes) {
 
 // A shadow model of live blocks checks every statistic after every operation.
 TEST_P(PoolContractTest, StatisticsAreExactAtEveryStep) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   auto pool = Make(&upstream, &fences);
   std::mt19937_64 rng(3);
@@ -396,7 +408,7 @@ TEST_P(PoolContractTest, StatisticsAreExactAtEveryStep) {
 //
 // Live blocks of all threads must never overlap and every statistic must balance at the end.
 TEST_P(PoolContractTest, ConcurrentUseKeepsBlocksDisjointAndStatsBalanced) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   EpochFences fences;
   auto pool = Make(&upstream, &fences);
   constexpr int kThreads = 4;
@@ -452,7 +464,7 @@ TEST_P(PoolContractTest, ConcurrentUseKeepsBlocksDisjointAndStatsBalanced) {
 }
 
 TEST_P(PoolContractTest, DestructionGivesEverythingBack) {
-  VirtualUpstream upstream;
+  VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;
   {
     auto pool = Make(&upstream, &fences);
@@ -468,9 +480,11 @@ TEST_P(PoolContractTest, DestructionGivesEverythingBack) {
   EXPECT_EQ(c.invalid_calls, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllPolicies, PoolContractTest, ::testing::ValuesIn(AllPolicies()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
+INSTANTIATE_TEST_SUITE_P(AllPolicies, PoolContractTest,
+                         ::testing::Combine(::testing::ValuesIn(AllPolicies()), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<ContractParam>& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) ? "_PartialUnmap" : "_WholeMapsOnly");
                          });
 
 }  // namespace

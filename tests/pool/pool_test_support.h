@@ -67,6 +67,7 @@ class FlakyUpstream final : public Upstream {
   }
   std::size_t MapGranularity() const override { return inner_->MapGranularity(); }
   std::size_t TotalBytes() const override { return inner_->TotalBytes(); }
+  bool UnmapsPartialMaps() const override { return inner_->UnmapsPartialMaps(); }
   UpstreamStatus ReserveRange(std::size_t bytes, std::uintptr_t* address) override {
     return inner_->ReserveRange(bytes, address);
   }

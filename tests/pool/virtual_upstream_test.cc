@@ -33,6 +33,7 @@ TEST(VirtualUpstreamTest, AllocateAndFreeWithinCapacity) {
 TEST(VirtualUpstreamTest, MapRulesFollowTheDriver) {
   VirtualUpstreamOptions options;
   options.capacity_bytes = 8 * kMiB;
+  options.allow_partial_unmap = false;
   VirtualUpstream upstream(options);
   EXPECT_EQ(upstream.MapGranularity(), 2 * kMiB);
   std::uintptr_t base = 0;
@@ -44,11 +45,11 @@ TEST(VirtualUpstreamTest, MapRulesFollowTheDriver) {
   EXPECT_EQ(upstream.Map(base + 2 * kMiB, 2 * kMiB), UpstreamStatus::kInvalidArgument);  // overlap
   ASSERT_EQ(upstream.Map(base + 4 * kMiB, 2 * kMiB), UpstreamStatus::kOk);
   EXPECT_EQ(upstream.Map(base + 6 * kMiB, 4 * kMiB), UpstreamStatus::kOutOfMemory);
-  // Unmap a part of one Map and a range spanning two.
-  ASSERT_EQ(upstream.Unmap(base + 2 * kMiB, 4 * kMiB), UpstreamStatus::kOk);
-  EXPECT_EQ(upstream.Unmap(base + 2 * kMiB, 2 * kMiB), UpstreamStatus::kInvalidArgument);
+  // Only whole Maps, adjacent ones together (the driver's rule).
+  EXPECT_EQ(upstream.Unmap(base + 2 * kMiB, 4 * kMiB), UpstreamStatus::kInvalidArgument);
   EXPECT_EQ(upstream.ReleaseRange(base, 64 * kMiB), UpstreamStatus::kInvalidArgument);  // mapped
-  ASSERT_EQ(upstream.Unmap(base, 2 * kMiB), UpstreamStatus::kOk);
+  ASSERT_EQ(upstream.Unmap(base, 6 * kMiB), UpstreamStatus::kOk);
+  EXPECT_EQ(upstream.Unmap(base, 2 * kMiB), UpstreamStatus::kInvalidArgument);  // twice
   ASSERT_EQ(upstream.ReleaseRange(base, 64 * kMiB), UpstreamStatus::kOk);
   const VirtualUpstreamCounters c = upstream.Counters();
   EXPECT_EQ(c.current_physical_bytes, 0u);
@@ -57,6 +58,21 @@ TEST(VirtualUpstreamTest, MapRulesFollowTheDriver) {
   EXPECT_EQ(c.unmap_calls, 3u);
   EXPECT_EQ(c.GrowCalls(), 7u);
   EXPECT_EQ(c.ShrinkCalls(), 5u);
+}
+
+TEST(VirtualUpstreamTest, PartialUnmapWhenAllowed) {
+  VirtualUpstreamOptions options;
+  options.allow_partial_unmap = true;
+  VirtualUpstream upstream(options);
+  EXPECT_TRUE(upstream.UnmapsPartialMaps());
+  std::uintptr_t base = 0;
+  ASSERT_EQ(upstream.ReserveRange(64 * kMiB, &base), UpstreamStatus::kOk);
+  ASSERT_EQ(upstream.Map(base, 8 * kMiB), UpstreamStatus::kOk);
+  ASSERT_EQ(upstream.Unmap(base + 2 * kMiB, 4 * kMiB), UpstreamStatus::kOk);
+  EXPECT_EQ(upstream.Unmap(base + 2 * kMiB, 2 * kMiB), UpstreamStatus::kInvalidArgument);
+  ASSERT_EQ(upstream.Unmap(base, 2 * kMiB), UpstreamStatus::kOk);
+  ASSERT_EQ(upstream.Unmap(base + 6 * kMiB, 2 * kMiB), UpstreamStatus::kOk);
+  EXPECT_EQ(upstream.Counters().current_physical_bytes, 0u);
 }
 
 TEST(VirtualUpstreamTest, WithoutVmmTheVirtualCallsAreNotSupported) {

@@ -26,6 +26,9 @@ struct VirtualUpstreamOptions {
   std::size_t granularity = std::size_t{2} << 20;
   // Alignment of the addresses Allocate and ReserveRange return (cudaMalloc gives 512 at least).
   std::size_t alignment = std::size_t{2} << 20;
+  // UnmapsPartialMaps(): Unmap may cut a Map in parts (a driver upstream with one handle per
+  // granule). False: only whole Maps, adjacent ones together, anything else is kInvalidArgument.
+  bool allow_partial_unmap = true;
   // First address handed out; addresses are never reused, so stale pointers are always detected.
   std::uintptr_t base_address = std::uintptr_t{0x7f0000000000};
 };
@@ -58,8 +61,8 @@ class VirtualUpstream final : public Upstream {
   std::size_t TotalBytes() const override { return options_.capacity_bytes; }
   UpstreamStatus ReserveRange(std::size_t bytes, std::uintptr_t* address) override;
   UpstreamStatus ReleaseRange(std::uintptr_t address, std::size_t bytes) override;
-  // Unmap may cover any granule-aligned, fully mapped part of one reserved range, spanning
-  // several Maps or a part of one (see Upstream::Unmap).
+  bool UnmapsPartialMaps() const override { return options_.allow_partial_unmap; }
+  // Unmap must cover whole Maps (adjacent ones together) unless allow_partial_unmap.
   UpstreamStatus Map(std::uintptr_t address, std::size_t bytes) override;
   UpstreamStatus Unmap(std::uintptr_t address, std::size_t bytes) override;
 
