@@ -297,6 +297,14 @@ bool Outbox::WaitAllAcked(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&empty), timeout);
 }
 
+bool Outbox::WaitAcked(uint64_t batches, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto enough = [this, batches]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return counters_.batches_acked >= batches;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
 bool Outbox::Empty() const {
   absl::MutexLock lock(&mu_);
   return pending_.empty();

@@ -87,6 +87,8 @@ class Outbox {
   void CountReconnect();
   // Waits until nothing is unacknowledged; false on timeout.
   bool WaitAllAcked(absl::Duration timeout);
+  // Waits until at least `batches` batches were acknowledged in all; false on timeout.
+  bool WaitAcked(uint64_t batches, absl::Duration timeout);
   bool Empty() const;
 
   // Counters (ring counters are filled in by the agent).

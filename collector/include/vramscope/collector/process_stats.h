@@ -1,5 +1,6 @@
-// Statistics of one process as the collector keeps them: the stats engine's view plus what the
-// collector itself tracks (event count, command line, whether the process finished).
+// Statistics of one process as the collector keeps them: the stats engine (collector/stats/)
+// builds reports; a few cheap figures (event count, command line, finished, peak reserved) are
+// kept alongside so that ListProcesses does not build a full report per process.
 // Thread safety: none; the collector guards each instance with its process lock.
 #ifndef VRAMSCOPE_COLLECTOR_PROCESS_STATS_H_
 #define VRAMSCOPE_COLLECTOR_PROCESS_STATS_H_
@@ -14,6 +15,8 @@
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::collector {
+
+class ProcessStatsEngine;
 
 class ProcessStats {
  public:
@@ -32,15 +35,11 @@ class ProcessStats {
   uint64_t PeakReservedBytes() const;
 
  private:
+  std::unique_ptr<ProcessStatsEngine> engine_;
   uint64_t events_ = 0;
   bool finished_ = false;
-  int32_t exit_code_ = 0;
-  uint64_t first_time_ns_ = 0;
-  uint64_t last_time_ns_ = 0;
-  std::string mode_;
   std::vector<std::string> command_line_;
-  std::map<uint32_t, v1::DeviceInfo> devices_;
-  std::map<uint32_t, v1::DeviceCounters> counters_;  // latest counters per device
+  std::map<uint32_t, uint64_t> peak_reserved_;  // per device, from the ring counters
 };
 
 }  // namespace vramscope::collector

@@ -1,0 +1,294 @@
+// Fault tests with the real daemons as child processes: the collector SIGKILLed and restarted on
+// the same data directory and port while an agent streams (every event counted exactly once), a
+// damaged data directory at start-up, the disk limit, and vramscope-agent --once end to end.
+#include <absl/strings/str_cat.h>
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/collector/test_util.h"
+#include "tests/pipeline/subprocess.h"
+#include "vramscope/agent/log.h"
+#include "vramscope/agent/outbox.h"
+#include "vramscope/agent/uplink.h"
+#include "vramscope/collector/collector.h"
+#include "vramscope/collector/log.h"
+#include "vramscope/collector/record_log.h"
+#include "vramscope/ring/ring_writer.h"
+#include "vramscope/v1/collector.grpc.pb.h"
+
+namespace vramscope {
+namespace {
+
+using ::testing::HasSubstr;
+using ::vramscope::testing::Batch;
+using ::vramscope::testing::BinaryFromEnv;
+using ::vramscope::testing::Key;
+using ::vramscope::testing::Subprocess;
+using ::vramscope::testing::TempDir;
+
+class FaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    agent::SetMinLogLevel(agent::LogLevel::kError);
+    collector::SetMinLogLevel(collector::LogLevel::kError);
+    collector_bin_ = BinaryFromEnv("VRAMSCOPE_COLLECTOR");
+    agent_bin_ = BinaryFromEnv("VRAMSCOPE_AGENT");
+    ASSERT_FALSE(collector_bin_.empty()) << "run through meson test (VRAMSCOPE_COLLECTOR unset)";
+  }
+
+  // Starts a collector on `listen` over data_; returns its port (0 on failure).
+  int StartCollector(Subprocess& process, const std::string& listen,
+                     std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {collector_bin_, "--listen=" + listen,
+                                     "--data-dir=" + data_.path()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    EXPECT_TRUE(process.Start(argv));
+    int port = process.WaitForPort();
+    EXPECT_NE(port, 0) << process.output();
+    return port;
+  }
+
+  std::unique_ptr<v1::Collector::Stub> Stub(int port) {
+    return v1::Collector::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+
+  v1::Report Report(int port, const v1::ProcessKey& key) {
+    grpc::ClientContext context;
+    v1::GetReportRequest request;
+    *request.mutable_process() = key;
+    v1::Report report;
+    grpc::Status status = Stub(port)->GetReport(&context, request, &report);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return report;
+  }
+
+  std::string collector_bin_;
+  std::string agent_bin_;
+  TempDir data_;
+  TempDir spool_;
+};
+
+TEST_F(FaultTest, CollectorKilledAndRestartedWhileTheAgentStreams) {
+  Subprocess first;
+  const int port = StartCollector(first, "127.0.0.1:0");
+  ASSERT_NE(port, 0);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+
+  agent::OutboxOptions outbox_options;
+  outbox_options.spool_dir = spool_.path();
+  agent::Outbox outbox(outbox_options);
+  agent::UplinkOptions uplink_options;
+  uplink_options.collector = address;
+  uplink_options.initial_backoff = absl::Milliseconds(20);
+  uplink_options.max_backoff = absl::Milliseconds(200);
+  agent::Uplink uplink(&outbox, uplink_options);
+  uplink.Start();
+
+  const std::vector<v1::ProcessKey> keys = {Key(501), Key(502), Key(503)};
+  constexpr int kBatches = 300;
+  constexpr int kEvents = 200;
+  int added = 0;
+  auto add = [&](int count) {
+    for (int i = 0; i < count; ++i, ++added) {
+      const v1::ProcessKey& key = keys[static_cast<size_t>(added) % keys.size()];
+      ASSERT_TRUE(outbox.Add(Batch(key, static_cast<uint64_t>(added) / keys.size() + 1, kEvents,
+                                   0x100000 * static_cast<uint64_t>(added))));
+    }
+  };
+  //   agent:      add 100 ... acked 50 | add 20, KILL | add 80 (spooled) | START  ... acked 150 |
+  //   collector:  first ------------------X                                second ----------------
+  //   agent:      add 20, KILL | add 80 (spooled) | START | all acked
+  //   collector:  ------X                            third -----------
+  // Each kill lands while batches are in flight: written, maybe stored, not yet acknowledged.
+  add(100);
+  ASSERT_TRUE(outbox.WaitAcked(50, absl::Seconds(30)));
+  add(20);
+  first.Kill(SIGKILL);
+  EXPECT_EQ(first.Wait(), 128 + SIGKILL);
+  add(80);
+  Subprocess second;
+  ASSERT_EQ(StartCollector(second, address), port);
+  ASSERT_TRUE(outbox.WaitAcked(150, absl::Seconds(30))) << second.output();
+  add(20);
+  second.Kill(SIGKILL);
+  EXPECT_EQ(second.Wait(), 128 + SIGKILL);
+  add(80);
+  ASSERT_EQ(added, kBatches);
+  Subprocess third;
+  ASSERT_EQ(StartCollector(third, address), port);
+  ASSERT_TRUE(outbox.WaitAllAcked(absl::Seconds(60))) << third.output();
+  uplink.Stop();
+
+  const agent::AgentCounters counters = outbox.counters();
+  EXPECT_EQ(counters.batches_acked, static_cast<uint64_t>(kBatches));
+  EXPECT_EQ(counters.batches_dropped, 0u);
+  EXPECT_GT(counters.batches_spooled, 0u);  // while no collector was up
+  EXPECT_GE(counters.reconnects, 2u);
+  EXPECT_EQ(counters.spool_bytes, 0u);
+  RecordProperty("batches_resent", static_cast<int>(counters.batches_resent));
+
+  uint64_t total = 0;
+  for (const v1::ProcessKey& key : keys) {
+    v1::Report report = Report(port, key);
+    EXPECT_EQ(report.events(), static_cast<uint64_t>(kBatches / keys.size() * kEvents));
+    total += report.events();
+  }
+  EXPECT_EQ(total, static_cast<uint64_t>(kBatches * kEvents));
+  EXPECT_THAT(third.output(), HasSubstr("loaded 3 process logs"));
+  third.Kill(SIGTERM);
+  EXPECT_EQ(third.Wait(), 0);
+}
+
+TEST_F(FaultTest, DamagedDataDirectoryIsReportedAndTheRestLoads) {
+  {
+    collector::CollectorOptions options;
+    options.data_dir = data_.path();
+    auto core = *collector::Collector::Open(options);
+    for (uint64_t seq = 1; seq <= 3; ++seq) ASSERT_TRUE(core->Ingest(Batch(Key(601), seq, 5)).ok());
+    ASSERT_TRUE(core->Ingest(Batch(Key(602), 1, 7)).ok());
+  }
+  // A torn last record in one log, a file that is not a log at all.
+  for (const auto& entry : std::filesystem::directory_iterator(data_.path())) {
+    if (entry.path().string().find("_601_") == std::string::npos) continue;
+    std::string torn = collector::FrameRecord(Batch(Key(601), 4, 5).SerializeAsString());
+    testing::WriteFile(entry.path().string(),
+                       testing::ReadFile(entry.path().string()) + torn.substr(0, 20));
+  }
+  testing::WriteFile(data_.path() + "/garbage.vslog", "definitely not a log");
+
+  Subprocess process;
+  const int port = StartCollector(process, "127.0.0.1:0");
+  ASSERT_NE(port, 0);
+  const std::string log = process.output();
+  EXPECT_THAT(log, HasSubstr("truncated the torn tail"));
+  EXPECT_THAT(log, HasSubstr("garbage.vslog: not a vramscope log"));
+  EXPECT_THAT(log, HasSubstr("loaded 2 process logs"));
+  EXPECT_EQ(Report(port, Key(601)).events(), 15u);
+  EXPECT_EQ(Report(port, Key(602)).events(), 7u);
+  process.Kill(SIGTERM);
+  EXPECT_EQ(process.Wait(), 0);
+}
+
+TEST_F(FaultTest, DiskLimitRefusesThenAResartWithRoomTakesEverything) {
+  Subprocess small;
+  const int port = StartCollector(small, "127.0.0.1:0", {"--max-disk-bytes=20K"});
+  ASSERT_NE(port, 0);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  agent::Outbox outbox(agent::OutboxOptions{});
+  agent::UplinkOptions uplink_options;
+  uplink_options.collector = address;
+  uplink_options.initial_backoff = absl::Milliseconds(20);
+  uplink_options.max_backoff = absl::Milliseconds(100);
+  agent::Uplink uplink(&outbox, uplink_options);
+  uplink.Start();
+  for (uint64_t seq = 1; seq <= 20; ++seq) ASSERT_TRUE(outbox.Add(Batch(Key(701), seq, 100)));
+  EXPECT_FALSE(outbox.WaitAllAcked(absl::Milliseconds(500)));
+  EXPECT_TRUE(small.WaitForOutput("--max-disk-bytes=20480"));
+  EXPECT_EQ(uplink.last_error().code(), absl::StatusCode::kResourceExhausted)
+      << uplink.last_error();
+  const uint64_t stored = Report(port, Key(701)).events();  // still up, still serving
+  EXPECT_GT(stored, 0u);
+  EXPECT_LT(stored, 2000u);
+  small.Kill(SIGTERM);
+  EXPECT_EQ(small.Wait(), 0);
+
+  Subprocess large;
+  ASSERT_EQ(StartCollector(large, address, {"--max-disk-bytes=10M"}), port);
+  ASSERT_TRUE(outbox.WaitAllAcked(absl::Seconds(30)));
+  uplink.Stop();
+  EXPECT_EQ(Report(port, Key(701)).events(), 2000u);
+}
+
+TEST_F(FaultTest, AgentOnceDrainsRingsAndExits) {
+  if (agent_bin_.empty()) GTEST_SKIP() << "VRAMSCOPE_AGENT unset";
+  TempDir rings;
+  // The traced "application": a child that writes its ring and exits, as the shim would.
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    interposer::RingWriter writer;
+    interposer::RingOpenOptions ring_options;
+    ring_options.dir = rings.path().c_str();
+    if (writer.Open(ring_options) != interposer::RingError::kOk) ::_exit(1);
+    for (uint64_t i = 0; i < 5000; ++i) {
+      writer.RecordAlloc(0, 0x7f0000000000 + i * 4096, 4000, 4096, VRAMSCOPE_RING_ALLOC_POOLED);
+    }
+    for (uint64_t i = 0; i < 5000; ++i) {
+      writer.RecordFree(0, 0x7f0000000000 + i * 4096, 4000, 4096, VRAMSCOPE_RING_ALLOC_POOLED);
+    }
+    writer.MarkExited(7);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+  Subprocess collector;
+  const int port = StartCollector(collector, "127.0.0.1:0");
+  ASSERT_NE(port, 0);
+  Subprocess agent;
+  ASSERT_TRUE(agent.Start({agent_bin_, "--once", "--ring-dir=" + rings.path(),
+                           absl::StrCat("--collector=127.0.0.1:", port), "--batch-events=1000"}));
+  EXPECT_EQ(agent.Wait(), 0) << agent.output();
+
+  grpc::ClientContext context;
+  v1::ListProcessesRequest request;
+  request.set_include_finished(true);
+  v1::ListProcessesResponse list;
+  ASSERT_TRUE(Stub(port)->ListProcesses(&context, request, &list).ok());
+  ASSERT_EQ(list.processes_size(), 1);
+  EXPECT_EQ(list.processes(0).process().pid(), static_cast<uint32_t>(child));
+  v1::Report report = Report(port, list.processes(0).process());
+  // ProcessStart, 10000 records, ProcessExit.
+  EXPECT_EQ(report.events(), 10002u) << agent.output();
+  EXPECT_TRUE(report.finished());
+  EXPECT_EQ(report.exit_code(), 7);
+  ASSERT_EQ(report.devices_size(), 1);
+  EXPECT_EQ(report.devices(0).peak_allocated_bytes(), 5000u * 4096);
+  EXPECT_EQ(report.devices(0).current_allocated_bytes(), 0u);
+  // Drained and its writer gone: the agent removed the ring.
+  EXPECT_TRUE(std::filesystem::is_empty(rings.path()));
+  collector.Kill(SIGTERM);
+  collector.Wait();
+}
+
+TEST_F(FaultTest, AgentOnceWithoutACollectorExits3) {
+  if (agent_bin_.empty()) GTEST_SKIP() << "VRAMSCOPE_AGENT unset";
+  TempDir rings;
+  interposer::RingWriter writer;
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = rings.path().c_str();
+  ASSERT_EQ(writer.Open(ring_options), interposer::RingError::kOk);
+  ASSERT_TRUE(writer.RecordAlloc(0, 0x1000, 10, 512, VRAMSCOPE_RING_ALLOC_POOLED));
+  writer.MarkExited(0);
+  writer.Close();
+  Subprocess agent;
+  ASSERT_TRUE(agent.Start({agent_bin_, "--once", "--ring-dir=" + rings.path(),
+                           "--collector=127.0.0.1:1", "--once-timeout=1"}));
+  EXPECT_EQ(agent.Wait(), 3);
+  EXPECT_THAT(agent.output(), HasSubstr("cannot reach the collector at 127.0.0.1:1"));
+}
+
+TEST_F(FaultTest, UsageErrorsExit2) {
+  Subprocess collector;
+  ASSERT_TRUE(collector.Start({collector_bin_, "--no-such-flag=1"}));
+  EXPECT_EQ(collector.Wait(), 2);
+  EXPECT_THAT(collector.output(), HasSubstr("unknown flag --no-such-flag"));
+  if (agent_bin_.empty()) return;
+  Subprocess agent;
+  ASSERT_TRUE(agent.Start({agent_bin_, "--batch-events=0"}));
+  EXPECT_EQ(agent.Wait(), 2);
+}
+
+}  // namespace
+}  // namespace vramscope
