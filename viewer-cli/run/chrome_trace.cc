@@ -68,13 +68,19 @@ void ChromeTrace::Add(std::uint32_t pid, const v1::Event& event) {
     }
     case v1::Event::kOom: {
       const v1::OomEvent& oom = event.oom();
+      // The same rule as the stats engine when the shim left the verdict to the reader.
+      v1::OomVerdict verdict = oom.verdict();
+      if (verdict == v1::OOM_VERDICT_UNSPECIFIED) {
+        verdict = oom.free_bytes() >= oom.requested_bytes() ? v1::OOM_VERDICT_FRAGMENTATION
+                                                            : v1::OOM_VERDICT_CAPACITY;
+      }
       instants_.push_back(Instant{
           pid, event.thread_id(), event.time_ns(), absl::StrCat("OOM cuda:", event.device()),
           absl::StrFormat(
               "\"requested_bytes\":%d,\"free_bytes\":%d,\"largest_free_block_bytes\":%d,"
               "\"verdict\":%s",
               oom.requested_bytes(), oom.free_bytes(), oom.largest_free_block_bytes(),
-              JsonString(v1::OomVerdict_Name(oom.verdict())))});
+              JsonString(v1::OomVerdict_Name(verdict)))});
       break;
     }
     default:
