@@ -282,6 +282,25 @@ class CachingPool final : public Pool {
   // Splits the free `block` so that [position, position + size) becomes its own block, which is
   // returned out of the index; the remainders go back in.
   Block* Carve(Block* block, std::uintptr_t position, std::size_t size) {
+    if (position == block->addr && block->size > size) {
+      // Hot path: a new block takes the front; the free block keeps the rest and usually its
+      // place in the index.
+      Block* front = NewBlock();
+      front->addr = block->addr;
+      front->size = size;
+      front->region = block->region;
+      front->heap = block->heap;
+      front->prev = block->prev;
+      front->next = block;
+      if (block->prev != nullptr) block->prev->next = front;
+      block->prev = front;
+      Block*& page = PageOf(front->addr, front->region);
+      if (page == block) page = front;
+      UpdateFree(block, block->addr + size, block->size - size);
+      Block*& rest_page = PageOf(block->addr, block->region);
+      if (rest_page == nullptr || rest_page->addr > block->addr) rest_page = block;
+      return front;
+    }
     RemoveFree(block);
     if (position > block->addr) {
       Block* left = block;
@@ -736,21 +755,29 @@ class CachingPool final : public Pool {
   }
 
   // Appends `upper` (the next block) to `b` and drops it.
-  void Absorb(Block* b, Block* upper) {
-    Region* region = upper->region;
-    Block*& page = region->pages[(upper->addr - region->base) >> region->page_shift];
-    if (page == upper) {
-      Block* after = upper->next;
-      page = after != nullptr && ((after->addr - region->base) >> region->page_shift) ==
-                                     ((upper->addr - region->base) >> region->page_shift)
-                 ? after
-                 : nullptr;
+  static Block*& PageOf(std::uintptr_t addr, Region* region) {
+    return region->pages[(addr - region->base) >> region->page_shift];
+  }
+
+  // Takes `b` out of the address list and the page map and drops it (its bytes now belong to
+  // a neighbour).
+  void Unlink(Block* b) {
+    Region* region = b->region;
+    Block*& page = PageOf(b->addr, region);
+    if (page == b) {
+      Block* after = b->next;
+      page = after != nullptr && &PageOf(after->addr, region) == &page ? after : nullptr;
     }
+    if (b->prev != nullptr) b->prev->next = b->next;
+    if (b->next != nullptr) b->next->prev = b->prev;
+    b->~Block();
+    blocks_.Give(b);
+  }
+
+  // Appends `upper` (the next block) to `b` and drops it.
+  void Absorb(Block* b, Block* upper) {
     b->size += upper->size;
-    b->next = upper->next;
-    if (upper->next != nullptr) upper->next->prev = b;
-    upper->~Block();
-    blocks_.Give(upper);
+    Unlink(upper);
   }
 
   Block* MergeFreeNeighbours(Block* b) {
@@ -769,9 +796,38 @@ class CachingPool final : public Pool {
   }
 
   // A live or pending block becomes reusable: merge with free neighbours, index.
+  // Neighbours already free grow in place over it (no index insert in the common case).
   void MakeFree(Block* b) {
     b->state = BlockState::kFree;
-    InsertFree(MergeFreeNeighbours(b));
+    Block* prev = b->prev != nullptr && b->prev->state == BlockState::kFree ? b->prev : nullptr;
+    Block* next = b->next != nullptr && b->next->state == BlockState::kFree ? b->next : nullptr;
+    if (prev != nullptr && next != nullptr) {
+      const std::size_t size = prev->size + b->size + next->size;
+      RemoveFree(next);
+      Unlink(b);
+      Unlink(next);
+      UpdateFree(prev, prev->addr, size);
+    } else if (prev != nullptr) {
+      const std::size_t size = prev->size + b->size;
+      Unlink(b);
+      UpdateFree(prev, prev->addr, size);
+    } else if (next != nullptr) {
+      const std::uintptr_t addr = b->addr;
+      const std::uintptr_t old_addr = next->addr;
+      const std::size_t size = b->size + next->size;
+      Unlink(b);
+      UpdateFree(next, addr, size);
+      Region* region = next->region;
+      Block*& page = PageOf(addr, region);
+      if (page == nullptr || page->addr > addr) page = next;
+      Block*& old_page = PageOf(old_addr, region);
+      if (&old_page != &page && old_page == next) {
+        Block* after = next->next;
+        old_page = after != nullptr && &PageOf(after->addr, region) == &old_page ? after : nullptr;
+      }
+    } else {
+      InsertFree(b);
+    }
   }
 
   // Free bytes of `b` that cannot go back to the upstream while its neighbours stay.
@@ -784,6 +840,14 @@ class CachingPool final : public Pool {
     b->state = BlockState::kFree;
     heaps_[b->heap].Insert(b);
     b->region->free_bytes += b->size;
+    unreleasable_ += Unreleasable(b);
+  }
+
+  // Moves or resizes a free block that stays free and indexed.
+  void UpdateFree(Block* b, std::uintptr_t addr, std::size_t size) {
+    unreleasable_ -= Unreleasable(b);
+    b->region->free_bytes = b->region->free_bytes - b->size + size;
+    heaps_[b->heap].Update(b, addr, size);
     unreleasable_ += Unreleasable(b);
   }
 

@@ -17,6 +17,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <set>
 
 #include "slot_pool.h"
@@ -29,7 +30,22 @@ inline constexpr std::size_t kMaxBinBytes = kBinCount * kRoundBytes;
 
 enum class BlockState : std::uint8_t { kFree, kLive, kPending, kUnmapped };
 
+struct Block;
 struct Region;
+
+struct SizeKey {
+  std::size_t size;
+  std::uintptr_t addr;
+};
+
+struct BySizeAddr {
+  using is_transparent = void;
+  bool operator()(const Block* a, const Block* b) const;
+  bool operator()(const Block* a, const SizeKey& b) const;
+  bool operator()(const SizeKey& a, const Block* b) const;
+};
+
+using BlockSet = std::set<Block*, BySizeAddr, SlotAllocator<Block*>>;
 
 struct Block {
   std::uintptr_t addr = 0;
@@ -38,12 +54,23 @@ struct Block {
   Block* next = nullptr;
   Block* link_prev = nullptr;  // bin list or pending FIFO
   Block* link_next = nullptr;
+  BlockSet::iterator where{};  // free and large: its node in the ordered index
   Region* region = nullptr;
   std::size_t requested = 0;  // live: the caller's size
   std::uint64_t fence = 0;    // pending: what must complete first
   BlockState state = BlockState::kFree;
   std::uint8_t heap = 0;
 };
+
+inline bool BySizeAddr::operator()(const Block* a, const Block* b) const {
+  return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+}
+inline bool BySizeAddr::operator()(const Block* a, const SizeKey& b) const {
+  return a->size != b.size ? a->size < b.size : a->addr < b.addr;
+}
+inline bool BySizeAddr::operator()(const SizeKey& a, const Block* b) const {
+  return a.size != b->size ? a.size < b->size : a.addr < b->addr;
+}
 
 struct Region {
   std::uintptr_t base = 0;
@@ -57,26 +84,6 @@ struct Region {
   std::uint64_t* edges = nullptr;  // virtual memory: Map chunk edges, one bit per granule
 };
 
-struct SizeKey {
-  std::size_t size;
-  std::uintptr_t addr;
-};
-
-struct BySizeAddr {
-  using is_transparent = void;
-  bool operator()(const Block* a, const Block* b) const {
-    return a->size != b->size ? a->size < b->size : a->addr < b->addr;
-  }
-  bool operator()(const Block* a, const SizeKey& b) const {
-    return a->size != b.size ? a->size < b.size : a->addr < b.addr;
-  }
-  bool operator()(const SizeKey& a, const Block* b) const {
-    return a.size != b->size ? a.size < b->size : a.addr < b->addr;
-  }
-};
-
-using BlockSet = std::set<Block*, BySizeAddr, SlotAllocator<Block*>>;
-
 class FreeIndex {
  public:
   explicit FreeIndex(SlotPool* nodes) : large_(BySizeAddr{}, SlotAllocator<Block*>(nodes)) {}
@@ -86,7 +93,7 @@ class FreeIndex {
     ++count_;
     bytes_ += block->size;
     if (block->size > kMaxBinBytes) {
-      large_.insert(block);
+      block->where = large_.insert(block).first;
       return;
     }
     const std::size_t bin = block->size / kRoundBytes - 1;
@@ -103,7 +110,7 @@ class FreeIndex {
     --count_;
     bytes_ -= block->size;
     if (block->size > kMaxBinBytes) {
-      large_.erase(block);
+      large_.erase(block->where);
       return;
     }
     const std::size_t bin = block->size / kRoundBytes - 1;
@@ -117,6 +124,37 @@ class FreeIndex {
       words_[bin / 64] &= ~(std::uint64_t{1} << (bin % 64));
       if (words_[bin / 64] == 0) summary_ &= ~(std::uint64_t{1} << (bin / 64));
     }
+  }
+
+  // Moves or resizes an indexed block. The common cases (a large block that keeps its rank, a
+  // small one that stays in its bin) touch no tree node: the hot path of carving the front off a
+  // large free block, and of merging a freed block back into it, costs a few compares.
+  void Update(Block* block, std::uintptr_t addr, std::size_t size) {
+    const bool was_large = block->size > kMaxBinBytes;
+    const bool now_large = size > kMaxBinBytes;
+    if (was_large && now_large) {
+      bytes_ = bytes_ - block->size + size;
+      block->addr = addr;
+      block->size = size;
+      const auto it = block->where;
+      const auto after = std::next(it);
+      const bool ordered = (it == large_.begin() || BySizeAddr{}(*std::prev(it), block)) &&
+                           (after == large_.end() || BySizeAddr{}(block, *after));
+      if (!ordered) {
+        // Erasing by iterator compares nothing, so the changed key is harmless here.
+        large_.erase(it);
+        block->where = large_.insert(block).first;
+      }
+      return;
+    }
+    if (!was_large && !now_large && block->size == size) {
+      block->addr = addr;
+      return;
+    }
+    Remove(block);
+    block->addr = addr;
+    block->size = size;
+    Insert(block);
   }
 
   // The smallest free block of at least `size` bytes (a multiple of kRoundBytes), or nullptr.

@@ -394,7 +394,17 @@ TEST_P(PoolContractTest, StatisticsAreExactAtEveryStep) {
     ASSERT_EQ(s.peak_requested_bytes, peak_requested);
     ASSERT_EQ(s.peak_allocated_bytes, peak_allocated);
     ASSERT_EQ(s.live_blocks, live.size());
-    if (step % 100 == 0) ExpectConsistent(*pool, upstream);
+    if (step % 100 == 0) {
+      ExpectConsistent(*pool, upstream);
+      // The page map behind Lookup survives every split and merge.
+      for (const auto& [a, size] : live) {
+        BlockInfo info;
+        ASSERT_EQ(pool->Lookup(a + size - 1, &info), PoolStatus::kOk);
+        ASSERT_EQ(info.address, a);
+        ASSERT_EQ(pool->Lookup(a, &info), PoolStatus::kOk);
+        ASSERT_EQ(info.requested, size);
+      }
+    }
   }
   ExpectConsistent(*pool, upstream);
 }
