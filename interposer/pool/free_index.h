@@ -133,13 +133,20 @@ class FreeIndex {
     const bool was_large = block->size > kMaxBinBytes;
     const bool now_large = size > kMaxBinBytes;
     if (was_large && now_large) {
+      // Only the side it moves towards can break the order: down when it shrinks (or moves
+      // down at equal size), up when it grows.
+      const bool down = size < block->size || (size == block->size && addr < block->addr);
       bytes_ = bytes_ - block->size + size;
       block->addr = addr;
       block->size = size;
       const auto it = block->where;
-      const auto after = std::next(it);
-      const bool ordered = (it == large_.begin() || BySizeAddr{}(*std::prev(it), block)) &&
-                           (after == large_.end() || BySizeAddr{}(block, *after));
+      bool ordered;
+      if (down) {
+        ordered = it == large_.begin() || BySizeAddr{}(*std::prev(it), block);
+      } else {
+        const auto after = std::next(it);
+        ordered = after == large_.end() || BySizeAddr{}(block, *after);
+      }
       if (!ordered) {
         // Erasing by iterator compares nothing, so the changed key is harmless here.
         large_.erase(it);
