@@ -17,6 +17,8 @@ const char* KindName(Kind kind) {
       return "managed";
     case Kind::kHost:
       return "host";
+    case Kind::kHostRegistered:
+      return "host_registered";
     case Kind::kAsync:
       return "async";
     case Kind::kVmmPhysical:

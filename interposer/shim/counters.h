@@ -15,15 +15,16 @@ inline constexpr int kMaxDevices = 16;
 
 // Ways to take memory that the shim passes through to the driver and records.
 enum class Kind : int {
-  kDevice = 0,   // cuMemAlloc_v2 not pooled (passthrough mode, non-primary context)
-  kPitch,        // cuMemAllocPitch_v2
-  kManaged,      // cuMemAllocManaged
-  kHost,         // cuMemHostAlloc, cuMemAllocHost_v2
-  kAsync,        // cuMemAllocAsync(_ptsz), cuMemAllocFromPoolAsync(_ptsz)
-  kVmmPhysical,  // cuMemCreate until cuMemRelease
-  kVmmMapped,    // cuMemMap until cuMemUnmap
-  kVmmReserved,  // cuMemAddressReserve until cuMemAddressFree (address space only)
-  kIpcImport,    // cuIpcOpenMemHandle_v2 until cuIpcCloseMemHandle (owned by another process)
+  kDevice = 0,      // cuMemAlloc_v2 not pooled (passthrough mode, non-primary context)
+  kPitch,           // cuMemAllocPitch_v2
+  kManaged,         // cuMemAllocManaged
+  kHost,            // cuMemHostAlloc, cuMemAllocHost_v2
+  kHostRegistered,  // cuMemHostRegister_v2 until cuMemHostUnregister (pinned, not allocated)
+  kAsync,           // cuMemAllocAsync(_ptsz), cuMemAllocFromPoolAsync(_ptsz)
+  kVmmPhysical,     // cuMemCreate until cuMemRelease
+  kVmmMapped,       // cuMemMap until cuMemUnmap
+  kVmmReserved,     // cuMemAddressReserve until cuMemAddressFree (address space only)
+  kIpcImport,       // cuIpcOpenMemHandle_v2 until cuIpcCloseMemHandle (owned by another process)
   kCount,
 };
 

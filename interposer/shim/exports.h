@@ -62,6 +62,8 @@ CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGra
   X(cuMemHostAlloc)                      \
   X(cuMemAllocHost_v2)                   \
   X(cuMemFreeHost)                       \
+  X(cuMemHostRegister_v2)                \
+  X(cuMemHostUnregister)                 \
   X(cuMemAllocAsync)                     \
   X(cuMemAllocAsync_ptsz)                \
   X(cuMemFreeAsync)                      \

@@ -123,6 +123,26 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
   return result;
 }
 
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize,
+                                                       unsigned int Flags) {
+  VRAMSCOPE_PROLOGUE(cuMemHostRegister_v2);
+  const CUresult result = real.cuMemHostRegister_v2(p, bytesize, Flags);
+  if (result == CUDA_SUCCESS && Recording()) {
+    RecordAlloc(RegistryId::kHostPointers, reinterpret_cast<std::uintptr_t>(p), bytesize,
+                Kind::kHostRegistered);
+  }
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemHostUnregister(void* p) {
+  VRAMSCOPE_PROLOGUE(cuMemHostUnregister);
+  const CUresult result = real.cuMemHostUnregister(p);
+  if (result == CUDA_SUCCESS && Recording()) {
+    (void)RecordFree(RegistryId::kHostPointers, reinterpret_cast<std::uintptr_t>(p));
+  }
+  return result;
+}
+
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize,
                                                   CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemAllocAsync);

@@ -60,6 +60,7 @@ TEST(SummaryTest, OneLineAtExit) {
   }
   EXPECT_NE(summary.find(" managed=1048576/1048576/1 "), std::string::npos) << summary;
   EXPECT_NE(summary.find(" host=0/4096/1 "), std::string::npos) << summary;
+  EXPECT_NE(summary.find(" host_registered=0/0/0 "), std::string::npos) << summary;
   EXPECT_NE(summary.find(" pitch=0/"), std::string::npos) << summary;
   // Exactly one line.
   EXPECT_EQ(out.find("vramscope: mode="), out.rfind("vramscope: mode=")) << out;
