@@ -9,8 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <iterator>
-
 #include "fake_cuda_decls.h"
 #include "fake_state.h"
 
