@@ -1,0 +1,230 @@
+// Agent and collector in one process, the collector served on a loopback port: spooling while
+// the collector is unreachable, counted and reported drops when the spool is full, renumbering
+// after an earlier agent, rings found after start, and other users' rings left alone.
+#include <absl/strings/str_cat.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "tests/collector/test_util.h"
+#include "vramscope/agent/agent.h"
+#include "vramscope/agent/log.h"
+#include "vramscope/agent/outbox.h"
+#include "vramscope/agent/uplink.h"
+#include "vramscope/collector/collector.h"
+#include "vramscope/collector/log.h"
+#include "vramscope/collector/record_log.h"
+#include "vramscope/collector/service.h"
+#include "vramscope/ring/ring_writer.h"
+
+namespace vramscope {
+namespace {
+
+using ::vramscope::testing::Batch;
+using ::vramscope::testing::Key;
+using ::vramscope::testing::TempDir;
+
+size_t FilesIn(const std::string& dir) {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir)) ++n;
+  return n;
+}
+
+class PipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    agent::SetMinLogLevel(agent::LogLevel::kError);
+    collector::SetMinLogLevel(collector::LogLevel::kError);
+    collector::CollectorOptions options;
+    options.data_dir = data_.path();
+    options.fsync = false;
+    core_ = *collector::Collector::Open(options);
+  }
+
+  // Serves the collector on `port` (0: any); returns the port.
+  int Serve(int port = 0) {
+    collector::ServerOptions options;
+    options.listen = absl::StrCat("127.0.0.1:", port);
+    absl::StatusOr<std::unique_ptr<collector::CollectorServer>> server =
+        collector::CollectorServer::Start(core_.get(), options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return 0;
+    server_ = std::move(*server);
+    return server_->port();
+  }
+
+  // A loopback port with nothing listening (yet).
+  int ReservePort() {
+    int port = Serve();
+    server_->Shutdown();
+    server_.reset();
+    return port;
+  }
+
+  static agent::UplinkOptions Fast(int port) {
+    agent::UplinkOptions options;
+    options.collector = absl::StrCat("127.0.0.1:", port);
+    options.initial_backoff = absl::Milliseconds(10);
+    options.max_backoff = absl::Milliseconds(100);
+    return options;
+  }
+
+  uint64_t DroppedRecordsStored() {
+    uint64_t dropped = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(data_.path())) {
+      collector::LogScan scan;
+      EXPECT_TRUE(collector::ReadLog(
+                      entry.path().string(),
+                      [&](uint64_t, absl::string_view payload) {
+                        v1::EventBatch batch;
+                        batch.ParseFromArray(payload.data(), static_cast<int>(payload.size()));
+                        for (const v1::Event& event : batch.events()) {
+                          if (event.has_drop()) dropped += event.drop().dropped_records();
+                        }
+                        return absl::OkStatus();
+                      },
+                      &scan)
+                      .ok());
+    }
+    return dropped;
+  }
+
+  TempDir data_;
+  TempDir spool_;
+  std::unique_ptr<collector::Collector> core_;
+  std::unique_ptr<collector::CollectorServer> server_;
+};
+
+TEST_F(PipelineTest, SpoolsWhileTheCollectorIsUnreachableThenDeliversEverything) {
+  const int port = ReservePort();
+  agent::OutboxOptions options;
+  options.spool_dir = spool_.path();
+  agent::Outbox outbox(options);
+  agent::Uplink uplink(&outbox, Fast(port));
+  uplink.Start();
+  for (uint64_t seq = 1; seq <= 30; ++seq) ASSERT_TRUE(outbox.Add(Batch(Key(801), seq, 100)));
+  agent::AgentCounters counters = outbox.counters();
+  EXPECT_EQ(counters.batches_spooled, 30u);
+  EXPECT_EQ(counters.memory_bytes, 0u);
+  EXPECT_EQ(FilesIn(spool_.path()), 30u);
+  EXPECT_FALSE(counters.connected);
+
+  ASSERT_EQ(Serve(port), port);
+  ASSERT_TRUE(outbox.WaitAllAcked(absl::Seconds(30))) << uplink.last_error();
+  uplink.Stop();
+  EXPECT_EQ(core_->GetReport(Key(801))->events(), 3000u);
+  EXPECT_EQ(FilesIn(spool_.path()), 0u);
+  EXPECT_EQ(outbox.counters().spool_bytes, 0u);
+}
+
+TEST_F(PipelineTest, DropsBeyondTheSpoolBoundAreCountedAndReported) {
+  const int port = ReservePort();
+  agent::OutboxOptions options;
+  options.spool_dir = spool_.path();
+  options.max_memory_bytes = 0;
+  options.max_spool_bytes = 3 * Batch(Key(802), 2, 100).ByteSizeLong() + 100;
+  agent::Outbox outbox(options);
+  for (uint64_t seq = 1; seq <= 10; ++seq) outbox.Add(Batch(Key(802), seq, 100));
+  agent::AgentCounters counters = outbox.counters();
+  EXPECT_EQ(counters.batches_spooled, 3u);
+  EXPECT_EQ(counters.batches_dropped, 7u);
+  EXPECT_EQ(counters.events_dropped, 700u);
+
+  agent::Uplink uplink(&outbox, Fast(port));
+  uplink.Start();
+  ASSERT_EQ(Serve(port), port);
+  ASSERT_TRUE(outbox.WaitAllAcked(absl::Seconds(30)));
+  // The next batch carries the loss to the collector.
+  ASSERT_TRUE(outbox.Add(Batch(Key(802), 11, 100)));
+  ASSERT_TRUE(outbox.WaitAllAcked(absl::Seconds(30)));
+  uplink.Stop();
+  EXPECT_EQ(core_->GetReport(Key(802))->events(), 3u * 100 + 101);
+  EXPECT_EQ(DroppedRecordsStored(), 700u);
+}
+
+TEST_F(PipelineTest, RenumbersAfterBatchesOfAnEarlierAgent) {
+  const int port = Serve();
+  for (uint64_t seq = 1; seq <= 3; ++seq) ASSERT_TRUE(core_->Ingest(Batch(Key(803), seq, 10)).ok());
+  agent::Outbox outbox(agent::OutboxOptions{});
+  agent::Uplink uplink(&outbox, Fast(port));
+  ASSERT_TRUE(outbox.Add(Batch(Key(803), 4, 10)));
+  ASSERT_TRUE(outbox.Add(Batch(Key(803), 5, 10)));
+  uplink.Start();
+  ASSERT_TRUE(outbox.WaitAllAcked(absl::Seconds(30)));
+  uplink.Stop();
+  EXPECT_EQ(outbox.counters().batches_renumbered, 2u);
+  EXPECT_EQ(core_->GetReport(Key(803))->events(), 50u);
+}
+
+TEST_F(PipelineTest, AgentFindsRingsThatAppearAfterItStarted) {
+  const int port = Serve();
+  TempDir rings;
+  agent::AgentOptions options;
+  options.ring_dir = rings.path();
+  options.uplink = Fast(port);
+  agent::Agent agent(options);
+  agent.StartUplink();
+  ASSERT_EQ(*agent.Poll(), 0u);
+
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    interposer::RingWriter writer;
+    interposer::RingOpenOptions ring_options;
+    ring_options.dir = rings.path().c_str();
+    if (writer.Open(ring_options) != interposer::RingError::kOk) ::_exit(1);
+    for (uint64_t i = 0; i < 300; ++i) {
+      writer.RecordAlloc(0, 0x1000 + i * 512, 500, 512, VRAMSCOPE_RING_ALLOC_POOLED);
+    }
+    writer.MarkExited(0);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_EQ(status, 0);
+
+  EXPECT_EQ(*agent.Poll(), 302u);  // ProcessStart, 300 allocations, ProcessExit
+  ASSERT_TRUE(agent.outbox().WaitAllAcked(absl::Seconds(30)));
+  agent.StopUplink();
+  const agent::AgentCounters counters = agent.counters();
+  EXPECT_EQ(counters.rings_finished, 1u);
+  EXPECT_EQ(counters.rings_open, 0u);
+  v1::ListProcessesResponse list = core_->ListProcesses(true);
+  ASSERT_EQ(list.processes_size(), 1);
+  EXPECT_EQ(list.processes(0).events(), 302u);
+  EXPECT_TRUE(list.processes(0).finished());
+}
+
+TEST_F(PipelineTest, OtherUsersRingsAreSkippedUnlessAllUsers) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a ring to another user";
+  TempDir rings;
+  interposer::RingWriter writer;
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = rings.path().c_str();
+  ASSERT_EQ(writer.Open(ring_options), interposer::RingError::kOk);
+  ASSERT_EQ(::chown(writer.path(), 12345, 12345), 0);
+
+  agent::AgentOptions options;
+  options.ring_dir = rings.path();
+  options.uplink = Fast(ReservePort());
+  {
+    agent::Agent agent(options);
+    ASSERT_EQ(*agent.Poll(), 0u);
+    EXPECT_EQ(agent.counters().rings_skipped, 1u);
+    EXPECT_EQ(agent.counters().rings_open, 0u);
+  }
+  options.all_users = true;
+  agent::Agent agent(options);
+  EXPECT_EQ(*agent.Poll(), 1u);  // ProcessStart
+  EXPECT_EQ(agent.counters().rings_open, 1u);
+  writer.Close();
+}
+
+}  // namespace
+}  // namespace vramscope
