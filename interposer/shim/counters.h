@@ -73,6 +73,7 @@ struct DeviceCounters {
   Counter fence_syncs;            // cuCtxSynchronize issued by the shim
   Counter user_syncs;             // the application's own cuCtxSynchronize (completes fences)
   Counter syncs_skipped_capture;  // wanted to sync, a capture was live
+  Counter syncs_during_capture;   // the pool's Wait synchronised while a capture was live
   Counter oom_retries;            // driver OOM on a passthrough call, cache flushed, retried
 };
 

@@ -390,11 +390,14 @@ void EpochFences::Complete(std::uint64_t epoch) {
   frees_since_sync.store(0, std::memory_order_relaxed);
 }
 
-bool EpochFences::Sync() {
+bool EpochFences::Sync(bool forced) {
   if (dead_.load(std::memory_order_acquire) || Exiting()) return false;
   if (AnyCaptureLive()) {
-    DevCounters(device_).syncs_skipped_capture.Add(1);
-    return false;
+    if (!forced) {
+      DevCounters(device_).syncs_skipped_capture.Add(1);
+      return false;
+    }
+    DevCounters(device_).syncs_during_capture.Add(1);
   }
   // Frees stamped with `epoch` returned before this increment; the synchronisation below
   // starts after it, so it covers all the work they could have queued.
@@ -419,8 +422,11 @@ void EpochFences::EndUserSync(std::uint64_t epoch, CUresult result) {
 }
 
 void EpochFences::Wait(std::uint64_t fence) {
-  if (IsComplete(fence)) return;
-  (void)Sync();
+  if (IsComplete(fence) || Exiting()) return;
+  if (!Sync(/*forced=*/true) && !IsComplete(fence)) {
+    VRAMSCOPE_LOG_ONCE(kWarn, "device %d: cannot wait for a free's fence (cuCtxSynchronize failed)",
+                       device_);
+  }
 }
 
 // --- Slot table ------------------------------------------------------------------------------

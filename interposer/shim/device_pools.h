@@ -9,8 +9,10 @@
 // synchronises only after fence_batch_frees frees or fence_batch_bytes pending bytes since the
 // last one (where the driver's own free would have synchronised every time); the application's
 // own cuCtxSynchronize completes epochs for free; the pool's Wait (memory pressure) forces one.
-// No synchronisation is issued while a stream capture is live (capture.h) or after exit began;
-// then fences simply stay pending and the pool grows instead of reusing.
+// The amortised synchronisation is skipped while a stream capture is live (capture.h) and after
+// exit began: fences then stay pending and the pool grows instead of reusing. Only the pool's
+// Wait (memory pressure, or a fence it cannot keep) synchronises during a capture, in relaxed
+// capture mode, because it must not return before the fence completes.
 //
 // Slots are never deleted: a context reset or destroy marks its slot dead (the memory went with
 // the context) and leaks the Pool object, so a racing thread can never touch freed metadata and
@@ -84,9 +86,9 @@ class EpochFences final : public pool::FenceTracker {
 
   // The token for a free happening now.
   std::uint64_t Current() const { return epoch_.load(std::memory_order_seq_cst); }
-  // Synchronises the context (unless a capture is live or exit began); true if every fence
-  // issued before the call is now complete.
-  bool Sync();
+  // Synchronises the context (unless exit began, or a capture is live and `forced` is false);
+  // true if every fence issued before the call is now complete.
+  bool Sync(bool forced = false);
   // The application synchronises the context itself: BeginUserSync before the driver call,
   // EndUserSync with its result.
   std::uint64_t BeginUserSync() { return epoch_.fetch_add(1, std::memory_order_seq_cst); }
@@ -95,8 +97,9 @@ class EpochFences final : public pool::FenceTracker {
   bool IsComplete(std::uint64_t fence) override {
     return completed_.load(std::memory_order_acquire) >= fence;
   }
-  // May return with the fence still pending when it cannot synchronise (capture live, exit);
-  // the pool re-checks IsComplete.
+  // Synchronises even while a capture is live (in relaxed mode: the pool relies on Wait to
+  // complete the fence, and reusing a block early would be silent corruption). Returns with
+  // the fence pending only if the synchronisation fails or exit began.
   void Wait(std::uint64_t fence) override;
 
   std::atomic<std::uint64_t> frees_since_sync{0};

@@ -1,9 +1,29 @@
 // A small CUDA program for summary_test: a few pooled allocations and one of each passthrough
 // kind, then a normal exit (the shim prints its VRAMSCOPE_SUMMARY line from its atexit handler).
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdio.h>
+#include <string.h>
 
-int main() {
+namespace {
+
+// Looks up entry points the shim does not wrap, twice each, by dlsym and by cuGetProcAddress:
+// with VRAMSCOPE_LOG=debug the shim names each once.
+void LookUpUnwrapped() {
+  void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) return;
+  for (int i = 0; i < 2; ++i) {
+    (void)dlsym(handle, "cuMemcpyHtoD_v2");
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult status{};
+    (void)cuGetProcAddress_v2("cuCtxGetDevice", &fn, 12000, 0, &status);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "--lookups") == 0) LookUpUnwrapped();
   constexpr size_t kMiB = size_t{1} << 20;
   CUcontext ctx = nullptr;
   if (cuInit(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||

@@ -10,8 +10,9 @@
 
 namespace {
 
-// Runs the helper with VRAMSCOPE_SUMMARY=1; returns its stderr and exit status.
-std::string RunHelper(int* exit_status) {
+// Runs the helper with VRAMSCOPE_SUMMARY=1 (and `log_level` as VRAMSCOPE_LOG, if given);
+// returns its stderr and exit status.
+std::string RunHelper(int* exit_status, const char* log_level = nullptr) {
   const char* helper = getenv("VRAMSCOPE_SUMMARY_HELPER");
   if (helper == nullptr) return "";
   int fds[2];
@@ -22,6 +23,10 @@ std::string RunHelper(int* exit_status) {
     close(fds[0]);
     close(fds[1]);
     setenv("VRAMSCOPE_SUMMARY", "1", 1);
+    if (log_level != nullptr) {
+      setenv("VRAMSCOPE_LOG", log_level, 1);
+      execl(helper, helper, "--lookups", static_cast<char*>(nullptr));
+    }
     execl(helper, helper, static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -64,6 +69,32 @@ TEST(SummaryTest, OneLineAtExit) {
   EXPECT_NE(summary.find(" pitch=0/"), std::string::npos) << summary;
   // Exactly one line.
   EXPECT_EQ(out.find("vramscope: mode="), out.rfind("vramscope: mode=")) << out;
+}
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// Driver entry points handed out unwrapped are logged once each at debug level, so new driver
+// variants show up; nothing is logged at the default level.
+TEST(SummaryTest, UnwrappedEntryPointsAreLoggedOnceAtDebugLevel) {
+  int status = -1;
+  const std::string debug = RunHelper(&status, "debug");
+  EXPECT_EQ(status, 0) << debug;
+  EXPECT_EQ(Count(debug,
+                  "dlsym(\"cuMemcpyHtoD_v2\") -> cuMemcpyHtoD_v2: driver entry point not "
+                  "wrapped"),
+            1)
+      << debug;
+  EXPECT_EQ(Count(debug,
+                  "cuGetProcAddress_v2(\"cuCtxGetDevice\") -> cuCtxGetDevice: driver entry "
+                  "point not wrapped"),
+            1)
+      << debug;
+  const std::string quiet = RunHelper(&status, "warn");
+  EXPECT_EQ(Count(quiet, "not wrapped"), 0) << quiet;
 }
 
 }  // namespace
