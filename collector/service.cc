@@ -51,7 +51,8 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       return;
     }
     if (finished_) return;
-    if (!writing_) WriteNext();
+    // An OnWriteDone between Handle() and here may already have sent this acknowledgement.
+    if (!writing_ && !pending_.empty()) WriteNext();
     StartRead(&request_);
   }
 
