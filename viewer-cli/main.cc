@@ -5,12 +5,14 @@
 
 #include "command.h"
 #include "replay/replay_command.h"
+#include "run/run_command.h"
 
 namespace vramscope::cli {
 namespace {
 
 // Only commands that exist are listed: `--help` tells the truth.
 constexpr Command kCommands[] = {
+    {"run", kRunSummary, RunRun},
     {"replay", kReplaySummary, RunReplay},
 };
 
