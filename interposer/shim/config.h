@@ -24,9 +24,10 @@ struct Config {
   std::size_t capacity_bytes = 0;  // VRAMSCOPE_POOL_CAPACITY (0 = unlimited)
   // Amortised fence: after this many pooled frees, or this many pending bytes, since the last
   // synchronisation, the next free synchronises the context (what the driver's free does on
-  // every call). VRAMSCOPE_FENCE_BATCH_FREES / VRAMSCOPE_FENCE_BATCH_BYTES.
-  std::uint64_t fence_batch_frees = 256;
-  std::uint64_t fence_batch_bytes = std::uint64_t{64} << 20;
+  // every call). VRAMSCOPE_FENCE_BATCH_FREES / VRAMSCOPE_FENCE_BATCH_BYTES; bytes 0 = automatic:
+  // 1/64 of the device's memory, at least 64 MiB (about 2.2 GiB on an H200).
+  std::uint64_t fence_batch_frees = 1024;
+  std::uint64_t fence_batch_bytes = 0;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
 };
 

@@ -133,6 +133,15 @@ Slot* CreateSlot(CUcontext ctx, int index) {
   }
   slot->upstream.Configure(ctx, device, use_vmm, granularity, access, access_count);
   slot->fences.Configure(ctx, device);
+  slot->fences.batch_bytes = config.fence_batch_bytes;
+  if (slot->fences.batch_bytes == 0) {
+    std::size_t total = 0;
+    if (real.cuDeviceTotalMem_v2 == nullptr ||
+        real.cuDeviceTotalMem_v2(&total, device) != CUDA_SUCCESS) {
+      total = 0;
+    }
+    slot->fences.batch_bytes = std::max<std::uint64_t>(std::uint64_t{64} << 20, total / 64);
+  }
   pool::PoolOptions options;
   options.policy = policy;
   options.capacity_bytes = config.capacity_bytes;
@@ -170,7 +179,7 @@ void MaybeSync(Slot* slot) {
   const Config& config = Cfg();
   const std::uint64_t frees = slot->fences.frees_since_sync.fetch_add(1) + 1;
   bool due = frees >= config.fence_batch_frees;
-  if (!due) due = slot->pool->Stats().pending_bytes >= config.fence_batch_bytes;
+  if (!due) due = slot->pool->Stats().pending_bytes >= slot->fences.batch_bytes;
   if (due) (void)slot->fences.Sync();
 }
 

@@ -103,6 +103,7 @@ class EpochFences final : public pool::FenceTracker {
   void Wait(std::uint64_t fence) override;
 
   std::atomic<std::uint64_t> frees_since_sync{0};
+  std::uint64_t batch_bytes = std::uint64_t{64} << 20;  // see Config::fence_batch_bytes
 
  private:
   void Complete(std::uint64_t epoch);

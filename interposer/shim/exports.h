@@ -104,6 +104,7 @@ CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGra
   X(cuDeviceGetAttribute)              \
   X(cuDeviceCanAccessPeer)             \
   X(cuDeviceGetCount)                  \
+  X(cuDeviceTotalMem_v2)               \
   X(cuDevicePrimaryCtxGetState)        \
   X(cuDevicePrimaryCtxRetain)          \
   X(cuMemSetAccess)                    \

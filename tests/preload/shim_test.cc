@@ -171,7 +171,7 @@ TEST_F(ShimTest, FenceWaitBlocksUntilQueuedWorkCompletes) {
 TEST_F(ShimTest, FenceSynchronisationIsAmortised) {
   const std::uint64_t syncs = Syncs();
   const std::uint64_t allocs = DriverAllocs();
-  constexpr int kFrees = 300;
+  constexpr int kFrees = 1100;  // just over one batch (VRAMSCOPE_FENCE_BATCH_FREES=1024)
   for (int i = 0; i < kFrees; ++i) {
     CUdeviceptr p = 0;
     ASSERT_EQ(api_.cuMemAlloc_v2(&p, 4096), CUDA_SUCCESS);
