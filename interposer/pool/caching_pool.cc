@@ -11,6 +11,7 @@
 // AddrMap reserve ahead with new(std::nothrow)), and nothing throws.
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -79,9 +80,7 @@ class CachingPool final : public Pool {
     } else {
       for (auto& [base, region] : regions_) (void)upstream_->Free(base, region->size);
     }
-    for (auto& [base, region] : regions_) delete[] region->pages;
-    for (auto& [base, region] : regions_) delete[] region->edges;
-    for (auto& [base, region] : regions_) delete region;
+    for (auto& [base, region] : regions_) DeleteRegion(region);
   }
 
   PoolStatus Allocate(std::size_t size, std::uintptr_t* address) override {
@@ -379,7 +378,8 @@ class CachingPool final : public Pool {
     if (va_[heap] != nullptr) return true;
     Region* region = NewRegion(va_bytes_, heap);
     if (region == nullptr) return false;
-    region->edges = new (std::nothrow) std::uint64_t[va_bytes_ / granularity_ / 64 + 1]();
+    region->edges = static_cast<std::uint64_t*>(
+        std::calloc(va_bytes_ / granularity_ / 64 + 1, sizeof(std::uint64_t)));
     if (region->edges == nullptr) {
       DeleteRegion(region);
       return false;
@@ -889,7 +889,9 @@ class CachingPool final : public Pool {
     while ((bytes >> shift) >= (std::size_t{1} << 20)) ++shift;
     region->page_shift = shift;
     region->page_count = ((bytes - 1) >> shift) + 1;
-    region->pages = new (std::nothrow) Block*[region->page_count]();
+    // calloc: the page map of a large reserved range is mostly never touched, and fresh pages
+    // from the kernel are zero already.
+    region->pages = static_cast<Block**>(std::calloc(region->page_count, sizeof(Block*)));
     if (region->pages == nullptr) {
       delete region;
       return nullptr;
@@ -900,7 +902,8 @@ class CachingPool final : public Pool {
   }
 
   static void DeleteRegion(Region* region) {
-    delete[] region->pages;
+    std::free(region->pages);
+    std::free(region->edges);
     delete region;
   }
 
