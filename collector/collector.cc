@@ -355,7 +355,11 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::st
         "sequence gap for process %s: stored up to %d, got %d; resend from sequence %d", key,
         process->acked, batch.sequence(), process->acked + 1));
   }
-  std::string record = FrameRecord(wire.empty() ? batch.SerializeAsString() : wire);
+  std::string serialized;
+  if (wire.empty()) serialized = batch.SerializeAsString();
+  // One framing buffer per thread, reused: a fresh 100+ KB string per batch costs page faults.
+  thread_local std::string record;
+  FrameRecordInto(wire.empty() ? absl::string_view(serialized) : wire, &record);
   uint64_t need = record.size() + (process->fd < 0 ? kLogMagic.size() : 0);
   uint64_t before = disk_bytes_.fetch_add(need, std::memory_order_relaxed);
   if (options_.max_disk_bytes != 0 && before + need > options_.max_disk_bytes) {

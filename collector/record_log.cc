@@ -83,11 +83,16 @@ uint32_t Crc32(absl::string_view data, uint32_t crc) {
   return ~c;
 }
 
+void FrameRecordInto(absl::string_view payload, std::string* out) {
+  out->resize(kRecordHeaderBytes + payload.size());
+  PutU32(out->data(), static_cast<uint32_t>(payload.size()));
+  PutU32(out->data() + 4, Crc32(payload));
+  std::memcpy(out->data() + kRecordHeaderBytes, payload.data(), payload.size());
+}
+
 std::string FrameRecord(absl::string_view payload) {
-  std::string out(kRecordHeaderBytes + payload.size(), '\0');
-  PutU32(out.data(), static_cast<uint32_t>(payload.size()));
-  PutU32(out.data() + 4, Crc32(payload));
-  std::memcpy(out.data() + kRecordHeaderBytes, payload.data(), payload.size());
+  std::string out;
+  FrameRecordInto(payload, &out);
   return out;
 }
 

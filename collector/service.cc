@@ -1,9 +1,11 @@
 #include "vramscope/collector/service.h"
 
 #include <absl/strings/str_format.h>
+#include <google/protobuf/arena.h>
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,7 +34,10 @@ namespace {
 class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   IngestReactor(Collector* collector, std::string peer)
-      : collector_(collector), peer_(std::move(peer)) {
+      : collector_(collector),
+        peer_(std::move(peer)),
+        arena_block_(new char[kArenaBlockBytes]),
+        arena_(ArenaOptionsFor(arena_block_.get())) {
     StartRead(&request_);
   }
 
@@ -81,16 +86,20 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       wire_.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
     }
     request_.Clear();
-    if (!batch_.ParseFromString(wire_)) {
+    // Parsing into an arena: one block reused for every batch of the stream instead of two
+    // mallocs and frees per event (they dominated the ingest profile).
+    arena_.Reset();
+    v1::EventBatch& batch = *google::protobuf::Arena::CreateMessage<v1::EventBatch>(&arena_);
+    if (!batch.ParseFromString(wire_)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "malformed message on Ingest: %d bytes that are not a vramscope.v1.EventBatch; is the "
           "client a vramscope-agent of the same protocol version?",
           wire_.size()));
     }
-    absl::StatusOr<uint64_t> acked = collector_->Ingest(batch_, wire_);
+    absl::StatusOr<uint64_t> acked = collector_->Ingest(batch, wire_);
     if (!acked.ok()) return acked.status();
     v1::IngestAck ack;
-    *ack.mutable_process() = batch_.process();
+    *ack.mutable_process() = batch.process();
     ack.set_acked_sequence(*acked);
     absl::MutexLock lock(&mu_);
     for (v1::IngestAck& pending : pending_) {
@@ -124,12 +133,23 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     Finish(status);
   }
 
+  // A batch of 4096 events parses into about 600 KB.
+  static constexpr size_t kArenaBlockBytes = size_t{1} << 20;
+  static google::protobuf::ArenaOptions ArenaOptionsFor(char* block) {
+    google::protobuf::ArenaOptions options;
+    options.initial_block = block;
+    options.initial_block_size = kArenaBlockBytes;
+    options.max_block_size = kArenaBlockBytes;
+    return options;
+  }
+
   Collector* const collector_;
   const std::string peer_;
   // Touched only by the read path (one read outstanding at a time).
   grpc::ByteBuffer request_;
   std::string wire_;
-  v1::EventBatch batch_;
+  std::unique_ptr<char[]> arena_block_;
+  google::protobuf::Arena arena_;
   absl::Mutex mu_;
   grpc::ByteBuffer response_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::IngestAck> pending_ ABSL_GUARDED_BY(mu_);

@@ -36,6 +36,8 @@ uint32_t Crc32(absl::string_view data, uint32_t crc = 0);
 
 // Header and payload of one record, ready for a single write.
 std::string FrameRecord(absl::string_view payload);
+// The same into `out` (its capacity is reused: no allocation per record once warm).
+void FrameRecordInto(absl::string_view payload, std::string* out);
 
 // The write(2) the log uses; tests replace it to inject ENOSPC or short writes.
 using WriteFn = std::function<ssize_t(int fd, const void* data, size_t size)>;
