@@ -3,21 +3,31 @@
 // which parses, stores (CRC-framed log; fsync per batch or not) and feeds its stats engine.
 // Reported: events/s from the first batch handed to the outbox to the last acknowledgement.
 //
+// Shim-to-Watch latency: a ring writer (the shim's) records an allocation; an agent polling its
+// ring every millisecond forwards it; a Watch stream at the smallest interval (50 ms) shows the
+// new peak. Reported: time from the write to the update that shows it.
+//
 //   meson test -C build --benchmark --suite bench ingest_bench --verbose
 #include <absl/strings/str_cat.h>
 #include <benchmark/benchmark.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/collector/test_util.h"
+#include "vramscope/agent/agent.h"
 #include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
 #include "vramscope/collector/collector.h"
 #include "vramscope/collector/log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/ring/ring_writer.h"
+#include "vramscope/v1/collector.grpc.pb.h"
 
 namespace vramscope {
 namespace {
@@ -108,6 +118,85 @@ BENCHMARK(BM_CollectorIngest)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(3.0);
+
+void BM_ShimToWatchLatency(benchmark::State& state) {
+  agent::SetMinLogLevel(agent::LogLevel::kError);
+  collector::SetMinLogLevel(collector::LogLevel::kError);
+  testing::TempDir data;
+  testing::TempDir rings;
+  collector::CollectorOptions options;
+  options.data_dir = data.path();
+  options.fsync = false;
+  auto core = *collector::Collector::Open(options);
+  collector::ServerOptions server_options;
+  server_options.listen = "127.0.0.1:0";
+  auto server = *collector::CollectorServer::Start(core.get(), server_options);
+  const std::string address = absl::StrCat("127.0.0.1:", server->port());
+
+  interposer::RingWriter writer;
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = rings.path().c_str();
+  if (writer.Open(ring_options) != interposer::RingError::kOk) {
+    state.SkipWithError("cannot open a ring");
+    return;
+  }
+  agent::AgentOptions agent_options;
+  agent_options.ring_dir = rings.path();
+  agent_options.uplink.collector = address;
+  agent::Agent agent(agent_options);
+  agent.StartUplink();
+  std::atomic<bool> stop{false};
+  std::thread poller([&] {
+    while (!stop.load()) {
+      (void)agent.Poll();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+
+  absl::Mutex mu;
+  uint64_t peak = 0;
+  grpc::ClientContext context;
+  v1::WatchRequest request;
+  request.set_interval_ms(50);
+  auto stub =
+      v1::Collector::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stream = stub->Watch(&context, request);
+  std::thread watcher([&] {
+    v1::StatsUpdate update;
+    while (stream->Read(&update)) {
+      for (const v1::ProcessStats& process : update.processes()) {
+        for (const v1::DeviceReport& device : process.devices()) {
+          absl::MutexLock lock(&mu);
+          peak = std::max(peak, device.peak_allocated_bytes());
+        }
+      }
+    }
+  });
+
+  constexpr uint64_t kBytes = 1 << 20;
+  uint64_t expected = 0;
+  for (auto _ : state) {
+    expected += kBytes;
+    const auto start = std::chrono::steady_clock::now();
+    writer.RecordAlloc(0, 0x7f0000000000 + expected, kBytes, kBytes, VRAMSCOPE_RING_ALLOC_POOLED);
+    absl::MutexLock lock(&mu);
+    auto seen = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return peak >= expected; };
+    if (!mu.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(10))) {
+      state.SkipWithError("the allocation never showed in Watch");
+      break;
+    }
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  context.TryCancel();
+  watcher.join();
+  stream->Finish();
+  stop.store(true);
+  poller.join();
+  agent.StopUplink();
+  writer.Close();
+}
+BENCHMARK(BM_ShimToWatchLatency)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(40);
 
 }  // namespace
 }  // namespace vramscope
