@@ -25,7 +25,7 @@ struct Config {
   // Amortised fence: after this many pooled frees, or this many pending bytes, since the last
   // synchronisation, the next free synchronises the context (what the driver's free does on
   // every call). VRAMSCOPE_FENCE_BATCH_FREES / VRAMSCOPE_FENCE_BATCH_BYTES; bytes 0 = automatic:
-  // 1/64 of the device's memory, at least 64 MiB (about 2.2 GiB on an H200).
+  // 1/64 of the device's memory, clamped to [64 MiB, 256 MiB].
   std::uint64_t fence_batch_frees = 1024;
   std::uint64_t fence_batch_bytes = 0;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
