@@ -5,6 +5,7 @@
 // Thread safety: none; the Pool's lock covers it.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -30,6 +31,7 @@ class AddrMap {
     const std::size_t old_capacity = slots_ == nullptr ? 0 : mask_ + 1;
     slots_ = fresh;
     mask_ = capacity - 1;
+    shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
     size_ = 0;
     for (std::size_t i = 0; i < old_capacity; ++i) {
       if (old[i].key != 0) Insert(old[i].key, old[i].value);
@@ -86,15 +88,16 @@ class AddrMap {
     std::uint64_t key;
     std::uint64_t value;
   };
-  static std::size_t Hash(std::uint64_t key) {
-    key ^= key >> 33;
-    key *= 0xff51afd7ed558ccdULL;
-    key ^= key >> 33;
-    return static_cast<std::size_t>(key);
+  // Fibonacci hashing, top bits: device addresses are strided (512 B .. 2 MiB apart) and
+  // fences count up; a multiply keeping the low bits maps such keys onto a few slots and builds
+  // long probe runs, the top bits of key * 2^64/phi spread them evenly.
+  std::size_t Hash(std::uint64_t key) const {
+    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
   }
 
   Slot* slots_ = nullptr;
   std::size_t mask_ = 0;
+  unsigned shift_ = 64;
   std::size_t size_ = 0;
 };
 

@@ -44,6 +44,8 @@ class CachingPool final : public Pool {
         capacity_(options.capacity_bytes),
         granularity_(layout == Layout::kVmm ? upstream->MapGranularity() : 0),
         partial_unmap_(layout == Layout::kVmm && upstream->UnmapsPartialMaps()),
+        granule_shift_(granularity_ != 0 ? static_cast<unsigned>(std::countr_zero(granularity_))
+                                         : 0),
         blocks_(sizeof(Block)),
         nodes_(64),
         heaps_{FreeIndex(&nodes_), FreeIndex(&nodes_)},
@@ -598,8 +600,10 @@ class CachingPool final : public Pool {
   bool ReleasableRange(const Block* b, std::uintptr_t* start, std::uintptr_t* end) const {
     const Region* region = b->region;
     const std::uintptr_t base = region->base;
-    const std::size_t first = RoundUp(b->addr - base, granularity_) / granularity_;
-    const std::size_t last = RoundDown(b->addr + b->size - base, granularity_) / granularity_;
+    // Granule indices by shift: this runs on every free-block update of the hot path, where a
+    // 64-bit division per bound would cost more than the rest of the update.
+    const std::size_t first = (b->addr - base + granularity_ - 1) >> granule_shift_;
+    const std::size_t last = (b->addr + b->size - base) >> granule_shift_;
     if (last <= first) return false;
     if (partial_unmap_) {
       *start = base + first * granularity_;
@@ -620,8 +624,8 @@ class CachingPool final : public Pool {
   // set and its inside clear (bits over unmapped granules are stale and never consulted).
   void MarkMapped(Region* region, std::uintptr_t start, std::uintptr_t end) {
     std::uint64_t* edges = region->edges;
-    const std::size_t first = (start - region->base) / granularity_;
-    const std::size_t last = (end - region->base) / granularity_;
+    const std::size_t first = (start - region->base) >> granule_shift_;
+    const std::size_t last = (end - region->base) >> granule_shift_;
     for (std::size_t k = first + 1; k < last;) {
       if (k % 64 == 0 && k + 64 <= last) {
         edges[k / 64] = 0;
@@ -913,7 +917,8 @@ class CachingPool final : public Pool {
   const Tuning tuning_;
   const std::size_t capacity_;
   const std::size_t granularity_;
-  const bool partial_unmap_;  // the upstream unmaps any granules, not only whole Maps
+  const bool partial_unmap_;      // the upstream unmaps any granules, not only whole Maps
+  const unsigned granule_shift_;  // granularity_ is a power of two (MakeCachingPool checks)
   std::size_t va_bytes_ = 0;
 
   mutable std::mutex mu_;
@@ -942,7 +947,11 @@ std::unique_ptr<Pool> MakeCachingPool(Upstream* upstream, FenceTracker* fences,
                                       const PoolOptions& options, Layout layout,
                                       const Tuning& tuning) {
   if (upstream == nullptr || fences == nullptr) return nullptr;
-  if (layout == Layout::kVmm && upstream->MapGranularity() == 0) layout = Layout::kSegments;
+  // Granularities are powers of two (cuMemGetAllocationGranularity); anything else is treated
+  // as an upstream without virtual memory.
+  if (layout == Layout::kVmm && !std::has_single_bit(upstream->MapGranularity())) {
+    layout = Layout::kSegments;
+  }
   return std::unique_ptr<Pool>(new (std::nothrow)
                                    CachingPool(upstream, fences, options, layout, tuning));
 }
