@@ -80,6 +80,7 @@ Config ReadConfig() {
   }
   if (ReadU64("VRAMSCOPE_FENCE_BATCH_BYTES", &value)) config.fence_batch_bytes = value;
   if (ReadU64("VRAMSCOPE_VMM", &value)) config.use_vmm = value != 0;
+  if (ReadU64("VRAMSCOPE_FENCE_ASYNC", &value)) config.fence_async = value != 0;
   return config;
 }
 

@@ -28,6 +28,9 @@ struct Config {
   // 1/64 of the device's memory, clamped to [64 MiB, 256 MiB].
   std::uint64_t fence_batch_frees = 1024;
   std::uint64_t fence_batch_bytes = 0;
+  // VRAMSCOPE_FENCE_ASYNC=0: the free that fills a batch synchronises itself instead of asking
+  // the helper thread.
+  bool fence_async = true;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
 };
 

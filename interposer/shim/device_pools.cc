@@ -9,6 +9,7 @@
 #include "config.h"
 #include "counters.h"
 #include "driver.h"
+#include "fence_worker.h"
 #include "log.h"
 #include "shim.h"
 
@@ -189,7 +190,8 @@ void MaybeSync(Slot* slot) {
   if (!due && (frees == 1 || frees % 8 == 0)) {
     due = slot->pool->Stats().pending_bytes >= slot->fences.batch_bytes;
   }
-  if (due) (void)slot->fences.Sync();
+  if (!due) return;
+  if (!config.fence_async || !RequestBackgroundSync(slot)) (void)slot->fences.Sync();
 }
 
 }  // namespace

@@ -122,7 +122,8 @@ struct Slot {
   std::atomic<bool> dead{false};
   DriverUpstream upstream;
   EpochFences fences;
-  std::unique_ptr<pool::Pool> pool;  // null: this context is not pooled (passthrough)
+  std::atomic<bool> sync_requested{false};  // a background synchronisation is queued/running
+  std::unique_ptr<pool::Pool> pool;         // null: this context is not pooled (passthrough)
 };
 
 // The slot of `ctx` (which is current on this thread), created if needed. Never null after

@@ -14,6 +14,7 @@
 #include "counters.h"
 #include "device_pools.h"
 #include "driver.h"
+#include "fence_worker.h"
 #include "log.h"
 #include "registry.h"
 
@@ -34,6 +35,7 @@ void OnExit() {
   // Stop first: from here on the shim makes no driver call of its own (the runtime and the
   // driver tear down around this point; atexit order against them is not ours to choose).
   g_exiting.store(true, std::memory_order_release);
+  QuiesceFenceWorker(/*timeout_ms=*/2000);
   if (g_config.summary) PrintSummary();
 }
 
@@ -41,15 +43,18 @@ void ForkPrepare() {
   pthread_mutex_lock(&g_init_mu);
   LockSlotsForFork();
   LockRegistriesForFork();
+  LockFenceWorkerForFork();
 }
 
 void ForkParent() {
+  UnlockFenceWorkerAfterFork();
   UnlockRegistriesAfterFork();
   UnlockSlotsAfterFork();
   pthread_mutex_unlock(&g_init_mu);
 }
 
 void ForkChild() {
+  ResetFenceWorkerInChild();
   UnlockRegistriesAfterFork();
   UnlockSlotsAfterFork();
   pthread_mutex_unlock(&g_init_mu);
