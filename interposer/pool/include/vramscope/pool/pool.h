@@ -75,7 +75,7 @@ struct BlockInfo {
   std::size_t requested = 0;        // the caller's size
   std::size_t allocated = 0;        // after rounding
   std::uintptr_t segment_base = 0;  // start of the upstream allocation (or mapped range) holding it
-  std::size_t segment_size = 0;
+  std::size_t segment_size = 0;     // segments: the whole segment; vmm: the granules under it
 };
 
 class Pool {
@@ -87,13 +87,15 @@ class Pool {
   virtual PoolStatus Allocate(std::size_t size, std::uintptr_t* address) = 0;
   // Frees what Allocate returned; the block is reusable once `fence` completes (0 = now).
   virtual PoolStatus Free(std::uintptr_t address, std::uint64_t fence) = 0;
-  // Finds the live allocation containing `address` (interior pointers included).
+  // Finds the live allocation containing `address` (interior pointers included, up to the
+  // rounded size); freed and pending blocks are kInvalidAddress.
   virtual PoolStatus Lookup(std::uintptr_t address, BlockInfo* info) const = 0;
   // Gives every idle byte it can back to the upstream (waiting for no fence); returns bytes freed.
   virtual std::size_t ReleaseIdle() = 0;
   // Waits for every pending fence (cuCtxSynchronize-style full wait), making all frees reusable.
   virtual void DrainPending() = 0;
   virtual PoolStats Stats() const = 0;
+  // The layout in use: "vmm" asked of an upstream without VMM reports "segments".
   virtual std::string_view policy() const = 0;
 };
 
