@@ -71,7 +71,10 @@ void Uplink::Run() {
   while (!stopping()) {
     absl::Status status;
     bool acked_any = false;
-    // Waiting in short steps keeps Stop() prompt while the collector is down.
+    // Our backoff decides when to try again, not the channel's own (which may have grown
+    // further), so a restarted collector is found at the next attempt. Waiting in short steps
+    // keeps Stop() prompt while the collector is down.
+    grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
     if (!channel_->WaitForConnected(After(absl::Milliseconds(200)))) {
       status = absl::UnavailableError(
           absl::StrFormat("cannot reach the collector at %s (is vramscope-collector running "
