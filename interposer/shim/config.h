@@ -25,7 +25,8 @@ struct Config {
   // Amortised fence: after this many pooled frees, or this many pending bytes, since the last
   // synchronisation, the next free synchronises the context (what the driver's free does on
   // every call). VRAMSCOPE_FENCE_BATCH_FREES / VRAMSCOPE_FENCE_BATCH_BYTES; bytes 0 = automatic:
-  // 1/64 of the device's memory, clamped to [64 MiB, 256 MiB].
+  // 1/64 of the device's memory, at least 64 MiB. Four batches pending make the free
+  // synchronise inline.
   std::uint64_t fence_batch_frees = 1024;
   std::uint64_t fence_batch_bytes = 0;
   // VRAMSCOPE_FENCE_ASYNC=0: the free that fills a batch synchronises itself instead of asking

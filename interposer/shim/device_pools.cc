@@ -141,11 +141,11 @@ Slot* CreateSlot(CUcontext ctx, int index) {
         real.cuDeviceTotalMem_v2(&total, device) != CUDA_SUCCESS) {
       total = 0;
     }
-    // Bounds the memory the pool holds beyond what the program uses while fences are pending;
-    // 256 MiB keeps that small next to an H200's 141 GB while a synchronisation (a few us when
-    // the device is idle) stays rare for blocks up to tens of MiB.
-    slot->fences.batch_bytes =
-        std::clamp<std::uint64_t>(total / 64, std::uint64_t{64} << 20, std::uint64_t{256} << 20);
+    // Memory freed while the GPU still has work queued cannot be reused until that work is
+    // done: the pool holds about (free rate x queue depth) beyond what the program uses. 1/64
+    // of the device (2.2 GB on an H200) per batch keeps synchronisations rare for training
+    // steps that churn gigabytes; the inline fallback (MaybeSync) caps it at 1/16.
+    slot->fences.batch_bytes = std::max<std::uint64_t>(std::uint64_t{64} << 20, total / 64);
   }
   pool::PoolOptions options;
   options.policy = policy;
@@ -179,19 +179,24 @@ void MarkDead(Slot* slot) {
   slot->fences.MarkDead();
 }
 
-// Amortised fence after a pooled free (pool mode).
+// Amortised fence after a pooled free (pool mode). One batch of frees or pending bytes asks the
+// helper thread for a synchronisation; if the helper lags so far behind that kInlineBatches
+// batches are pending, the freeing thread synchronises itself (what the driver's free always
+// does), which bounds the memory held for pending frees.
 void MaybeSync(Slot* slot) {
   const Config& config = Cfg();
   const std::uint64_t frees =
       slot->fences.frees_since_sync.fetch_add(1, std::memory_order_relaxed) + 1;
-  bool due = frees >= config.fence_batch_frees;
-  // Pending bytes cost a look at the pool's statistics (its lock): on the first free after a
-  // synchronisation (one large free must not wait for a batch) and every 8th after it.
-  if (!due && (frees == 1 || frees % 8 == 0)) {
-    due = slot->pool->Stats().pending_bytes >= slot->fences.batch_bytes;
+  const std::uint64_t pending = slot->pool->Stats().pending_bytes;
+  const std::uint64_t batch_bytes = slot->fences.batch_bytes;
+  constexpr std::uint64_t kInlineBatches = 4;
+  if (frees >= kInlineBatches * config.fence_batch_frees ||
+      pending >= kInlineBatches * batch_bytes ||
+      (!config.fence_async && (frees >= config.fence_batch_frees || pending >= batch_bytes))) {
+    (void)slot->fences.Sync();
+  } else if (frees >= config.fence_batch_frees || pending >= batch_bytes) {
+    if (!RequestBackgroundSync(slot)) (void)slot->fences.Sync();
   }
-  if (!due) return;
-  if (!config.fence_async || !RequestBackgroundSync(slot)) (void)slot->fences.Sync();
 }
 
 }  // namespace
