@@ -361,8 +361,18 @@ int RunRun(int argc, char** argv) {
                  "vramscope run: no process wrote an event ring (the shim records only programs "
                  "that use the CUDA driver)\n");
   }
+  // Processes that never touched device memory (a wrapper shell, a launcher) get one line.
+  int idle = 0;
   for (const v1::Report& report : reports) {
+    if (report.devices().empty() && reports.size() > 1) {
+      ++idle;
+      continue;
+    }
     std::fputs(FormatRunReport(report).c_str(), stderr);
+  }
+  if (idle > 0) {
+    std::fprintf(stderr, "vramscope: %d more traced process%s used no device memory\n", idle,
+                 idle == 1 ? "" : "es");
   }
 
   bool outputs_ok = true;

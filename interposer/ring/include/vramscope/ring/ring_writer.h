@@ -7,7 +7,8 @@
 // Thread safety: Open/Close/SetDeviceInfo/MarkExited are for one thread at a time (the shim's
 // init, fork and exit paths). Everything else is safe from any number of threads concurrently,
 // including signal handlers (lock-free, async-signal-safe). Calls on a writer that is not open
-// are no-ops returning false.
+// are no-ops returning false. Close unmaps the ring, so it must not race with writers: call it
+// only where no other thread writes (a fork child); at exit call MarkExited and leave it open.
 //
 // Error convention: Open returns a [[nodiscard]] RingError; hot-path calls return bool (false =
 // not recorded: not open, or dropped). Nothing throws; no dependency beyond libc and pthreads.
