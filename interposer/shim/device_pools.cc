@@ -1,6 +1,7 @@
 #include "device_pools.h"
 
 #include <string.h>
+#include <time.h>
 
 #include <algorithm>
 #include <new>
@@ -429,7 +430,16 @@ bool EpochFences::Sync(bool forced) {
   const std::uint64_t epoch = epoch_.fetch_add(1, std::memory_order_seq_cst);
   DriverCallScope scope(ctx_);
   if (!scope.ok()) return false;
+  timespec start{};
+  clock_gettime(CLOCK_MONOTONIC, &start);
   const CUresult result = Real().cuCtxSynchronize();
+  timespec end{};
+  clock_gettime(CLOCK_MONOTONIC, &end);
+  const std::int64_t took =
+      (end.tv_sec - start.tv_sec) * 1000000000LL + (end.tv_nsec - start.tv_nsec);
+  const std::uint64_t sample = took > 0 ? static_cast<std::uint64_t>(took) : 0;
+  const std::uint64_t average = sync_ns_.load(std::memory_order_relaxed);
+  sync_ns_.store((7 * average + sample) / 8, std::memory_order_relaxed);
   DevCounters(device_).fence_syncs.Add(1);
   if (result != CUDA_SUCCESS) {
     VRAMSCOPE_LOG(kDebug, "device %d: cuCtxSynchronize for the free fence failed (%d)", device_,
@@ -561,6 +571,18 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   Slot* slot = SlotForCurrentContext(ctx);
   if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
   t_upstream_error = CUDA_SUCCESS;
+  // Reuse rather than grow: when the pool would have to take more memory from the driver for
+  // this request while enough freed memory waits for its fence, and synchronisations have been
+  // cheap lately (the program keeps the GPU's queue short, e.g. it copies results back every
+  // iteration), synchronise now: a few microseconds instead of a driver allocation. A program
+  // that runs far ahead of the GPU (expensive synchronisations) grows instead of stalling.
+  if (slot->fences.frees_since_sync.load(std::memory_order_relaxed) != 0 &&
+      slot->fences.SyncIsCheap() && !AnyCaptureLive() && Cfg().mode == Mode::kPool) {
+    const pool::PoolStats stats = slot->pool->Stats();
+    if (stats.largest_free_block_bytes < bytes && stats.pending_bytes >= bytes) {
+      (void)slot->fences.Sync();
+    }
+  }
   switch (slot->pool->Allocate(bytes, address)) {
     case pool::PoolStatus::kOk:
       return ShimStatus::kOk;

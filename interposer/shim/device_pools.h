@@ -102,6 +102,9 @@ class EpochFences final : public pool::FenceTracker {
   // the fence pending only if the synchronisation fails or exit began.
   void Wait(std::uint64_t fence) override;
 
+  // The recent cost of a synchronisation (moving average) is below what growing the pool costs.
+  bool SyncIsCheap() const { return sync_ns_.load(std::memory_order_relaxed) < kCheapSyncNs; }
+
   std::atomic<std::uint64_t> frees_since_sync{0};
   std::uint64_t batch_bytes = std::uint64_t{64} << 20;  // see Config::fence_batch_bytes
 
@@ -113,6 +116,9 @@ class EpochFences final : public pool::FenceTracker {
   std::atomic<bool> dead_{false};
   std::atomic<std::uint64_t> epoch_{1};      // stamped on frees happening now
   std::atomic<std::uint64_t> completed_{0};  // every epoch <= this is complete
+  // About one VMM map (cuMemCreate + cuMemMap + cuMemSetAccess) or one cuMemAlloc.
+  static constexpr std::uint64_t kCheapSyncNs = 50000;
+  std::atomic<std::uint64_t> sync_ns_{0};  // moving average of Sync's cuCtxSynchronize
 };
 
 struct Slot {
