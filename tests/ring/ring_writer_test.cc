@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "drain/ring_directory.h"
 #include "drain/ring_reader.h"
 #include "ring_test_util.h"
 
@@ -229,6 +230,39 @@ TEST(RingWriterTest, DeviceDescribedLaterRepeatsProcessStart) {
   ASSERT_EQ(events.size(), 2);
   ASSERT_EQ(events[1].process_start().devices_size(), 1);
   EXPECT_EQ(events[1].process_start().devices(0).ordinal(), 1u);
+}
+
+TEST(RingDirectoryTest, ScanReturnsEachRingOnceAndSkipsTemporaryNames) {
+  TempDir dir;
+  agent::RingDirectory rings(dir.path());
+  auto empty = rings.Scan();
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->empty());
+  RingWriter first;
+  ASSERT_EQ(first.Open({.dir = dir.path().c_str()}), RingError::kOk);
+  // A writer still initialising (".tmp") and an unrelated file are not rings.
+  const std::string tmp = dir.path() + "/vramscope.0.1.2.ring.tmp";
+  const std::string other = dir.path() + "/notes.txt";
+  for (const std::string& path : {tmp, other}) {
+    FILE* f = fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    fclose(f);
+  }
+  auto found = rings.Scan();
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->size(), 1u);
+  EXPECT_EQ((*found)[0], first.path());
+  EXPECT_TRUE(rings.Scan()->empty());  // seen already
+  RingWriter second;
+  ASSERT_EQ(second.Open({.dir = dir.path().c_str()}), RingError::kOk);
+  found = rings.Scan();
+  ASSERT_TRUE(found.ok());
+  ASSERT_EQ(found->size(), 1u);
+  EXPECT_EQ((*found)[0], second.path());
+  rings.Forget(second.path());
+  EXPECT_EQ(rings.Scan()->size(), 1u);
+  EXPECT_EQ(agent::RingDirectory("/nonexistent/dir").Scan().status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace
