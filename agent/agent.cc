@@ -62,8 +62,32 @@ void Agent::OpenNewRings(const std::vector<std::string>& paths) {
     }
     complained_.erase(path);
     Log(LogLevel::kInfo, absl::StrFormat("draining %s (pid %d)", path, (*reader)->info().pid));
-    readers_.push_back(std::move(*reader));
+    readers_.push_back(Ring{std::move(*reader)});
   }
+}
+
+bool Agent::Position(Ring& ring) {
+  if (ring.positioned) return true;
+  RingReader& reader = *ring.reader;
+  absl::StatusOr<uint64_t> acked = uplink_.Probe(reader.process_key(), absl::Milliseconds(500));
+  if (acked.ok()) {
+    if (*acked > 0) {
+      Log(LogLevel::kInfo, absl::StrFormat("%s: the collector holds batches 1..%d of process %d "
+                                           "from an earlier agent; continuing after them",
+                                           reader.path(), *acked, reader.info().pid));
+    }
+    outbox_.SetStart(reader.process_key(), *acked);
+    ring.positioned = true;
+  } else if (reader.cursor() == 0) {
+    ring.positioned = true;  // no reader consumed anything before us
+  } else if (!ring.waiting_logged) {
+    ring.waiting_logged = true;
+    Log(LogLevel::kWarning,
+        absl::StrFormat("%s: an earlier reader stopped at record %d; waiting for the collector "
+                        "(%s) to say where its batches end before draining",
+                        reader.path(), reader.cursor(), acked.status().ToString()));
+  }
+  return ring.positioned;
 }
 
 absl::StatusOr<uint64_t> Agent::Poll() {
@@ -74,7 +98,11 @@ absl::StatusOr<uint64_t> Agent::Poll() {
   uint64_t events = 0;
   uint64_t finished = 0;
   for (auto it = readers_.begin(); it != readers_.end();) {
-    RingReader& reader = **it;
+    if (!Position(*it)) {
+      ++it;
+      continue;
+    }
+    RingReader& reader = *it->reader;
     bool drop_reader = false;
     while (true) {
       v1::EventBatch batch;

@@ -206,6 +206,15 @@ void Outbox::PopAcked() {
   }
 }
 
+void Outbox::SetStart(const v1::ProcessKey& key, uint64_t acked_sequence) {
+  absl::MutexLock lock(&mu_);
+  Process& process = processes_[ProcessKeyString(key)];
+  if (process.next_sequence != 1) return;  // batches were numbered already: too late
+  process.key = key;
+  process.acked = acked_sequence;
+  process.next_sequence = acked_sequence + 1;
+}
+
 void Outbox::Ack(const v1::ProcessKey& key, uint64_t acked_sequence) {
   absl::MutexLock lock(&mu_);
   auto it = processes_.find(ProcessKeyString(key));

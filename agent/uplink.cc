@@ -65,6 +65,27 @@ absl::Status Uplink::last_error() const {
   return last_error_;
 }
 
+absl::StatusOr<uint64_t> Uplink::Probe(const v1::ProcessKey& process, absl::Duration timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(After(timeout));
+  std::unique_ptr<grpc::ClientReaderWriter<v1::EventBatch, v1::IngestAck>> stream =
+      stub_->Ingest(&context);
+  v1::EventBatch probe;  // sequence 0, no events: the collector answers without storing
+  *probe.mutable_process() = process;
+  v1::IngestAck ack;
+  const bool answered = stream->Write(probe) && stream->Read(&ack);
+  stream->WritesDone();
+  v1::IngestAck extra;
+  while (stream->Read(&extra)) {
+  }
+  grpc::Status status = stream->Finish();
+  if (!answered) {
+    return status.ok() ? absl::UnavailableError("the collector closed the stream unanswered")
+                       : FromGrpc(status);
+  }
+  return ack.acked_sequence();
+}
+
 void Uplink::Run() {
   absl::Duration backoff = options_.initial_backoff;
   bool first = true;

@@ -314,6 +314,14 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::st
     return absl::InvalidArgumentError(
         "batch without a process key (pid 0): EventBatch.process must name the process");
   }
+  if (batch.sequence() == 0 && batch.events_size() == 0 && batch.counters_size() == 0) {
+    // A probe: an agent asks where this process stands before it sends anything.
+    absl::MutexLock lock(&mu_);
+    auto it = processes_.find(ProcessKeyString(batch.process()));
+    if (it == processes_.end()) return uint64_t{0};
+    absl::MutexLock process_lock(&it->second->mu);
+    return it->second->acked;
+  }
   if (batch.sequence() == 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("batch of process %s has sequence 0; sequences start at 1",

@@ -113,6 +113,18 @@ TEST_F(OutboxTest, AnAckBeyondWhatWasSentRenumbersAfterIt) {
   EXPECT_EQ(next->sequence(), 43u);
 }
 
+TEST_F(OutboxTest, SetStartContinuesAfterTheCollectorsSequence) {
+  Outbox outbox(OutboxOptions{});
+  outbox.SetStart(Key(1), 7);
+  ASSERT_TRUE(outbox.Add(Batch(Key(1), 0, 1)));
+  outbox.SetStart(Key(1), 100);  // too late: batches were numbered already
+  auto next = outbox.NextToSend(absl::ZeroDuration());
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->sequence(), 8u);
+  outbox.Ack(Key(1), 8);
+  EXPECT_TRUE(outbox.Empty());
+}
+
 TEST_F(OutboxTest, SpoolsWhileDisconnectedAndReadsBack) {
   TempDir spool;
   std::ofstream(spool.path() + "/stale_1.batch") << "from an earlier run";

@@ -99,6 +99,18 @@ TEST_F(CollectorTest, RejectsBatchesWithoutProcessOrSequence) {
   EXPECT_EQ(collector->GetReport(Key(1)).status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(CollectorTest, ProbeAnswersTheStoredSequenceAndStoresNothing) {
+  auto collector = Open();
+  v1::EventBatch probe;
+  *probe.mutable_process() = Key(30);
+  EXPECT_EQ(*collector->Ingest(probe), 0u);
+  EXPECT_EQ(collector->ListProcesses(true).processes_size(), 0);
+  ASSERT_TRUE(collector->Ingest(Batch(Key(30), 1, 2)).ok());
+  ASSERT_TRUE(collector->Ingest(Batch(Key(30), 2, 2)).ok());
+  EXPECT_EQ(*collector->Ingest(probe), 2u);
+  EXPECT_EQ(collector->GetReport(Key(30))->events(), 4u);
+}
+
 TEST_F(CollectorTest, RestartRebuildsEveryProcess) {
   {
     auto collector = Open();

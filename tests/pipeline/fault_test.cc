@@ -262,6 +262,71 @@ TEST_F(FaultTest, AgentOnceDrainsRingsAndExits) {
   collector.Wait();
 }
 
+TEST_F(FaultTest, AgentKilledAndRestartedContinuesWithoutDuplicates) {
+  if (agent_bin_.empty()) GTEST_SKIP() << "VRAMSCOPE_AGENT unset";
+  TempDir rings;
+  // This test process is the traced application: it keeps writing while agents come and go.
+  interposer::RingWriter writer;
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = rings.path().c_str();
+  ASSERT_EQ(writer.Open(ring_options), interposer::RingError::kOk);
+  v1::ProcessKey key;
+  key.set_host(writer.header()->host);
+  key.set_pid(writer.header()->pid);
+  key.set_start_time_ns(writer.header()->start_time_ns);
+  auto write = [&](uint64_t from, uint64_t count) {
+    for (uint64_t i = from; i < from + count; ++i) {
+      ASSERT_TRUE(writer.RecordAlloc(0, 0x7f0000000000 + i * 4096, 4000, 4096,
+                                     VRAMSCOPE_RING_ALLOC_POOLED));
+    }
+  };
+  Subprocess collector;
+  const int port = StartCollector(collector, "127.0.0.1:0");
+  ASSERT_NE(port, 0);
+  const std::vector<std::string> agent_argv = {agent_bin_, "--ring-dir=" + rings.path(),
+                                               absl::StrCat("--collector=127.0.0.1:", port),
+                                               "--poll-interval-ms=5"};
+  // The collector is another process: polling it is the only way to see what it holds.
+  auto wait_for_allocs = [&](uint64_t allocs) {
+    for (int i = 0; i < 1000; ++i) {
+      grpc::ClientContext context;
+      v1::GetReportRequest request;
+      *request.mutable_process() = key;
+      v1::Report report;
+      if (Stub(port)->GetReport(&context, request, &report).ok() && report.devices_size() == 1 &&
+          report.devices(0).alloc_count() >= allocs) {
+        return report.devices(0).alloc_count();
+      }
+      ::usleep(20000);
+    }
+    return uint64_t{0};
+  };
+
+  write(0, 1000);
+  Subprocess first;
+  ASSERT_TRUE(first.Start(agent_argv));
+  ASSERT_EQ(wait_for_allocs(1000), 1000u) << first.output();
+  first.Kill(SIGKILL);
+  EXPECT_EQ(first.Wait(), 128 + SIGKILL);
+
+  write(1000, 1000);  // the application goes on; nobody reads the ring meanwhile
+  Subprocess second;
+  ASSERT_TRUE(second.Start(agent_argv));
+  // The new agent asks the collector where the first one ended and numbers its batches after
+  // that: nothing is taken for a duplicate, nothing is counted twice.
+  ASSERT_EQ(wait_for_allocs(2000), 2000u) << second.output();
+  EXPECT_THAT(second.output(), HasSubstr("continuing after them"));
+  second.Kill(SIGTERM);
+  EXPECT_EQ(second.Wait(), 0);
+  v1::Report report = Report(port, key);
+  ASSERT_EQ(report.devices_size(), 1);
+  EXPECT_EQ(report.devices(0).alloc_count(), 2000u);
+  EXPECT_EQ(report.devices(0).peak_allocated_bytes(), 2000u * 4096);
+  writer.Close();
+  collector.Kill(SIGTERM);
+  collector.Wait();
+}
+
 TEST_F(FaultTest, AgentOnceWithoutACollectorExits3) {
   if (agent_bin_.empty()) GTEST_SKIP() << "VRAMSCOPE_AGENT unset";
   TempDir rings;

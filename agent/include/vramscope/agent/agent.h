@@ -4,6 +4,12 @@
 // streams the Outbox to the collector. Rings of other users are skipped unless the agent runs as
 // root. A ring whose writer is gone and that is fully drained is closed and its file removed.
 //
+// Before it cuts the first batch of a ring, the agent asks the collector (Uplink::Probe) which
+// sequence it already holds for that process: an agent that ran before this one may have sent
+// batches 1..N, and this one must continue at N + 1 or its batches would be taken for duplicates.
+// While the collector cannot be asked, a ring an earlier reader had started on is left alone (it
+// keeps buffering; the application never waits); a ring nobody read yet is drained anyway.
+//
 // Thread safety: Poll() from one thread at a time; counters() and outbox() from any thread.
 // Error convention: absl::Status (Poll fails only when the ring directory cannot be read); one
 // ring failing is logged and counted in rings_skipped, the others go on.
@@ -63,7 +69,16 @@ class Agent {
   Outbox outbox_;
   Uplink uplink_;
   std::unique_ptr<RingDirectory> directory_;
-  std::vector<std::unique_ptr<RingReader>> readers_;
+  struct Ring {
+    std::unique_ptr<RingReader> reader;
+    // The collector told us where this process stands (or nothing can precede us): we may cut
+    // batches. See Poll() for why this matters after an agent restart.
+    bool positioned = false;
+    bool waiting_logged = false;
+  };
+  bool Position(Ring& ring);
+
+  std::vector<Ring> readers_;
   absl::flat_hash_set<std::string> complained_;  // paths already logged as unreadable
   mutable absl::Mutex mu_;
   uint64_t rings_finished_ ABSL_GUARDED_BY(mu_) = 0;

@@ -72,6 +72,9 @@ class Outbox {
 
   // Takes `batch` (process and events set; its sequence is assigned here). False: dropped.
   bool Add(v1::EventBatch batch);
+  // The collector already holds batches 1..`acked_sequence` of `process` (from an earlier agent):
+  // number this agent's batches after them. Call before the first Add for the process.
+  void SetStart(const v1::ProcessKey& process, uint64_t acked_sequence);
   // Forgets the batches of `process` up to `acked_sequence`.
   void Ack(const v1::ProcessKey& process, uint64_t acked_sequence);
 

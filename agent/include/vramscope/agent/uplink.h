@@ -11,6 +11,7 @@
 
 #include <absl/base/thread_annotations.h>
 #include <absl/status/status.h>
+#include <absl/status/statusor.h>
 #include <absl/synchronization/mutex.h>
 #include <absl/time/time.h>
 #include <grpcpp/grpcpp.h>
@@ -41,6 +42,9 @@ class Uplink {
 
   void Start();
   void Stop();
+  // Asks the collector which sequence it holds for `process` (0: none), on a short stream of its
+  // own. UNAVAILABLE/DEADLINE_EXCEEDED while it cannot be reached.
+  absl::StatusOr<uint64_t> Probe(const v1::ProcessKey& process, absl::Duration timeout);
   // Status of the last stream that ended (OK while none has).
   absl::Status last_error() const;
   // True once any acknowledgement arrived on any stream.

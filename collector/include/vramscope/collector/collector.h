@@ -71,7 +71,8 @@ class Collector {
 
   // Stores `batch` unless it is a duplicate; returns the highest contiguous sequence stored for
   // its process (the value to acknowledge). `wire`, when given, is `batch` as received
-  // (serialized); it is stored as is.
+  // (serialized); it is stored as is. A batch with sequence 0 and neither events nor counters is
+  // a probe: nothing is stored and the answer is the process's stored sequence (0 if unknown).
   absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {});
 
   absl::StatusOr<v1::Report> GetReport(const v1::ProcessKey& key) const;
