@@ -85,17 +85,25 @@ enum vramscope_ring_kind {
   VRAMSCOPE_RING_KIND_LIMIT = 12         /* first invalid value */
 };
 
-/* vramscope_ring_record.sub of ALLOC and FREE: the same values as vramscope.v1.AllocationKind. */
+/* vramscope_ring_record.sub of ALLOC and FREE: the same values as vramscope.v1.AllocationKind.
+ *
+ * Byte accounting (the ring counters, and the stats engine on the events):
+ *   - POOLED (served by the pool) counts requested and allocated bytes; the pool's own
+ *     reservations (POOL_RESERVE / POOL_RELEASE) make up reserved;
+ *   - every other kind passes through to the driver, which holds the memory for the process:
+ *     it counts requested, allocated AND reserved;
+ *   - except HOST (pinned host memory) and IPC_IMPORT (another process's memory), which count
+ *     no device bytes at all (only alloc/free counts). */
 enum vramscope_ring_alloc_kind {
   VRAMSCOPE_RING_ALLOC_UNSPECIFIED = 0,
-  VRAMSCOPE_RING_ALLOC_POOLED = 1,         /* served by the pool: counts requested/allocated */
-  VRAMSCOPE_RING_ALLOC_DRIVER = 2,         /* the rest pass through to the driver: they count */
-  VRAMSCOPE_RING_ALLOC_STREAM_ORDERED = 3, /* requested/allocated AND reserved (the driver holds */
-  VRAMSCOPE_RING_ALLOC_PITCHED = 4,        /* them for the process) ...                          */
+  VRAMSCOPE_RING_ALLOC_POOLED = 1,
+  VRAMSCOPE_RING_ALLOC_DRIVER = 2,
+  VRAMSCOPE_RING_ALLOC_STREAM_ORDERED = 3,
+  VRAMSCOPE_RING_ALLOC_PITCHED = 4,
   VRAMSCOPE_RING_ALLOC_MANAGED = 5,
   VRAMSCOPE_RING_ALLOC_VMM = 6,
-  VRAMSCOPE_RING_ALLOC_HOST = 7,       /* ... except HOST (pinned host memory) and IPC_IMPORT */
-  VRAMSCOPE_RING_ALLOC_IPC_IMPORT = 8, /* (another process's memory): no device bytes at all */
+  VRAMSCOPE_RING_ALLOC_HOST = 7,
+  VRAMSCOPE_RING_ALLOC_IPC_IMPORT = 8,
   VRAMSCOPE_RING_ALLOC_GRAPH = 9,
   VRAMSCOPE_RING_ALLOC_LIMIT = 10
 };
