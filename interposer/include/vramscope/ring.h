@@ -1,9 +1,9 @@
 /* vramscope event ring, layout version 1: the shared-memory file a traced process writes and the
  * agent (or `vramscope run`) reads.
  *
- * C ABI, C11 and C++ compatible, no dependencies beyond <stdint.h>. This header is the contract
- * between the shim (writer, interposer/ring/) and the drain (reader, agent/drain/); any change to
- * an offset, size or meaning bumps VRAMSCOPE_RING_VERSION.
+ * C ABI, C11 and C++ compatible, no dependencies beyond <stddef.h> and <stdint.h>. This header is
+ * the contract between the shim (writer, interposer/ring/) and the drain (reader, agent/drain/);
+ * any change to an offset, size or meaning bumps VRAMSCOPE_RING_VERSION.
  *
  * File
  *   One file per process: <dir>/vramscope.<uid>.<pid>.<start_time_ns>.ring, where <dir> is
