@@ -167,8 +167,14 @@ RingError RingWriter::Open(const RingOpenOptions& options) {
     path_[0] = '\0';
     return RingError::kCannotCreate;
   }
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    last_errno_ = errno;
+  // Reserve the blocks now: on a full tmpfs a sparse file would map fine and then SIGBUS the
+  // application on its first write to an unbacked page. ENOSPC here means no recording instead.
+  int reserve = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (reserve == EOPNOTSUPP || reserve == EINVAL) {
+    reserve = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  }
+  if (reserve != 0) {
+    last_errno_ = reserve;
     close(fd);
     unlink(tmp_path);
     path_[0] = '\0';

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -167,7 +168,12 @@ std::string FindShim() {
 // A private directory for the rings: on /dev/shm when usable (memory, not disk), else $TMPDIR.
 std::string MakeRingDir() {
   std::vector<std::string> bases;
-  if (access("/dev/shm", W_OK) == 0) bases.push_back("/dev/shm");
+  // A container's /dev/shm is often 64 MiB: 16 rings of 4 MiB. Use it only with room to spare.
+  struct statvfs shm;
+  if (access("/dev/shm", W_OK) == 0 && statvfs("/dev/shm", &shm) == 0 &&
+      static_cast<std::uint64_t>(shm.f_bavail) * shm.f_frsize >= (256ull << 20)) {
+    bases.push_back("/dev/shm");
+  }
   const char* tmp = getenv("TMPDIR");
   bases.push_back(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp");
   for (const std::string& base : bases) {
