@@ -32,8 +32,8 @@ enum class [[nodiscard]] RingError{
     kOk = 0,
     kAlreadyOpen,      // Open on an open writer
     kInvalidArgument,  // capacity not a power of two in range, path too long
-    kCannotCreate,  // open/fallocate/rename of the ring file failed (no room: ENOSPC in last_errno)
-    kCannotMap,     // mmap failed
+    kCannotCreate,     // open/fallocate/rename failed (errno in last_errno; ENOSPC: no room)
+    kCannotMap,        // mmap failed
 };
 
 const char* RingErrorName(RingError error);
