@@ -35,6 +35,11 @@ const char* KindName(Kind kind) {
   return "unknown";
 }
 
+bool IsDeviceMemory(Kind kind) {
+  return kind == Kind::kDevice || kind == Kind::kPitch || kind == Kind::kAsync ||
+         kind == Kind::kVmmPhysical;
+}
+
 ShimCounters& Counters() { return g_counters; }
 
 DeviceCounters& DeviceCountersFor(int device) {

@@ -29,6 +29,8 @@ enum class Kind : int {
 };
 
 const char* KindName(Kind kind);
+// Whether memory of this kind is device memory charged to the GPU.
+bool IsDeviceMemory(Kind kind);
 
 struct Counter {
   std::atomic<std::uint64_t> value{0};
@@ -82,6 +84,9 @@ struct ShimCounters {
   std::uint32_t mode = 0;  // Mode (config.h)
   DeviceCounters device[kMaxDevices];
   KindCounters kind[static_cast<int>(Kind::kCount)];
+  // Device memory taken by passthrough calls (device, pitch, async, vmm_physical kinds): the
+  // program's own footprint in passthrough mode.
+  Gauge passthrough_device_bytes;
   Counter ipc_refused;  // cuIpcGetMemHandle on a pooled sub-allocation, refused
 };
 

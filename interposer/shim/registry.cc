@@ -29,6 +29,7 @@ void RecordAlloc(RegistryId registry, std::uintptr_t key, std::uint64_t size, Ki
   KindCounters& counters = Counters().kind[static_cast<int>(kind)];
   counters.bytes.Add(size);
   counters.allocs.Add(1);
+  if (IsDeviceMemory(kind)) Counters().passthrough_device_bytes.Add(size);
   Shard& shard = ShardFor(registry, key);
   pthread_mutex_lock(&shard.mu);
   if (shard.map == nullptr) shard.map = new std::unordered_map<std::uintptr_t, RegistryEntry>();
@@ -39,6 +40,7 @@ void RecordAlloc(RegistryId registry, std::uintptr_t key, std::uint64_t size, Ki
     KindCounters& stale = Counters().kind[static_cast<int>(entry.kind)];
     stale.bytes.Sub(entry.size);
     stale.frees.Add(1);
+    if (IsDeviceMemory(entry.kind)) Counters().passthrough_device_bytes.Sub(entry.size);
   }
   entry = {size, kind};
   pthread_mutex_unlock(&shard.mu);
@@ -62,6 +64,7 @@ bool RecordFree(RegistryId registry, std::uintptr_t key, RegistryEntry* out) {
   KindCounters& counters = Counters().kind[static_cast<int>(entry.kind)];
   counters.bytes.Sub(entry.size);
   counters.frees.Add(1);
+  if (IsDeviceMemory(entry.kind)) Counters().passthrough_device_bytes.Sub(entry.size);
   if (out != nullptr) *out = entry;
   return true;
 }

@@ -186,7 +186,10 @@ void PrintSummary() {
                    static_cast<unsigned long long>(d.user_syncs.Get()),
                    static_cast<unsigned long long>(d.oom.Get()));
   }
-  used = AppendF(line, used, kSize, " passthrough");
+  used =
+      AppendF(line, used, kSize, " passthrough peak_device_memory=%llu current_device_memory=%llu",
+              static_cast<unsigned long long>(counters.passthrough_device_bytes.peak.load()),
+              static_cast<unsigned long long>(counters.passthrough_device_bytes.current.load()));
   for (int kind = 0; kind < static_cast<int>(Kind::kCount); ++kind) {
     const KindCounters& k = counters.kind[kind];
     used = AppendF(line, used, kSize, " %s=%llu/%llu/%llu", KindName(static_cast<Kind>(kind)),
