@@ -174,9 +174,9 @@ Slot* ScanFor(CUcontext ctx) {
   return nullptr;
 }
 
-void MarkDead(Slot* slot) {
+void MarkDead(Slot* slot, bool context_alive) {
   slot->dead.store(true, std::memory_order_release);
-  slot->upstream.Abandon();
+  slot->upstream.Abandon(context_alive);
   slot->fences.MarkDead();
 }
 
@@ -244,7 +244,7 @@ bool DriverUpstream::OwnsAddress(std::uintptr_t address) const {
   return owns;
 }
 
-void DriverUpstream::Abandon() {
+void DriverUpstream::Abandon(bool context_alive) {
   if (dead_.exchange(true, std::memory_order_acq_rel)) return;
   std::map<std::uintptr_t, std::size_t> mapped;
   std::map<std::uintptr_t, std::size_t> held;
@@ -257,6 +257,10 @@ void DriverUpstream::Abandon() {
   DevCounters(device_).reserved_bytes.Sub(bytes);
   if (!vmm_ || Exiting()) return;
   const RealDriver& real = Real();
+  if (context_alive) {
+    DriverCallScope scope(ctx_);
+    if (scope.ok()) (void)real.cuCtxSynchronize();
+  }
   DriverCallScope scope(nullptr);
   for (const auto& [address, size] : mapped) (void)real.cuMemUnmap(address, size);
   for (const auto& [address, size] : held) (void)real.cuMemAddressFree(address, size);
@@ -628,7 +632,7 @@ void DropContext(CUcontext ctx) {
   for (int i = 0; i < count; ++i) {
     Slot* slot = g_slots[i].load(std::memory_order_relaxed);
     if (slot != nullptr && slot->ctx == ctx && !slot->dead.load(std::memory_order_relaxed)) {
-      MarkDead(slot);
+      MarkDead(slot, /*context_alive=*/false);
       VRAMSCOPE_LOG(kInfo, "context %p destroyed: its pool is dropped", static_cast<void*>(ctx));
     }
   }
@@ -636,14 +640,14 @@ void DropContext(CUcontext ctx) {
   pthread_mutex_unlock(&g_slots_mu);
 }
 
-void DropPrimaryContext(int device) {
+void DropPrimaryContext(int device, bool context_alive) {
   pthread_mutex_lock(&g_slots_mu);
   const int count = g_slot_count.load(std::memory_order_relaxed);
   for (int i = 0; i < count; ++i) {
     Slot* slot = g_slots[i].load(std::memory_order_relaxed);
     if (slot != nullptr && slot->primary && slot->device == device &&
         !slot->dead.load(std::memory_order_relaxed)) {
-      MarkDead(slot);
+      MarkDead(slot, context_alive);
       VRAMSCOPE_LOG(kInfo, "device %d: primary context reset, its pool is dropped", device);
     }
   }

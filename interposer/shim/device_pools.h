@@ -46,8 +46,10 @@ class DriverUpstream final : public pool::Upstream {
                  const CUmemAccessDesc* access, int access_count);
   // The context is being torn down: never call the driver for this memory again. cuMemAlloc
   // segments belong to the context and go with it. VMM memory belongs to the device and
-  // outlives the context, so its mappings and ranges are given back here (errors ignored).
-  void Abandon();
+  // outlives the context, so its mappings and ranges are given back here (errors ignored),
+  // after waiting for the context's queued work when it is still alive (`context_alive`: a
+  // reset about to happen), so no kernel still running touches an unmapped page.
+  void Abandon(bool context_alive);
   bool vmm() const { return vmm_; }
   // True if `address` lies in a segment or reserved range this upstream holds.
   bool OwnsAddress(std::uintptr_t address) const;
@@ -156,8 +158,10 @@ bool FlushCaches();
 
 // The live slot of `ctx`, or null; never creates one.
 Slot* ExistingSlot(CUcontext ctx);
+// `context_alive`: called before the driver tears the context down (reset), so the shim may
+// still wait for its work; false after a destroy or last release.
 void DropContext(CUcontext ctx);
-void DropPrimaryContext(int device);
+void DropPrimaryContext(int device, bool context_alive);
 // The CUresult of the last failed driver call made by an upstream on this thread.
 CUresult LastUpstreamError();
 

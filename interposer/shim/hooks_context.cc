@@ -95,9 +95,9 @@ namespace {
 // the pool is dropped without a driver call (before, so no thread takes a block that is about
 // to vanish, and after, for a pool a racing thread created meanwhile).
 CUresult PrimaryReset(decltype(&::cuDevicePrimaryCtxReset_v2) reset, CUdevice dev) {
-  if (Active() || Exiting()) DropPrimaryContext(dev);
+  if (Active() || Exiting()) DropPrimaryContext(dev, /*context_alive=*/true);
   const CUresult result = reset(dev);
-  if (Active() || Exiting()) DropPrimaryContext(dev);
+  if (Active() || Exiting()) DropPrimaryContext(dev, /*context_alive=*/false);
   return result;
 }
 
@@ -110,7 +110,7 @@ CUresult PrimaryRelease(decltype(&::cuDevicePrimaryCtxRelease_v2) release, CUdev
     unsigned int flags = 0;
     int active = 1;
     if (real.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && !active) {
-      DropPrimaryContext(dev);
+      DropPrimaryContext(dev, /*context_alive=*/false);
     }
   }
   return result;

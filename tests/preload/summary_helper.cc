@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 namespace {
@@ -20,9 +21,18 @@ void LookUpUnwrapped() {
   }
 }
 
+CUdeviceptr g_late = 0;
+
+// Registered before the first CUDA call, so it runs after the shim's own exit handler: a free
+// during teardown (static destructors do this) must still answer as the driver would.
+void LateFree() {
+  if (g_late != 0) fprintf(stderr, "summary_helper: late free rc=%d\n", cuMemFree_v2(g_late));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  atexit(LateFree);
   if (argc > 1 && strcmp(argv[1], "--lookups") == 0) LookUpUnwrapped();
   constexpr size_t kMiB = size_t{1} << 20;
   CUcontext ctx = nullptr;
@@ -49,5 +59,6 @@ int main(int argc, char** argv) {
       cuMemFreeHost(host) != CUDA_SUCCESS) {
     return 3;
   }
-  return 0;  // c and managed stay live: the summary shows them as current bytes
+  if (cuMemAlloc_v2(&g_late, 4096) != CUDA_SUCCESS) return 4;
+  return 0;  // c, g_late and managed stay live: the summary shows them as current bytes
 }
