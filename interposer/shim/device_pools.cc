@@ -12,6 +12,7 @@
 #include "driver.h"
 #include "fence_worker.h"
 #include "log.h"
+#include "ring_events.h"
 #include "shim.h"
 
 namespace vramscope::interposer {
@@ -73,6 +74,7 @@ Slot* CreateSlot(CUcontext ctx, int index) {
     return slot;  // not pooled
   }
   slot->device = device;
+  NoteRingDevice(device);
   slot->primary = IsPrimary(ctx, device);
   if (!slot->primary || config.mode == Mode::kPassthrough) {
     if (!slot->primary) {
@@ -214,6 +216,22 @@ void DriverUpstream::Configure(CUcontext ctx, int device, bool vmm, std::size_t 
   for (int i = 0; i < access_count_; ++i) access_[i] = access[i];
 }
 
+void DriverUpstream::Reserved(std::uintptr_t address, std::size_t bytes) {
+  DevCounters(device_).reserved_bytes.Add(bytes);
+  if (RingWriter* ring = Ring()) {
+    (void)ring->RecordPoolReserve(static_cast<std::uint32_t>(device_), address, bytes);
+    state_due_.store(true, std::memory_order_relaxed);
+  }
+}
+
+void DriverUpstream::Released(std::uintptr_t address, std::size_t bytes) {
+  DevCounters(device_).reserved_bytes.Sub(bytes);
+  if (RingWriter* ring = Ring()) {
+    (void)ring->RecordPoolRelease(static_cast<std::uint32_t>(device_), address, bytes);
+    state_due_.store(true, std::memory_order_relaxed);
+  }
+}
+
 bool DriverUpstream::Usable() const { return !dead_.load(std::memory_order_acquire) && !Exiting(); }
 
 pool::UpstreamStatus DriverUpstream::FromDriver(CUresult result) {
@@ -252,9 +270,7 @@ void DriverUpstream::Abandon(bool context_alive) {
   mapped.swap(mapped_);
   held.swap(held_);
   pthread_mutex_unlock(&mu_);
-  std::uint64_t bytes = 0;
-  for (const auto& [address, size] : (vmm_ ? mapped : held)) bytes += size;
-  DevCounters(device_).reserved_bytes.Sub(bytes);
+  for (const auto& [address, size] : (vmm_ ? mapped : held)) Released(address, size);
   if (!vmm_ || Exiting()) return;
   const RealDriver& real = Real();
   if (context_alive) {
@@ -277,7 +293,7 @@ pool::UpstreamStatus DriverUpstream::Allocate(std::size_t bytes, std::uintptr_t*
   pthread_mutex_lock(&mu_);
   held_[pointer] = bytes;
   pthread_mutex_unlock(&mu_);
-  DevCounters(device_).reserved_bytes.Add(bytes);
+  Reserved(pointer, bytes);
   *address = pointer;
   return pool::UpstreamStatus::kOk;
 }
@@ -292,7 +308,7 @@ pool::UpstreamStatus DriverUpstream::Free(std::uintptr_t address, std::size_t by
   }
   pthread_mutex_unlock(&mu_);
   if (!known) return FromDriver(CUDA_ERROR_INVALID_VALUE);
-  DevCounters(device_).reserved_bytes.Sub(bytes);
+  Released(address, bytes);
   // A dead context took the memory with it; after exit began the driver may be gone.
   if (!Usable()) return pool::UpstreamStatus::kOk;
   DriverCallScope scope(ctx_);
@@ -374,7 +390,7 @@ pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t byt
   pthread_mutex_lock(&mu_);
   mapped_[address] = bytes;
   pthread_mutex_unlock(&mu_);
-  DevCounters(device_).reserved_bytes.Add(bytes);
+  Reserved(address, bytes);
   return pool::UpstreamStatus::kOk;
 }
 
@@ -397,7 +413,7 @@ pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t b
     more = count == 64;
     pthread_mutex_unlock(&mu_);
     for (int i = 0; i < count; ++i) {
-      DevCounters(device_).reserved_bytes.Sub(ranges[i].second);
+      Released(ranges[i].first, ranges[i].second);
       if (!Usable()) continue;
       DriverCallScope scope(ctx_);
       const CUresult result = Real().cuMemUnmap(ranges[i].first, ranges[i].second);
@@ -533,6 +549,41 @@ Slot* FindOwner(std::uintptr_t address) {
   return nullptr;
 }
 
+namespace {
+
+// A POOL_STATE record every this many pooled frees of a slot, and after every reserve/release.
+constexpr std::uint32_t kRingStateEveryFrees = 256;
+
+void MaybeRecordPoolState(Slot* slot, bool after_free) {
+  if (Ring() == nullptr) return;
+  bool due = slot->upstream.TakeStateDue();
+  if (after_free &&
+      slot->ring_frees.fetch_add(1, std::memory_order_relaxed) + 1 >= kRingStateEveryFrees) {
+    due = true;
+  }
+  if (!due) return;
+  slot->ring_frees.store(0, std::memory_order_relaxed);
+  RingPoolState(slot);
+}
+
+// Frees `address` in the slot's pool. With a ring, the block's sizes are read first (the pool's
+// Free does not return them) for the FREE record. Racing frees of one address are the
+// application's double free: the sizes read may then belong to the other call's block.
+pool::PoolStatus FreeInSlot(Slot* slot, std::uintptr_t address) {
+  if (Ring() == nullptr) return slot->pool->Free(address, slot->fences.Current());
+  pool::BlockInfo info;
+  if (slot->pool->Lookup(address, &info) != pool::PoolStatus::kOk || info.address != address) {
+    return pool::PoolStatus::kInvalidAddress;  // what Free answers for an interior pointer
+  }
+  const pool::PoolStatus status = slot->pool->Free(address, slot->fences.Current());
+  if (status == pool::PoolStatus::kOk) {
+    RingPooledFree(slot, address, info.requested, info.allocated);
+  }
+  return status;
+}
+
+}  // namespace
+
 // After a successful pooled free: the mode's fence rule.
 ShimStatus AfterFree(Slot* slot, bool strict) {
   if (strict) {
@@ -541,6 +592,7 @@ ShimStatus AfterFree(Slot* slot, bool strict) {
   } else if (!Exiting()) {
     MaybeSync(slot);
   }
+  MaybeRecordPoolState(slot, /*after_free=*/true);
   return ShimStatus::kOk;
 }
 
@@ -550,7 +602,7 @@ ShimStatus FreePooled(std::uintptr_t address, bool strict) {
   const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
   Slot* cached = t_cache.generation == generation ? t_cache.slot : nullptr;
   if (cached != nullptr && cached->pool != nullptr) {
-    const pool::PoolStatus status = cached->pool->Free(address, cached->fences.Current());
+    const pool::PoolStatus status = FreeInSlot(cached, address);
     if (status == pool::PoolStatus::kOk) return AfterFree(cached, strict);
     if (status != pool::PoolStatus::kInvalidAddress) return ShimStatus::kDriverError;
   }
@@ -559,7 +611,7 @@ ShimStatus FreePooled(std::uintptr_t address, bool strict) {
   for (int i = 0; i < count; ++i) {
     Slot* slot = slots[i];
     if (slot == cached) continue;
-    const pool::PoolStatus status = slot->pool->Free(address, slot->fences.Current());
+    const pool::PoolStatus status = FreeInSlot(slot, address);
     if (status == pool::PoolStatus::kInvalidAddress) continue;
     if (status != pool::PoolStatus::kOk) return ShimStatus::kDriverError;
     return AfterFree(slot, strict);
@@ -589,12 +641,17 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   }
   switch (slot->pool->Allocate(bytes, address)) {
     case pool::PoolStatus::kOk:
+      RingPooledAlloc(slot, *address, bytes);
+      MaybeRecordPoolState(slot, /*after_free=*/false);
       return ShimStatus::kOk;
     case pool::PoolStatus::kOutOfMemory:
     case pool::PoolStatus::kInvalidArgument:  // larger than the configured capacity
+      RingPooledOom(slot, bytes);
+      (void)slot->upstream.TakeStateDue();  // RingPooledOom wrote the state
       return ShimStatus::kOutOfMemory;
     case pool::PoolStatus::kInvalidAddress:
     case pool::PoolStatus::kUpstreamError:
+      MaybeRecordPoolState(slot, /*after_free=*/false);
       break;
   }
   *driver_error = t_upstream_error != CUDA_SUCCESS ? t_upstream_error : CUDA_ERROR_UNKNOWN;
@@ -622,6 +679,7 @@ bool FlushCaches() {
     // block or hand out a block early.
     if (slots[i]->fences.Sync()) slots[i]->pool->DrainPending();
     released += slots[i]->pool->ReleaseIdle();
+    MaybeRecordPoolState(slots[i], /*after_free=*/false);
   }
   return released > 0;
 }

@@ -51,6 +51,12 @@ class DriverUpstream final : public pool::Upstream {
   // reset about to happen), so no kernel still running touches an unmapped page.
   void Abandon(bool context_alive);
   bool vmm() const { return vmm_; }
+  // True once after the upstream took memory from the driver or gave some back: the shim then
+  // writes a POOL_STATE record (outside the pool's lock, which is held around these calls).
+  bool TakeStateDue() {
+    return state_due_.load(std::memory_order_relaxed) &&
+           state_due_.exchange(false, std::memory_order_relaxed);
+  }
   // True if `address` lies in a segment or reserved range this upstream holds.
   bool OwnsAddress(std::uintptr_t address) const;
 
@@ -65,6 +71,9 @@ class DriverUpstream final : public pool::Upstream {
  private:
   bool Usable() const;
   pool::UpstreamStatus FromDriver(CUresult result);
+  // Ring records and counters for memory taken from / given back to the driver.
+  void Reserved(std::uintptr_t address, std::size_t bytes);
+  void Released(std::uintptr_t address, std::size_t bytes);
 
   CUcontext ctx_ = nullptr;
   int device_ = 0;
@@ -73,6 +82,7 @@ class DriverUpstream final : public pool::Upstream {
   CUmemAccessDesc access_[8] = {};
   int access_count_ = 0;
   std::atomic<bool> dead_{false};
+  std::atomic<bool> state_due_{false};
   mutable pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
   std::map<std::uintptr_t, std::size_t> held_;    // segments or reserved ranges
   std::map<std::uintptr_t, std::size_t> mapped_;  // VMM mappings
@@ -130,8 +140,9 @@ struct Slot {
   std::atomic<bool> dead{false};
   DriverUpstream upstream;
   EpochFences fences;
-  std::atomic<bool> sync_requested{false};  // a background synchronisation is queued/running
-  std::unique_ptr<pool::Pool> pool;         // null: this context is not pooled (passthrough)
+  std::atomic<bool> sync_requested{false};   // a background synchronisation is queued/running
+  std::unique_ptr<pool::Pool> pool;          // null: this context is not pooled (passthrough)
+  std::atomic<std::uint32_t> ring_frees{0};  // pooled frees since the last POOL_STATE record
 };
 
 // The slot of `ctx` (which is current on this thread), created if needed. Never null after

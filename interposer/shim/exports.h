@@ -104,6 +104,8 @@ CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGra
   X(cuDeviceGetAttribute)              \
   X(cuDeviceCanAccessPeer)             \
   X(cuDeviceGetCount)                  \
+  X(cuDeviceGetName)                   \
+  X(cuDeviceGetUuid_v2)                \
   X(cuDeviceTotalMem_v2)               \
   X(cuDevicePrimaryCtxGetState)        \
   X(cuDevicePrimaryCtxRetain)          \

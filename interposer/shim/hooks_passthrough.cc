@@ -38,7 +38,8 @@ CUresult FreeAsync(decltype(&::cuMemFreeAsync) real_free, CUdeviceptr dptr, CUst
   }
   const CUresult result = real_free(dptr, stream);
   if (result == CUDA_SUCCESS && Recording()) {
-    (void)RecordFree(RegistryId::kDevicePointers, dptr);
+    (void)RecordFree(RegistryId::kDevicePointers, dptr, nullptr,
+                     reinterpret_cast<std::uintptr_t>(stream));
   }
   return result;
 }
@@ -50,9 +51,11 @@ bool GraphOwned(decltype(&::cuStreamIsCapturing) is_capturing, CUstream stream) 
   return is_capturing(stream, &status) == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-void RecordAsync(CUresult result, CUdeviceptr* dptr, size_t bytes, bool graph) {
+void RecordAsync(CUresult result, CUdeviceptr* dptr, size_t bytes, bool graph, CUstream stream) {
   if (result == CUDA_SUCCESS && dptr != nullptr && Recording() && !graph) {
-    RecordAlloc(RegistryId::kDevicePointers, *dptr, bytes, Kind::kAsync);
+    AllocOrigin origin;
+    origin.stream = reinterpret_cast<std::uintptr_t>(stream);
+    RecordAlloc(RegistryId::kDevicePointers, *dptr, bytes, Kind::kAsync, origin);
   }
 }
 
@@ -78,7 +81,9 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* 
     return real.cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
   });
   if (result == CUDA_SUCCESS && Recording() && dptr != nullptr && pPitch != nullptr) {
-    RecordAlloc(RegistryId::kDevicePointers, *dptr, *pPitch * Height, Kind::kPitch);
+    AllocOrigin origin;
+    origin.requested = static_cast<std::uint64_t>(WidthInBytes) * Height;
+    RecordAlloc(RegistryId::kDevicePointers, *dptr, *pPitch * Height, Kind::kPitch, origin);
   }
   return result;
 }
@@ -150,7 +155,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t byte
   const CUresult result =
       graph ? real.cuMemAllocAsync(dptr, bytesize, hStream)
             : WithOomRetry([&] { return real.cuMemAllocAsync(dptr, bytesize, hStream); });
-  RecordAsync(result, dptr, bytesize, graph);
+  RecordAsync(result, dptr, bytesize, graph, hStream);
   return result;
 }
 
@@ -161,7 +166,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t
   const CUresult result =
       graph ? real.cuMemAllocAsync_ptsz(dptr, bytesize, hStream)
             : WithOomRetry([&] { return real.cuMemAllocAsync_ptsz(dptr, bytesize, hStream); });
-  RecordAsync(result, dptr, bytesize, graph);
+  RecordAsync(result, dptr, bytesize, graph, hStream);
   return result;
 }
 
@@ -173,7 +178,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, siz
       graph ? real.cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream) : WithOomRetry([&] {
         return real.cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
       });
-  RecordAsync(result, dptr, bytesize, graph);
+  RecordAsync(result, dptr, bytesize, graph, hStream);
   return result;
 }
 
@@ -186,7 +191,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr
       graph ? real.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream) : WithOomRetry([&] {
         return real.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream);
       });
-  RecordAsync(result, dptr, bytesize, graph);
+  RecordAsync(result, dptr, bytesize, graph, hStream);
   return result;
 }
 
@@ -206,7 +211,11 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* hand
   VRAMSCOPE_PROLOGUE(cuMemCreate);
   const CUresult result = WithOomRetry([&] { return real.cuMemCreate(handle, size, prop, flags); });
   if (result == CUDA_SUCCESS && Recording() && handle != nullptr) {
-    RecordAlloc(RegistryId::kVmmHandles, *handle, size, Kind::kVmmPhysical);
+    AllocOrigin origin;
+    if (prop != nullptr && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+      origin.device = prop->location.id;
+    }
+    RecordAlloc(RegistryId::kVmmHandles, *handle, size, Kind::kVmmPhysical, origin);
   }
   return result;
 }

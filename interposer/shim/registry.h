@@ -16,13 +16,25 @@ enum class RegistryId : int { kDevicePointers = 0, kHostPointers, kVmmHandles, k
 
 struct RegistryEntry {
   std::uint64_t size = 0;
+  std::uint64_t requested = 0;  // what the caller asked for (pitched: width x height)
   Kind kind = Kind::kDevice;
+  int device = 0;
 };
 
-// Records an allocation: counters of `kind` and the registry entry.
-void RecordAlloc(RegistryId registry, std::uintptr_t key, std::uint64_t size, Kind kind);
-// Forgets it; false if the key was not recorded.
-bool RecordFree(RegistryId registry, std::uintptr_t key, RegistryEntry* entry = nullptr);
+// Where a passthrough allocation lives, for the event ring (ring_events.h).
+struct AllocOrigin {
+  int device = -1;              // -1: the calling thread's current device (0 without a context)
+  std::uint64_t requested = 0;  // 0: the allocation's size
+  std::uint64_t stream = 0;     // stream-ordered allocations
+};
+
+// Records an allocation: counters of `kind`, the registry entry, and (when recording events)
+// an ALLOC record of the ring's kind for `kind`.
+void RecordAlloc(RegistryId registry, std::uintptr_t key, std::uint64_t size, Kind kind,
+                 AllocOrigin origin = {});
+// Forgets it, with a FREE record; false if the key was not recorded.
+bool RecordFree(RegistryId registry, std::uintptr_t key, RegistryEntry* entry = nullptr,
+                std::uint64_t stream = 0);
 
 void LockRegistriesForFork();
 void UnlockRegistriesAfterFork();

@@ -17,6 +17,7 @@
 #include "fence_worker.h"
 #include "log.h"
 #include "registry.h"
+#include "ring_events.h"
 
 namespace vramscope::interposer {
 namespace {
@@ -38,6 +39,10 @@ void OnExit() {
   QuiesceFenceWorker(/*timeout_ms=*/2000);
   if (g_config.summary) PrintSummary();
 }
+
+// on_exit (glibc) rather than atexit: it receives the status given to exit(), which the ring's
+// header reports. Registered before OnExit, so it runs after it (the fence helper is quiet).
+void OnExitStatus(int status, void* /*arg*/) { MarkRingExited(status); }
 
 void ForkPrepare() {
   pthread_mutex_lock(&g_init_mu);
@@ -69,6 +74,8 @@ void ForkChild() {
   InitLogLevel();
   g_config = ReadConfig();
   counters.mode = static_cast<std::uint32_t>(g_config.mode);
+  // The child records into its own ring, opened by its first hook.
+  RingForkChild(ModeName(g_config.mode));
 }
 
 bool RequiredForPooling(const RealDriver& real) {
@@ -100,13 +107,15 @@ bool Initialise(bool may_load) {
       }
       if (!g_handlers_registered) {
         g_handlers_registered = true;
-        if (pthread_atfork(ForkPrepare, ForkParent, ForkChild) != 0 || atexit(OnExit) != 0) {
+        if (pthread_atfork(ForkPrepare, ForkParent, ForkChild) != 0 ||
+            on_exit(OnExitStatus, nullptr) != 0 || atexit(OnExit) != 0) {
           g_disabled.store(true, std::memory_order_relaxed);
           VRAMSCOPE_LOG(kWarn, "cannot register fork/exit handlers; running without vramscope");
         }
       }
       Counters().mode = static_cast<std::uint32_t>(g_config.mode);
       VRAMSCOPE_LOG(kInfo, "active, mode=%s", ModeName(g_config.mode));
+      OpenRingAtInit(ModeName(g_config.mode));
       g_state.store(static_cast<int>(State::kReady), std::memory_order_release);
       ready = true;
     }
@@ -132,7 +141,10 @@ int AppendF(char* buffer, int used, int size, const char* format, ...) {
 }  // namespace
 
 bool EnsureDriver() {
-  if (g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady)) return true;
+  if (g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady)) {
+    MaybeOpenPendingRing();
+    return true;
+  }
   return Initialise(true);
 }
 

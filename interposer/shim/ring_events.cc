@@ -1,0 +1,195 @@
+#include "ring_events.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <new>
+
+#include "device_pools.h"
+#include "driver.h"
+#include "log.h"
+
+namespace vramscope::interposer {
+namespace ring_internal {
+
+constinit std::atomic<int> g_ring_state{static_cast<int>(RingState::kOff)};
+constinit std::atomic<RingWriter*> g_ring{nullptr};
+
+}  // namespace ring_internal
+
+namespace {
+
+using ring_internal::g_ring;
+using ring_internal::g_ring_state;
+using ring_internal::RingState;
+
+// kPending -> kOpening is taken by one thread; the others record nothing until it is open.
+constexpr int kOpening = 100;
+
+// The writer in static storage, constructed on first open and never destroyed: a global
+// RingWriter would register a destructor that unmaps the ring at exit, under threads that may
+// still free memory.
+alignas(RingWriter) constinit unsigned char g_writer_storage[sizeof(RingWriter)] = {};
+constinit RingWriter* g_writer = nullptr;
+constinit const char* g_mode_name = "pool";
+// Devices whose device_info is filled in (bit per ordinal).
+constinit std::atomic<std::uint32_t> g_devices_noted{0};
+
+RingWriter* Writer() {
+  if (g_writer == nullptr) g_writer = new (g_writer_storage) RingWriter();
+  return g_writer;
+}
+
+}  // namespace
+
+void ring_internal::OpenPendingRing() {
+  int expected = static_cast<int>(RingState::kPending);
+  if (!g_ring_state.compare_exchange_strong(expected, kOpening, std::memory_order_acq_rel)) {
+    return;
+  }
+  RingWriter* writer = Writer();
+  RingOpenOptions options;
+  options.mode = g_mode_name;
+  const RingError error = writer->Open(options);
+  if (error != RingError::kOk) {
+    const char* dir = getenv("VRAMSCOPE_RING_DIR");
+    VRAMSCOPE_LOG_ONCE(kWarn,
+                       "cannot open the event ring in %s (%s: %s); running without recording "
+                       "events",
+                       dir != nullptr ? dir : "?", RingErrorName(error),
+                       strerror(writer->last_errno()));
+    g_ring_state.store(static_cast<int>(RingState::kFailed), std::memory_order_release);
+    return;
+  }
+  g_devices_noted.store(0, std::memory_order_relaxed);
+  g_ring.store(writer, std::memory_order_release);
+  g_ring_state.store(static_cast<int>(RingState::kOpen), std::memory_order_release);
+  VRAMSCOPE_LOG(kInfo, "recording events to %s", writer->path());
+}
+
+void OpenRingAtInit(const char* mode_name) {
+  if (g_ring_state.load(std::memory_order_acquire) != static_cast<int>(RingState::kOff)) return;
+  const char* dir = getenv("VRAMSCOPE_RING_DIR");
+  if (dir == nullptr || dir[0] == '\0') return;
+  g_mode_name = mode_name;
+  g_ring_state.store(static_cast<int>(RingState::kPending), std::memory_order_release);
+  ring_internal::OpenPendingRing();
+}
+
+void RingForkChild(const char* mode_name) {
+  // Single-threaded here. The parent's mapping is inherited: unmap it without writing.
+  g_ring.store(nullptr, std::memory_order_release);
+  if (g_writer != nullptr) g_writer->Close();
+  g_devices_noted.store(0, std::memory_order_relaxed);
+  g_mode_name = mode_name;
+  if (g_ring_state.load(std::memory_order_relaxed) != static_cast<int>(RingState::kOff)) {
+    g_ring_state.store(static_cast<int>(RingState::kPending), std::memory_order_release);
+  }
+}
+
+void MarkRingExited(int status) {
+  if (RingWriter* ring = Ring()) ring->MarkExited(status);
+}
+
+void NoteRingDevice(int device) {
+  RingWriter* ring = Ring();
+  if (ring == nullptr || device < 0 || device >= static_cast<int>(VRAMSCOPE_RING_MAX_DEVICES)) {
+    return;
+  }
+  const std::uint32_t bit = 1u << device;
+  if ((g_devices_noted.load(std::memory_order_relaxed) & bit) != 0) return;
+  if ((g_devices_noted.fetch_or(bit, std::memory_order_relaxed) & bit) != 0) return;
+  const RealDriver& real = Real();
+  char name[64] = {};
+  if (real.cuDeviceGetName == nullptr ||
+      real.cuDeviceGetName(name, sizeof(name) - 1, device) != CUDA_SUCCESS) {
+    name[0] = '\0';
+  }
+  CUuuid uuid{};
+  const bool have_uuid =
+      real.cuDeviceGetUuid_v2 != nullptr && real.cuDeviceGetUuid_v2(&uuid, device) == CUDA_SUCCESS;
+  size_t total = 0;
+  if (real.cuDeviceTotalMem_v2 == nullptr ||
+      real.cuDeviceTotalMem_v2(&total, device) != CUDA_SUCCESS) {
+    total = 0;
+  }
+  ring->SetDeviceInfo(static_cast<std::uint32_t>(device), name,
+                      have_uuid ? reinterpret_cast<const std::uint8_t*>(uuid.bytes) : nullptr,
+                      total);
+}
+
+int CurrentDeviceOrZero() {
+  const RealDriver& real = Real();
+  CUdevice device = 0;
+  if (real.cuCtxGetDevice == nullptr || real.cuCtxGetDevice(&device) != CUDA_SUCCESS) return 0;
+  return device;
+}
+
+std::uint8_t RingAllocKind(Kind kind) {
+  switch (kind) {
+    case Kind::kDevice:
+      return VRAMSCOPE_RING_ALLOC_DRIVER;
+    case Kind::kPitch:
+      return VRAMSCOPE_RING_ALLOC_PITCHED;
+    case Kind::kManaged:
+      return VRAMSCOPE_RING_ALLOC_MANAGED;
+    case Kind::kHost:
+    case Kind::kHostRegistered:
+      return VRAMSCOPE_RING_ALLOC_HOST;
+    case Kind::kAsync:
+      return VRAMSCOPE_RING_ALLOC_STREAM_ORDERED;
+    case Kind::kVmmPhysical:
+      return VRAMSCOPE_RING_ALLOC_VMM;
+    case Kind::kIpcImport:
+      return VRAMSCOPE_RING_ALLOC_IPC_IMPORT;
+    case Kind::kVmmMapped:
+    case Kind::kVmmReserved:
+    case Kind::kCount:
+      break;
+  }
+  return VRAMSCOPE_RING_ALLOC_UNSPECIFIED;
+}
+
+void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested) {
+  RingWriter* ring = Ring();
+  if (ring == nullptr) return;
+  pool::BlockInfo info;
+  const std::uint64_t allocated =
+      slot->pool->Lookup(address, &info) == pool::PoolStatus::kOk ? info.allocated : requested;
+  (void)ring->RecordAlloc(static_cast<std::uint32_t>(slot->device), address, requested, allocated,
+                          VRAMSCOPE_RING_ALLOC_POOLED);
+}
+
+void RingPooledFree(Slot* slot, std::uintptr_t address, std::uint64_t requested,
+                    std::uint64_t allocated) {
+  RingWriter* ring = Ring();
+  if (ring == nullptr) return;
+  (void)ring->RecordFree(static_cast<std::uint32_t>(slot->device), address, requested, allocated,
+                         VRAMSCOPE_RING_ALLOC_POOLED);
+}
+
+void RingPoolState(Slot* slot) {
+  RingWriter* ring = Ring();
+  if (ring == nullptr || slot->pool == nullptr) return;
+  const pool::PoolStats stats = slot->pool->Stats();
+  vramscope_ring_pool_state_payload state{};
+  state.largest_free_block_bytes = stats.largest_free_block_bytes;
+  state.free_bytes = stats.free_bytes;
+  state.pending_bytes = stats.pending_bytes;
+  state.unreleasable_free_bytes = stats.unreleasable_free_bytes;
+  state.reserved_bytes = stats.current_reserved_bytes;
+  (void)ring->RecordPoolState(static_cast<std::uint32_t>(slot->device), state);
+}
+
+void RingPooledOom(Slot* slot, std::uint64_t requested) {
+  RingWriter* ring = Ring();
+  if (ring == nullptr || slot->pool == nullptr) return;
+  const pool::PoolStats stats = slot->pool->Stats();
+  // pool::OomVerdict and vramscope.v1.OomVerdict share their values (1 fragmentation, 2 capacity).
+  (void)ring->RecordOom(static_cast<std::uint32_t>(slot->device), requested, stats.free_bytes,
+                        stats.largest_free_block_bytes,
+                        static_cast<std::uint8_t>(stats.last_oom_verdict));
+  RingPoolState(slot);
+}
+
+}  // namespace vramscope::interposer

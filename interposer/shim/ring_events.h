@@ -1,0 +1,74 @@
+// The shim's side of the event ring (interposer/ring, layout vramscope/ring.h): opening it, and
+// the records the hooks and the pools write.
+//
+// The ring is opened only when VRAMSCOPE_RING_DIR is set (`vramscope run` sets it), lazily: by
+// the first hook that initialises the shim, and in a fork child by the first hook after the
+// fork (the child gets its own file and clean counters; a child that never calls the driver
+// leaves no ring). If it cannot be opened the shim warns once and runs without events; the
+// program is never affected.
+//
+// Thread safety: Ring() and the Record* helpers may be called from any thread at any time; the
+// writer is lock-free and never allocates. Open/fork/exit run under the shim's init lock or in
+// the single-threaded fork child.
+// Costs: Ring() is one acquire load; a record is the writer's cost (clock, a CAS, a 60-byte copy)
+// plus, for pooled memory, the pool's Lookup for the sizes (one uncontended lock).
+// Ownership: the writer lives in static storage and is never destroyed (no ELF destructor; a
+// late free from another thread must still find it mapped).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "counters.h"
+#include "vramscope/ring/ring_writer.h"
+
+namespace vramscope::interposer {
+
+struct Slot;
+
+namespace ring_internal {
+enum class RingState : int { kOff = 0, kPending, kOpen, kFailed };
+extern constinit std::atomic<int> g_ring_state;
+extern constinit std::atomic<RingWriter*> g_ring;
+void OpenPendingRing();
+}  // namespace ring_internal
+
+// The open ring, or nullptr when the process is not recording.
+inline RingWriter* Ring() { return ring_internal::g_ring.load(std::memory_order_acquire); }
+
+// Init path (shim lock held, driver loaded): opens the ring if VRAMSCOPE_RING_DIR is set.
+void OpenRingAtInit(const char* mode_name);
+// Every hook (EnsureDriver's fast path): opens a ring left pending by a fork child.
+inline void MaybeOpenPendingRing() {
+  if (__builtin_expect(ring_internal::g_ring_state.load(std::memory_order_relaxed) ==
+                           static_cast<int>(ring_internal::RingState::kPending),
+                       0)) {
+    ring_internal::OpenPendingRing();
+  }
+}
+// Fork child handler: unmaps the parent's ring (without writing to it) and leaves a new one
+// pending for the first hook.
+void RingForkChild(const char* mode_name);
+// Exit path: the PROCESS_EXIT record and the exit status in the header.
+void MarkRingExited(int status);
+
+// Fills the ring's device_info for `device` the first time it is seen (name, UUID, total
+// memory). Makes driver calls: not for the thread that is initialising the shim.
+void NoteRingDevice(int device);
+// The device of the calling thread's current context, or 0 when there is none.
+int CurrentDeviceOrZero();
+
+// The ring's allocation kind of a passthrough Kind; UNSPECIFIED for kinds that are not
+// allocations in the ring's sense (VMM mappings and address reservations).
+std::uint8_t RingAllocKind(Kind kind);
+
+// Pooled memory. `slot` holds the block; sizes come from the pool (Lookup).
+void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested);
+void RingPooledFree(Slot* slot, std::uintptr_t address, std::uint64_t requested,
+                    std::uint64_t allocated);
+// The pool could not serve `requested`: an OOM record with the pool's verdict, then its state.
+void RingPooledOom(Slot* slot, std::uint64_t requested);
+// A POOL_STATE record from the pool's Stats() (never call with the pool's lock held).
+void RingPoolState(Slot* slot);
+
+}  // namespace vramscope::interposer
