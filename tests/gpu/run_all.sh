@@ -62,6 +62,24 @@ for ex in alloc_churn alloc_churn_shared_rt; do
   row "$ex (2000 it.)" "${b} ms" "${s} ms, ${avoided:-?} calls saved" "$verdict ($same)"
 done
 
+echo "== 1b. vramscope run on the example (the main job): report against the shim's own counters"
+run vsrun "$bin/vramscope" run --json "$logs/alloc_churn.report.json" -- env VRAMSCOPE_SUMMARY=1 "$bin/alloc_churn" 500
+st=$?
+rep=$("$python" - "$logs/alloc_churn.report.json" <<'PY' 2>/dev/null
+import json, sys
+r = json.load(open(sys.argv[1]))
+d = r["devices"][0]
+print(d.get("peak_requested_bytes", 0), d.get("peak_reserved_bytes", 0), d.get("alloc_count", 0))
+PY
+)
+read -r rq rr rc <<<"${rep:-0 0 0}"
+sq=$(summary_field vsrun peak_requested)
+sa=$(summary_field vsrun allocs)
+verdict="ok"
+[ $st -eq 0 ] || verdict="FAIL status $st"
+[ "$rq" = "$sq" ] && [ "$rc" = "$sa" ] || verdict="FAIL report $rq/$rc vs shim $sq/$sa"
+row "vramscope run alloc_churn" "shim: ${sq:-?} B, ${sa:-?} allocs" "report: ${rq} B, ${rc} allocs" "$verdict (reserved ${rr} B)"
+
 echo "== 2. thrust sort+reduce loop"
 run thrust.base "$bin/thrust_loop" 300
 run thrust.shim under_shim "$bin/thrust_loop" 300
