@@ -86,6 +86,10 @@ class CachingPool final : public Pool {
   }
 
   PoolStatus Allocate(std::size_t size, std::uintptr_t* address) override {
+    return AllocateSized(size, address, nullptr);
+  }
+
+  PoolStatus AllocateSized(std::size_t size, std::uintptr_t* address, BlockSizes* sizes) override {
     if (address == nullptr || size == 0 || size > kMaxRequest ||
         (capacity_ != 0 && size > capacity_)) {
       return PoolStatus::kInvalidArgument;
@@ -111,15 +115,21 @@ class CachingPool final : public Pool {
     stats_.peak_allocated_bytes =
         std::max(stats_.peak_allocated_bytes, stats_.current_allocated_bytes);
     *address = block->addr;
+    if (sizes != nullptr) *sizes = {size, rounded};
     return PoolStatus::kOk;
   }
 
   PoolStatus Free(std::uintptr_t address, std::uint64_t fence) override {
+    return FreeSized(address, fence, nullptr);
+  }
+
+  PoolStatus FreeSized(std::uintptr_t address, std::uint64_t fence, BlockSizes* sizes) override {
     std::lock_guard<std::mutex> lock(mu_);
     const std::uint64_t* found = live_.Find(address);
     if (found == nullptr) return PoolStatus::kInvalidAddress;
     Block* block = reinterpret_cast<Block*>(static_cast<std::uintptr_t>(*found));
     (void)live_.Erase(address);
+    if (sizes != nullptr) *sizes = {block->requested, block->size};
     ++stats_.free_count;
     --stats_.live_blocks;
     stats_.current_requested_bytes -= block->requested;

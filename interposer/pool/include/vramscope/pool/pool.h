@@ -78,6 +78,12 @@ struct BlockInfo {
   std::size_t segment_size = 0;     // segments: the whole segment; vmm: the granules under it
 };
 
+// The sizes of one block, for callers that record allocations (the shim's event ring).
+struct BlockSizes {
+  std::size_t requested = 0;
+  std::size_t allocated = 0;  // after rounding
+};
+
 class Pool {
  public:
   virtual ~Pool() = default;
@@ -87,6 +93,11 @@ class Pool {
   virtual PoolStatus Allocate(std::size_t size, std::uintptr_t* address) = 0;
   // Frees what Allocate returned; the block is reusable once `fence` completes (0 = now).
   virtual PoolStatus Free(std::uintptr_t address, std::uint64_t fence) = 0;
+  // Allocate and Free that also report the block's sizes (`sizes` may be null), at no extra
+  // cost: Lookup would take the lock again and walk the page's blocks.
+  virtual PoolStatus AllocateSized(std::size_t size, std::uintptr_t* address,
+                                   BlockSizes* sizes) = 0;
+  virtual PoolStatus FreeSized(std::uintptr_t address, std::uint64_t fence, BlockSizes* sizes) = 0;
   // Finds the live allocation containing `address` (interior pointers included, up to the
   // rounded size); freed and pending blocks are kInvalidAddress.
   virtual PoolStatus Lookup(std::uintptr_t address, BlockInfo* info) const = 0;
