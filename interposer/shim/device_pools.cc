@@ -566,18 +566,12 @@ void MaybeRecordPoolState(Slot* slot, bool after_free) {
   RingPoolState(slot);
 }
 
-// Frees `address` in the slot's pool. With a ring, the block's sizes are read first (the pool's
-// Free does not return them) for the FREE record. Racing frees of one address are the
-// application's double free: the sizes read may then belong to the other call's block.
+// Frees `address` in the slot's pool, with a FREE record of the sizes the pool reports.
 pool::PoolStatus FreeInSlot(Slot* slot, std::uintptr_t address) {
-  if (Ring() == nullptr) return slot->pool->Free(address, slot->fences.Current());
-  pool::BlockInfo info;
-  if (slot->pool->Lookup(address, &info) != pool::PoolStatus::kOk || info.address != address) {
-    return pool::PoolStatus::kInvalidAddress;  // what Free answers for an interior pointer
-  }
-  const pool::PoolStatus status = slot->pool->Free(address, slot->fences.Current());
+  pool::BlockSizes sizes;
+  const pool::PoolStatus status = slot->pool->FreeSized(address, slot->fences.Current(), &sizes);
   if (status == pool::PoolStatus::kOk) {
-    RingPooledFree(slot, address, info.requested, info.allocated);
+    RingPooledFree(slot, address, sizes.requested, sizes.allocated);
   }
   return status;
 }
@@ -639,9 +633,10 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
       (void)slot->fences.Sync();
     }
   }
-  switch (slot->pool->Allocate(bytes, address)) {
+  pool::BlockSizes sizes;
+  switch (slot->pool->AllocateSized(bytes, address, &sizes)) {
     case pool::PoolStatus::kOk:
-      RingPooledAlloc(slot, *address, bytes);
+      RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);
       MaybeRecordPoolState(slot, /*after_free=*/false);
       return ShimStatus::kOk;
     case pool::PoolStatus::kOutOfMemory:

@@ -150,12 +150,10 @@ std::uint8_t RingAllocKind(Kind kind) {
   return VRAMSCOPE_RING_ALLOC_UNSPECIFIED;
 }
 
-void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested) {
+void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested,
+                     std::uint64_t allocated) {
   RingWriter* ring = Ring();
   if (ring == nullptr) return;
-  pool::BlockInfo info;
-  const std::uint64_t allocated =
-      slot->pool->Lookup(address, &info) == pool::PoolStatus::kOk ? info.allocated : requested;
   (void)ring->RecordAlloc(static_cast<std::uint32_t>(slot->device), address, requested, allocated,
                           VRAMSCOPE_RING_ALLOC_POOLED);
 }

@@ -11,7 +11,7 @@
 // writer is lock-free and never allocates. Open/fork/exit run under the shim's init lock or in
 // the single-threaded fork child.
 // Costs: Ring() is one acquire load; a record is the writer's cost (clock, a CAS, a 60-byte copy)
-// plus, for pooled memory, the pool's Lookup for the sizes (one uncontended lock).
+// (the pool reports pooled sizes from the Allocate/Free it does anyway).
 // Ownership: the writer lives in static storage and is never destroyed (no ELF destructor; a
 // late free from another thread must still find it mapped).
 #pragma once
@@ -62,8 +62,9 @@ int CurrentDeviceOrZero();
 // allocations in the ring's sense (VMM mappings and address reservations).
 std::uint8_t RingAllocKind(Kind kind);
 
-// Pooled memory. `slot` holds the block; sizes come from the pool (Lookup).
-void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested);
+// Pooled memory. `slot` holds the block; sizes come from the pool (AllocateSized/FreeSized).
+void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested,
+                     std::uint64_t allocated);
 void RingPooledFree(Slot* slot, std::uintptr_t address, std::uint64_t requested,
                     std::uint64_t allocated);
 // The pool could not serve `requested`: an OOM record with the pool's verdict, then its state.
