@@ -6,6 +6,8 @@
 //                        leaked; exits 3 (the report must carry the status)
 //   ring_app kinds OUT   one pooled block, one pitched (1000 x 10), one managed (64 KiB), one
 //                        pinned host (4 KiB), all freed; exits 0
+//   ring_app oom OUT     device 0 limited to 64 MiB: 40 MiB pooled, then 100 MiB refused (a
+//                        capacity OOM), the 40 MiB freed; exits 0
 //   ring_app fork OUT    a hooked call before cuInit (the shim and its ring start), then fork:
 //                        the child allocates 4096 and 8192, frees the first and exits 0; the
 //                        parent waits, allocates 1 MiB, frees it and exits 0
@@ -92,6 +94,17 @@ int Kinds(const char* out) {
   return 0;
 }
 
+int Oom(const char* out) {
+  if (!Start() || vramscope_fake_set_capacity(0, size_t{64} << 20) != 0) return 10;
+  CUdeviceptr a = 0;
+  CUdeviceptr b = 0;
+  if (!Alloc(&a, size_t{40} << 20)) return 11;
+  if (cuMemAlloc_v2(&b, size_t{100} << 20) != CUDA_ERROR_OUT_OF_MEMORY) return 12;
+  if (!Free(a)) return 13;
+  WriteOut(out);
+  return 0;
+}
+
 int Fork(const char* out) {
   size_t free_bytes = 0;
   size_t total = 0;
@@ -119,11 +132,12 @@ int Fork(const char* out) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: ring_app basic|kinds|fork OUT\n");
+    fprintf(stderr, "usage: ring_app basic|kinds|oom|fork OUT\n");
     return 2;
   }
   if (strcmp(argv[1], "basic") == 0) return Basic(argv[2]);
   if (strcmp(argv[1], "kinds") == 0) return Kinds(argv[2]);
+  if (strcmp(argv[1], "oom") == 0) return Oom(argv[2]);
   if (strcmp(argv[1], "fork") == 0) return Fork(argv[2]);
   return 2;
 }

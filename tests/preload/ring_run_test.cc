@@ -152,6 +152,26 @@ TEST_F(RingRunTest, PooledFiguresHoldOverSegments) {
   EXPECT_EQ(d->leaks_size(), 1);
 }
 
+TEST_F(RingRunTest, PassthroughModeRecordsDriverAllocations) {
+  ASSERT_EQ(RunUnderVramscope("basic", "VRAMSCOPE_MODE=passthrough"), 3) << stderr_;
+  const auto reports = Reports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].mode(), "passthrough");
+  const vramscope::v1::DeviceReport* d = Device0(reports[0]);
+  ASSERT_NE(d, nullptr);
+  // The driver's own allocations: requested = allocated = reserved.
+  const std::uint64_t peak = 1000 + 3000 + (std::uint64_t{1} << 20) + 1;
+  EXPECT_EQ(d->peak_requested_bytes(), peak);
+  EXPECT_EQ(d->peak_allocated_bytes(), peak);
+  EXPECT_EQ(d->peak_reserved_bytes(), peak);
+  EXPECT_EQ(d->current_reserved_bytes(), 5000u);
+  EXPECT_EQ(d->alloc_count(), 4u);
+  EXPECT_EQ(d->free_count(), 3u);
+  EXPECT_EQ(d->pool_reserve_count(), 0u);
+  ASSERT_EQ(d->leaks_size(), 1);
+  EXPECT_EQ(d->leaks(0).requested_bytes(), 5000u);
+}
+
 TEST_F(RingRunTest, PassthroughKindsFollowTheByteRule) {
   ASSERT_EQ(RunUnderVramscope("kinds"), 0) << stderr_;
   const auto figures = ReadFigures(Out());
@@ -169,6 +189,22 @@ TEST_F(RingRunTest, PassthroughKindsFollowTheByteRule) {
   EXPECT_EQ(d->free_count(), 4u);
   EXPECT_EQ(d->current_requested_bytes(), 0u);
   EXPECT_EQ(d->leaks_size(), 0);
+}
+
+TEST_F(RingRunTest, PoolOutOfMemoryIsReportedWithItsVerdict) {
+  ASSERT_EQ(RunUnderVramscope("oom"), 0) << stderr_;
+  const auto reports = Reports();
+  ASSERT_EQ(reports.size(), 1u);
+  const vramscope::v1::DeviceReport* d = Device0(reports[0]);
+  ASSERT_NE(d, nullptr);
+  ASSERT_EQ(d->ooms_size(), 1) << Read(Json());
+  EXPECT_EQ(d->ooms(0).requested_bytes(), std::uint64_t{100} << 20);
+  EXPECT_EQ(d->ooms(0).verdict(), vramscope::v1::OOM_VERDICT_CAPACITY);
+  EXPECT_LT(d->ooms(0).free_bytes(), std::uint64_t{100} << 20);
+  EXPECT_EQ(d->alloc_count(), 1u);
+  EXPECT_EQ(d->free_count(), 1u);
+  EXPECT_EQ(d->peak_requested_bytes(), std::uint64_t{40} << 20);
+  EXPECT_EQ(d->peak_reserved_bytes(), ReadFigures(Out()).at("peak_driver_bytes"));
 }
 
 TEST_F(RingRunTest, ForkedChildIsReportedAsItsOwnProcess) {
