@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "check/check_command.h"
 #include "command.h"
 #include "replay/replay_command.h"
 #include "run/run_command.h"
@@ -14,6 +15,7 @@ namespace {
 constexpr Command kCommands[] = {
     {"run", kRunSummary, RunRun},
     {"replay", kReplaySummary, RunReplay},
+    {"check", kCheckSummary, RunCheck},
 };
 
 void PrintUsage(std::FILE* out) {

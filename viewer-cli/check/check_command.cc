@@ -1,0 +1,248 @@
+// `vramscope check`: see check_command.h. Reads both files before anything is compared or
+// written, so a corrupt input never produces a verdict, a JUnit file or a new baseline.
+#include "check/check_command.h"
+
+#include <absl/status/statusor.h>
+#include <absl/strings/str_cat.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "check/atomic_file.h"
+#include "check/check_output.h"
+#include "check/compare.h"
+#include "check/report_file.h"
+#include "command.h"
+#include "run/size.h"
+
+namespace vramscope::cli {
+namespace {
+
+struct CheckOptions {
+  std::string baseline_path;
+  std::string report_path;
+  std::string junit_path;
+  bool update_baseline = false;
+  CompareOptions compare;
+};
+
+void PrintCheckUsage(std::FILE* out) {
+  std::fprintf(
+      out,
+      "usage: vramscope check --baseline FILE --report FILE [--tolerance PCT] [--new-floor SIZE]\n"
+      "                       [--junit FILE] [--update-baseline]\n"
+      "\n"
+      "Compares the peaks in a `vramscope run --json` report with a baseline report (the same\n"
+      "format: one Report, or {\"reports\": [...]}) and fails when one grew.\n"
+      "\n"
+      "Figures compared, per process and device: peak requested, peak allocated and peak\n"
+      "reserved bytes; per NVTX range on a device: peak allocated bytes while it was open.\n"
+      "Processes are matched by position when each file has exactly one, otherwise by command\n"
+      "line (the k-th process with a command line matches the k-th with the same one); devices\n"
+      "by ordinal (cuda:N); NVTX ranges by domain and name.\n"
+      "\n"
+      "A figure REGRESSES when it grew by more than the tolerance (percent of its baseline);\n"
+      "it is an improvement when it shrank by more. A device or process only in the report, or\n"
+      "a baseline of 0, has no percentage: it regresses when its peak reaches --new-floor.\n"
+      "NVTX ranges only in the report are listed as added and never regress (their memory is\n"
+      "counted in the device's figures). Figures only in the baseline are listed as removed.\n"
+      "\n"
+      "options:\n"
+      "  --baseline FILE     the accepted report (with --update-baseline it may not exist yet)\n"
+      "  --report FILE       the report to check\n"
+      "  --tolerance PCT     allowed growth in percent, e.g. 2.5 or 2.5%% (default 5)\n"
+      "  --new-floor SIZE    peak at which a new device or process, or growth from a baseline\n"
+      "                      of 0, is a regression (default 1MiB; 0 = any; SIZE as 4096,\n"
+      "                      512KiB, 1.5GB)\n"
+      "  --junit FILE        also write JUnit XML: a testcase per figure, a failure per\n"
+      "                      regression, removed figures skipped\n"
+      "  --update-baseline   check that --report is a valid report, print the comparison with\n"
+      "                      the old baseline when there is a readable one, then replace the\n"
+      "                      baseline with the report file (atomically) and exit 0\n"
+      "  -h, --help          this text\n"
+      "\n"
+      "Output: a table of what grew or shrank beyond the tolerance, added and removed (baseline,\n"
+      "now, delta, delta %%) and a summary line on stdout; problems on stderr. With\n"
+      "GITHUB_ACTIONS=true in the environment, also GitHub annotations on stdout: ::error per\n"
+      "regression, ::notice per improvement.\n"
+      "exit status: 0 no regression (or baseline updated), 1 regression, 2 usage error, input\n"
+      "file missing, unreadable or not a report, or an output file that cannot be written.\n");
+}
+
+std::optional<double> ParseTolerance(std::string text) {
+  if (!text.empty() && text.back() == '%') text.pop_back();
+  if (text.empty() || text.find_first_not_of("0123456789.") != std::string::npos) {
+    return std::nullopt;  // no sign, exponent, hex, nan or inf
+  }
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size() || !std::isfinite(value)) return std::nullopt;
+  return value;
+}
+
+// Returns nullopt after printing the problem (usage error) or for --help (help set).
+std::optional<CheckOptions> ParseArgs(int argc, char** argv, bool* help) {
+  CheckOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    std::string flag(arg), value;
+    bool has_value = false;
+    if (const std::size_t eq = arg.find('='); arg.substr(0, 2) == "--" && eq != arg.npos) {
+      flag = std::string(arg.substr(0, eq));
+      value = std::string(arg.substr(eq + 1));
+      has_value = true;
+    }
+    auto take = [&]() -> bool {
+      if (has_value) return true;
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "vramscope check: %s needs a value\n", flag.c_str());
+        return false;
+      }
+      value = argv[++i];
+      return true;
+    };
+    if (flag == "-h" || flag == "--help") {
+      *help = true;
+      return std::nullopt;
+    } else if (flag == "--baseline") {
+      if (!take()) return std::nullopt;
+      options.baseline_path = value;
+    } else if (flag == "--report") {
+      if (!take()) return std::nullopt;
+      options.report_path = value;
+    } else if (flag == "--junit") {
+      if (!take()) return std::nullopt;
+      options.junit_path = value;
+    } else if (flag == "--tolerance") {
+      if (!take()) return std::nullopt;
+      const std::optional<double> tolerance = ParseTolerance(value);
+      if (!tolerance) {
+        std::fprintf(stderr,
+                     "vramscope check: --tolerance '%s' is not a percentage (a number >= 0, "
+                     "e.g. 5 or 2.5)\n",
+                     value.c_str());
+        return std::nullopt;
+      }
+      options.compare.tolerance_percent = *tolerance;
+    } else if (flag == "--new-floor") {
+      if (!take()) return std::nullopt;
+      const std::optional<std::uint64_t> floor = ParseSize(value);
+      if (!floor) {
+        std::fprintf(stderr,
+                     "vramscope check: --new-floor '%s' is not a size (examples: 0, 1MiB, "
+                     "512KiB, 1.5GB)\n",
+                     value.c_str());
+        return std::nullopt;
+      }
+      options.compare.new_floor_bytes = *floor;
+    } else if (flag == "--update-baseline" && !has_value) {
+      options.update_baseline = true;
+    } else {
+      std::fprintf(stderr, "vramscope check: unknown argument '%s'\n", argv[i]);
+      return std::nullopt;
+    }
+  }
+  if (options.baseline_path.empty() || options.report_path.empty()) {
+    std::fprintf(stderr, "vramscope check: --baseline FILE and --report FILE are required\n");
+    return std::nullopt;
+  }
+  if (options.update_baseline && !options.junit_path.empty()) {
+    std::fprintf(stderr,
+                 "vramscope check: --junit cannot go with --update-baseline (nothing is "
+                 "checked when the baseline is replaced)\n");
+    return std::nullopt;
+  }
+  return options;
+}
+
+bool InGitHubActions() {
+  const char* value = getenv("GITHUB_ACTIONS");
+  return value != nullptr && std::string_view(value) == "true";
+}
+
+int UpdateBaseline(const CheckOptions& options) {
+  std::string text;
+  const absl::StatusOr<std::vector<v1::Report>> report =
+      ReadReportsFile(options.report_path, &text);
+  if (!report.ok()) {
+    std::fprintf(stderr, "vramscope check: %s; the baseline %s is left unchanged\n",
+                 std::string(report.status().message()).c_str(), options.baseline_path.c_str());
+    return kExitUsage;
+  }
+  // The old baseline is only shown: a missing or damaged one is what updating fixes.
+  const absl::StatusOr<std::vector<v1::Report>> old = ReadReportsFile(options.baseline_path);
+  if (old.ok()) {
+    std::fputs("compared with the old baseline:\n", stdout);
+    std::fputs(FormatCheckTable(Compare(*old, *report, options.compare), options.compare).c_str(),
+               stdout);
+  } else {
+    std::fprintf(stdout, "no previous baseline to compare with (%s)\n",
+                 std::string(old.status().message()).c_str());
+  }
+  if (absl::Status s = WriteFileAtomically(options.baseline_path, text); !s.ok()) {
+    std::fprintf(stderr, "vramscope check: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  std::fprintf(stdout, "baseline %s updated from %s\n", options.baseline_path.c_str(),
+               options.report_path.c_str());
+  std::fflush(stdout);
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunCheck(int argc, char** argv) {
+  bool help = false;
+  const std::optional<CheckOptions> parsed = ParseArgs(argc, argv, &help);
+  if (help) {
+    PrintCheckUsage(stdout);
+    return kExitOk;
+  }
+  if (!parsed) {
+    std::fprintf(stderr, "`vramscope check --help` for usage\n");
+    return kExitUsage;
+  }
+  const CheckOptions& options = *parsed;
+  if (options.update_baseline) return UpdateBaseline(options);
+
+  const absl::StatusOr<std::vector<v1::Report>> baseline = ReadReportsFile(options.baseline_path);
+  if (!baseline.ok()) {
+    std::fprintf(stderr,
+                 "vramscope check: baseline: %s\n(create one with `vramscope check --baseline "
+                 "FILE --report REPORT --update-baseline`)\n",
+                 std::string(baseline.status().message()).c_str());
+    return kExitUsage;
+  }
+  const absl::StatusOr<std::vector<v1::Report>> report = ReadReportsFile(options.report_path);
+  if (!report.ok()) {
+    std::fprintf(stderr, "vramscope check: report: %s\n",
+                 std::string(report.status().message()).c_str());
+    return kExitUsage;
+  }
+
+  const Comparison comparison = Compare(*baseline, *report, options.compare);
+  std::fputs(FormatCheckTable(comparison, options.compare).c_str(), stdout);
+  if (InGitHubActions()) {
+    std::fputs(FormatGitHubAnnotations(comparison, options.compare).c_str(), stdout);
+  }
+  std::fflush(stdout);
+
+  bool outputs_ok = true;
+  if (!options.junit_path.empty()) {
+    if (absl::Status s =
+            WriteFileAtomically(options.junit_path, FormatJUnit(comparison, options.compare));
+        !s.ok()) {
+      std::fprintf(stderr, "vramscope check: %s\n", std::string(s.message()).c_str());
+      outputs_ok = false;
+    }
+  }
+  if (comparison.Count(Verdict::kRegression) > 0) return kExitCheckFailed;
+  return outputs_ok ? kExitOk : kExitUsage;
+}
+
+}  // namespace vramscope::cli
