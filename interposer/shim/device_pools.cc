@@ -4,7 +4,6 @@
 #include <time.h>
 
 #include <algorithm>
-#include <iterator>
 #include <new>
 
 #include "capture.h"
@@ -136,15 +135,15 @@ Slot* CreateSlot(CUcontext ctx, int index) {
       access[access_count++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
   }
-  std::size_t total = 0;
-  if (real.cuDeviceTotalMem_v2 == nullptr ||
-      real.cuDeviceTotalMem_v2(&total, device) != CUDA_SUCCESS) {
-    total = 0;
-  }
-  slot->upstream.Configure(ctx, device, use_vmm, granularity, access, access_count, total);
+  slot->upstream.Configure(ctx, device, use_vmm, granularity, access, access_count);
   slot->fences.Configure(ctx, device);
   slot->fences.batch_bytes = config.fence_batch_bytes;
   if (slot->fences.batch_bytes == 0) {
+    std::size_t total = 0;
+    if (real.cuDeviceTotalMem_v2 == nullptr ||
+        real.cuDeviceTotalMem_v2(&total, device) != CUDA_SUCCESS) {
+      total = 0;
+    }
     // Memory freed while the GPU still has work queued cannot be reused until that work is
     // done: the pool holds about (free rate x queue depth) beyond what the program uses. 1/64
     // of the device (2.2 GB on an H200) per batch keeps synchronisations rare for training
@@ -208,10 +207,8 @@ void MaybeSync(Slot* slot) {
 // --- DriverUpstream ------------------------------------------------------------------------
 
 void DriverUpstream::Configure(CUcontext ctx, int device, bool vmm, std::size_t granularity,
-                               const CUmemAccessDesc* access, int access_count,
-                               std::size_t total_bytes) {
+                               const CUmemAccessDesc* access, int access_count) {
   ctx_ = ctx;
-  total_bytes_ = total_bytes;
   device_ = device;
   vmm_ = vmm;
   granularity_ = granularity;
@@ -281,7 +278,7 @@ void DriverUpstream::Abandon(bool context_alive) {
     if (scope.ok()) (void)real.cuCtxSynchronize();
   }
   DriverCallScope scope(nullptr);
-  for (const auto& [address, size] : mapped) (void)UnmapGranules(address, size);
+  for (const auto& [address, size] : mapped) (void)real.cuMemUnmap(address, size);
   for (const auto& [address, size] : held) (void)real.cuMemAddressFree(address, size);
 }
 
@@ -358,20 +355,9 @@ pool::UpstreamStatus DriverUpstream::ReleaseRange(std::uintptr_t address, std::s
   return FromDriver(result);
 }
 
-CUresult DriverUpstream::UnmapGranules(std::uintptr_t address, std::size_t bytes) {
-  // Each granule is its own mapping (Map): cuMemUnmap takes whole mappings only.
-  CUresult first_error = CUDA_SUCCESS;
-  for (std::size_t done = 0; done < bytes; done += granularity_) {
-    const CUresult result = Real().cuMemUnmap(address + done, granularity_);
-    if (result != CUDA_SUCCESS && first_error == CUDA_SUCCESS) first_error = result;
-  }
-  return first_error;
-}
-
 pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t bytes) {
   if (!vmm_) return pool::UpstreamStatus::kNotSupported;
   if (!Usable()) return FromDriver(CUDA_ERROR_CONTEXT_IS_DESTROYED);
-  if (granularity_ == 0 || bytes % granularity_ != 0) return FromDriver(CUDA_ERROR_INVALID_VALUE);
   const RealDriver& real = Real();
   DriverCallScope scope(ctx_);
   if (!scope.ok()) return FromDriver(CUDA_ERROR_INVALID_CONTEXT);
@@ -379,31 +365,26 @@ pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t byt
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device_;
+  CUmemGenericAllocationHandle handle = 0;
   DevCounters(device_).driver_alloc_calls.Add(1);
-  // One physical handle per granule, so that Unmap can later give back any granule.
-  CUresult result = CUDA_SUCCESS;
-  std::size_t mapped = 0;
-  for (; mapped < bytes; mapped += granularity_) {
-    CUmemGenericAllocationHandle handle = 0;
-    result = real.cuMemCreate(&handle, granularity_, &prop, 0);
-    if (result != CUDA_SUCCESS) break;
-    result = real.cuMemMap(address + mapped, granularity_, 0, handle, 0);
-    // The mapping keeps the physical memory alive; releasing the handle now means cuMemUnmap
-    // alone gives the memory back.
-    (void)real.cuMemRelease(handle);
-    if (result != CUDA_SUCCESS) break;
-  }
-  if (result == CUDA_SUCCESS) {
-    // One access call for the whole run of mappings.
-    result = real.cuMemSetAccess(address, bytes, access_, static_cast<std::size_t>(access_count_));
-    if (result != CUDA_SUCCESS && access_count_ > 1) {
-      // A peer refused: fall back to the owning device alone, like cuMemAlloc without peers.
-      access_count_ = 1;
-      result = real.cuMemSetAccess(address, bytes, access_, 1);
-    }
-  }
+  CUresult result = real.cuMemCreate(&handle, bytes, &prop, 0);
+  if (result != CUDA_SUCCESS) return FromDriver(result);
+  result = real.cuMemMap(address, bytes, 0, handle, 0);
   if (result != CUDA_SUCCESS) {
-    (void)UnmapGranules(address, mapped);
+    (void)real.cuMemRelease(handle);
+    return FromDriver(result);
+  }
+  result = real.cuMemSetAccess(address, bytes, access_, static_cast<std::size_t>(access_count_));
+  if (result != CUDA_SUCCESS && access_count_ > 1) {
+    // A peer refused: fall back to the owning device alone, like cuMemAlloc without peers.
+    access_count_ = 1;
+    result = real.cuMemSetAccess(address, bytes, access_, 1);
+  }
+  // The mapping keeps the physical memory alive; releasing the handle now means cuMemUnmap
+  // alone gives the memory back.
+  (void)real.cuMemRelease(handle);
+  if (result != CUDA_SUCCESS) {
+    (void)real.cuMemUnmap(address, bytes);
     return FromDriver(result);
   }
   pthread_mutex_lock(&mu_);
@@ -415,12 +396,8 @@ pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t byt
 
 pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t bytes) {
   if (!vmm_) return pool::UpstreamStatus::kNotSupported;
-  if (granularity_ == 0 || address % granularity_ != 0 || bytes % granularity_ != 0) {
-    return FromDriver(CUDA_ERROR_INVALID_VALUE);
-  }
-  // Any granule-aligned range: take its overlap with every mapped run out of the books (the
-  // parts of a run outside the range stay mapped), then unmap it granule by granule.
-  const std::uintptr_t end = address + bytes;
+  // Unmap every mapping Map made inside [address, address + bytes): the pool may give back
+  // several adjacent mappings at once, and the driver unmaps whole mappings only.
   std::pair<std::uintptr_t, std::size_t> ranges[64];
   int count = 0;
   bool more = true;
@@ -428,17 +405,10 @@ pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t b
   while (more) {
     count = 0;
     pthread_mutex_lock(&mu_);
-    auto it = mapped_.upper_bound(address);
-    if (it != mapped_.begin() && std::prev(it)->first + std::prev(it)->second > address) --it;
-    while (it != mapped_.end() && it->first < end && count < 64) {
-      const std::uintptr_t run = it->first;
-      const std::uintptr_t run_end = run + it->second;
-      const std::uintptr_t lo = std::max(run, address);
-      const std::uintptr_t hi = std::min(run_end, end);
+    auto it = mapped_.lower_bound(address);
+    while (it != mapped_.end() && it->first + it->second <= address + bytes && count < 64) {
+      ranges[count++] = *it;
       it = mapped_.erase(it);
-      if (run < lo) mapped_[run] = lo - run;
-      if (hi < run_end) it = mapped_.emplace(hi, run_end - hi).first;  // beyond the range
-      ranges[count++] = {lo, hi - lo};
     }
     more = count == 64;
     pthread_mutex_unlock(&mu_);
@@ -446,7 +416,7 @@ pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t b
       Released(ranges[i].first, ranges[i].second);
       if (!Usable()) continue;
       DriverCallScope scope(ctx_);
-      const CUresult result = UnmapGranules(ranges[i].first, ranges[i].second);
+      const CUresult result = Real().cuMemUnmap(ranges[i].first, ranges[i].second);
       DevCounters(device_).driver_free_calls.Add(1);
       if (result != CUDA_SUCCESS && result != CUDA_ERROR_DEINITIALIZED) {
         status = FromDriver(result);

@@ -36,18 +36,14 @@
 namespace vramscope::interposer {
 
 // The pool's memory source: cuMemAlloc_v2/cuMemFree_v2 segments, or with VMM
-// cuMemAddressReserve + one physical handle per granule (cuMemCreate + cuMemMap each, released
-// right after mapping so cuMemUnmap alone returns the memory) and one cuMemSetAccess per Map,
-// as PyTorch's expandable segments do: any granule-aligned mapped range can then be unmapped
-// (UnmapsPartialMaps), so the pool gives free granules back wherever they are. Every call runs
-// in a DriverCallScope on the slot's context. Remembers what it holds so the shim can tell its
+// cuMemAddressReserve + cuMemCreate/cuMemMap/cuMemSetAccess (the physical handle is released
+// right after mapping, so cuMemUnmap alone returns the memory). Every call runs in a
+// DriverCallScope on the slot's context. Remembers what it holds so the shim can tell its
 // memory from the application's (OwnsAddress).
 class DriverUpstream final : public pool::Upstream {
  public:
-  // `total_bytes`: the device's memory (cuDeviceTotalMem), 0 unknown; the pool sizes its
-  // reserved range and its map-ahead from it.
   void Configure(CUcontext ctx, int device, bool vmm, std::size_t granularity,
-                 const CUmemAccessDesc* access, int access_count, std::size_t total_bytes);
+                 const CUmemAccessDesc* access, int access_count);
   // The context is being torn down: never call the driver for this memory again. cuMemAlloc
   // segments belong to the context and go with it. VMM memory belongs to the device and
   // outlives the context, so its mappings and ranges are given back here (errors ignored),
@@ -66,9 +62,7 @@ class DriverUpstream final : public pool::Upstream {
 
   pool::UpstreamStatus Allocate(std::size_t bytes, std::uintptr_t* address) override;
   pool::UpstreamStatus Free(std::uintptr_t address, std::size_t bytes) override;
-  std::size_t TotalBytes() const override { return total_bytes_; }
   std::size_t MapGranularity() const override { return vmm_ ? granularity_ : 0; }
-  bool UnmapsPartialMaps() const override { return vmm_; }
   pool::UpstreamStatus ReserveRange(std::size_t bytes, std::uintptr_t* address) override;
   pool::UpstreamStatus ReleaseRange(std::uintptr_t address, std::size_t bytes) override;
   pool::UpstreamStatus Map(std::uintptr_t address, std::size_t bytes) override;
@@ -84,18 +78,14 @@ class DriverUpstream final : public pool::Upstream {
   CUcontext ctx_ = nullptr;
   int device_ = 0;
   bool vmm_ = false;
-  // Unmaps [address, address + bytes) one granule (one handle) at a time; the first error.
-  CUresult UnmapGranules(std::uintptr_t address, std::size_t bytes);
-
   std::size_t granularity_ = 0;
-  std::size_t total_bytes_ = 0;
   CUmemAccessDesc access_[8] = {};
   int access_count_ = 0;
   std::atomic<bool> dead_{false};
   std::atomic<bool> state_due_{false};
   mutable pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
   std::map<std::uintptr_t, std::size_t> held_;    // segments or reserved ranges
-  std::map<std::uintptr_t, std::size_t> mapped_;  // VMM mapped runs (one per Map, split by Unmap)
+  std::map<std::uintptr_t, std::size_t> mapped_;  // VMM mappings
 };
 
 class EpochFences final : public pool::FenceTracker {

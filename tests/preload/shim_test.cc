@@ -241,32 +241,6 @@ TEST_F(ShimTest, OutOfMemoryFlushesTheCacheAndRetries) {
   EXPECT_EQ(api_.cuMemAlloc_v2(&b, 65 * kMiB), CUDA_ERROR_OUT_OF_MEMORY);
 }
 
-// VMM pool: one physical handle per granule, so free granules go back to the driver even from a
-// mapped run that still holds a live block (the whole-Map upstream could return none of it).
-//
-//   map 8 MiB (x), free x, sync    run [g0 g1 g2 g3] all free
-//   alloc b = 1 MiB                 b in g0, g1..g3 free
-//   pitched 62 MiB: driver OOM      flush unmaps g1..g3 (6 MiB): 2 + 62 = 64 MiB fits
-TEST_F(ShimTest, FreeGranulesOfAPartlyLiveRunGoBack) {
-  if (!Pooled()) GTEST_SKIP() << "no pool in passthrough mode";
-  ASSERT_EQ(vramscope_fake_set_capacity(0, 64 * kMiB), 0);
-  CUdeviceptr x = 0;
-  ASSERT_EQ(api_.cuMemAlloc_v2(&x, 8 * kMiB), CUDA_SUCCESS);
-  ASSERT_EQ(vramscope_fake_live_bytes(0), 8 * kMiB);
-  ASSERT_EQ(api_.cuMemFree_v2(x), CUDA_SUCCESS);
-  ASSERT_EQ(api_.cuCtxSynchronize(), CUDA_SUCCESS);
-  CUdeviceptr b = 0;
-  ASSERT_EQ(api_.cuMemAlloc_v2(&b, kMiB), CUDA_SUCCESS);
-  ASSERT_EQ(vramscope_fake_live_bytes(0), 8 * kMiB) << "b reuses the mapped run";
-  CUdeviceptr pitched = 0;
-  size_t pitch = 0;
-  ASSERT_EQ(api_.cuMemAllocPitch_v2(&pitched, &pitch, 4096, 62 * 256, 4), CUDA_SUCCESS);
-  EXPECT_EQ(vramscope_fake_live_bytes(0), 2 * kMiB + pitch * 62 * 256);
-  memset(reinterpret_cast<void*>(b), 7, kMiB);  // b's granule is still mapped and accessible
-  EXPECT_EQ(api_.cuMemFree_v2(pitched), CUDA_SUCCESS);
-  EXPECT_EQ(api_.cuMemFree_v2(b), CUDA_SUCCESS);
-}
-
 TEST_F(ShimTest, ForkChildStartsClean) {
   CUdeviceptr p = 0;
   ASSERT_EQ(api_.cuMemAlloc_v2(&p, kMiB), CUDA_SUCCESS);
