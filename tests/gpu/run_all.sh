@@ -12,8 +12,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 bundle=${1:-.device-bundle}
 bin=$(cd "$bundle/bin" && pwd)
-export LD_LIBRARY_PATH="$(cd "$bundle/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The bundle's libraries (protobuf, Abseil, cudart for the shared-runtime example) are given only to
+# the programs that need them, never to the Python frameworks, which carry their own.
+bundle_libs="$(cd "$bundle/lib" && pwd)"
 shim="$bin/libvramscope.so"
+export VRAMSCOPE_SHIM="$shim"
 logs=${OUT:-/tmp/vramscope-gpu}
 mkdir -p "$logs"
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -32,9 +35,10 @@ run() {
   shift
   timeout 300 "$@" >"$logs/$name.out" 2>"$logs/$name.err"
 }
-under_shim() { env LD_PRELOAD="$shim" VRAMSCOPE_SUMMARY=1 "$@"; }
+# A prefix, not a function: `timeout` (in run) can only start programs.
+under_shim=(env LD_PRELOAD="$shim" VRAMSCOPE_SUMMARY=1)
 summary_field() {  # summary_field LOGNAME FIELD -> value from the shim's exit summary line
-  grep -ho "$2=[0-9.]*" "$logs/$1.err" | tail -1 | cut -d= -f2
+  grep -h '^vramscope: mode=' "$logs/$1.err" | tail -1 | grep -o "[ ]$2=[0-9.]*" | head -1 | cut -d= -f2
 }
 ms_of() { grep -ho '[0-9.]* ms' "$logs/$1.err" | tail -1 | cut -d' ' -f1; }
 
@@ -50,8 +54,8 @@ done
 
 echo "== 1. examples, static and shared runtime"
 for ex in alloc_churn alloc_churn_shared_rt; do
-  run "$ex.base" "$bin/$ex" 2000
-  run "$ex.shim" under_shim "$bin/$ex" 2000
+  run "$ex.base" env LD_LIBRARY_PATH="$bundle_libs" "$bin/$ex" 2000
+  run "$ex.shim" env LD_LIBRARY_PATH="$bundle_libs" LD_PRELOAD="$shim" VRAMSCOPE_SUMMARY=1 "$bin/$ex" 2000
   same=$(cmp -s "$logs/$ex.base.out" "$logs/$ex.shim.out" && echo same || echo DIFFERENT)
   b=$(ms_of "$ex.base")
   s=$(ms_of "$ex.shim")
@@ -63,7 +67,7 @@ for ex in alloc_churn alloc_churn_shared_rt; do
 done
 
 echo "== 1b. vramscope run on the example (the main job): report against the shim's own counters"
-run vsrun "$bin/vramscope" run --json "$logs/alloc_churn.report.json" -- env VRAMSCOPE_SUMMARY=1 "$bin/alloc_churn" 500
+run vsrun env LD_LIBRARY_PATH="$bundle_libs" "$bin/vramscope" run --json "$logs/alloc_churn.report.json" -- env VRAMSCOPE_SUMMARY=1 "$bin/alloc_churn" 500
 st=$?
 rep=$("$python" - "$logs/alloc_churn.report.json" <<'PY' 2>/dev/null
 import json, sys
@@ -82,7 +86,7 @@ row "vramscope run alloc_churn" "shim: ${sq:-?} B, ${sa:-?} allocs" "report: ${r
 
 echo "== 2. thrust sort+reduce loop"
 run thrust.base "$bin/thrust_loop" 300
-run thrust.shim under_shim "$bin/thrust_loop" 300
+run thrust.shim "${under_shim[@]}" "$bin/thrust_loop" 300
 run thrust.cached "$bin/thrust_loop" --cached 300
 tb=$(grep -ho '[0-9.]* ms/iteration' "$logs/thrust.base.err" | cut -d' ' -f1)
 ts=$(grep -ho '[0-9.]* ms/iteration' "$logs/thrust.shim.err" | cut -d' ' -f1)
@@ -96,7 +100,7 @@ row "thrust loop (300 it.)" "${tb} ms/it" "${ts} ms/it (cached ${tc})" "$verdict
 echo "== 3. PyTorch GPT-2 small training step"
 PYTHONUNBUFFERED=1 run torch.caching "$python" tests/gpu/torch_gpt2.py 8
 PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.nocache "$python" tests/gpu/torch_gpt2.py 4
-PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.shim under_shim "$python" tests/gpu/torch_gpt2.py 8
+PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.shim "${under_shim[@]}" "$python" tests/gpu/torch_gpt2.py 8
 jfield() { grep -ho "\"$2\": [0-9.]*" "$logs/$1.out" | tail -1 | awk '{print $2}'; }
 pc=$(jfield torch.caching ms_per_step)
 pn=$(jfield torch.nocache ms_per_step)
@@ -114,7 +118,7 @@ echo "losses: caching $(jfield torch.caching loss), shim $(jfield torch.shim los
 echo "== 4. JAX and CuPy observed under passthrough"
 for fw in jax cupy; do
   PYTHONUNBUFFERED=1 run "$fw.base" "$python" tests/gpu/jax_cupy_observe.py "$fw"
-  PYTHONUNBUFFERED=1 VRAMSCOPE_MODE=passthrough run "$fw.shim" under_shim "$python" tests/gpu/jax_cupy_observe.py "$fw"
+  PYTHONUNBUFFERED=1 VRAMSCOPE_MODE=passthrough run "$fw.shim" "${under_shim[@]}" "$python" tests/gpu/jax_cupy_observe.py "$fw"
   same=$(cmp -s "$logs/$fw.base.out" "$logs/$fw.shim.out" && echo same || echo DIFFERENT)
   seen=$(grep -h '^vramscope:' "$logs/$fw.shim.err" | tail -1 | grep -o 'peak_[a-z_]*=[0-9]*' | tr '\n' ' ')
   verdict="ok"
@@ -125,7 +129,7 @@ done
 
 echo "== 5. stream reuse stress"
 for mode in pool strict; do
-  VRAMSCOPE_MODE=$mode run "stress.$mode" under_shim "$bin/stream_stress" 8 400
+  VRAMSCOPE_MODE=$mode run "stress.$mode" "${under_shim[@]}" "$bin/stream_stress" 8 400
   st=$?
   races=$(grep -ho 'races=[0-9]*' "$logs/stress.$mode.out" | cut -d= -f2)
   row "stream stress ($mode)" "-" "races=${races:-?}" "$([ $st -eq 0 ] && [ "${races:-1}" = 0 ] && echo ok || echo "FAIL status $st")"
@@ -143,7 +147,7 @@ fi
 
 echo "== 7. allocation + free cost"
 run bench.base "$bin/alloc_bench" 2000
-run bench.shim under_shim "$bin/alloc_bench" 1000000
+run bench.shim "${under_shim[@]}" "$bin/alloc_bench" 1000000
 bb=$(grep -ho 'malloc_free_ns=[0-9.]*' "$logs/bench.base.out" | cut -d= -f2)
 ba=$(grep -ho 'malloc_async_ns=[0-9.]*' "$logs/bench.base.out" | cut -d= -f2)
 bs=$(grep -ho 'malloc_free_ns=[0-9.]*' "$logs/bench.shim.out" | cut -d= -f2)
