@@ -146,6 +146,12 @@ TEST(CompareTest, NewDevicesRegressFromTheFloor) {
   const Comparison c = Compare({base}, {now}, {});
   EXPECT_EQ(Find(c, "cuda:1 peak requested")->verdict, Verdict::kAdded);
   EXPECT_EQ(Find(c, "cuda:1 peak reserved")->verdict, Verdict::kRegression);
+  EXPECT_EQ(Find(c, "cuda:1 peak allocated")->verdict, Verdict::kAdded);  // 0 bytes
+  CompareOptions any;
+  any.new_floor_bytes = 0;
+  const Comparison c0 = Compare({base}, {now}, any);
+  EXPECT_EQ(Find(c0, "cuda:1 peak requested")->verdict, Verdict::kRegression);
+  EXPECT_EQ(Find(c0, "cuda:1 peak allocated")->verdict, Verdict::kAdded);
   // And a baseline of 0 has no percentage: the floor decides too.
   const Comparison zero =
       Compare({MakeReport({"a"}, 0, 0, 0)}, {MakeReport({"a"}, 1, 0, 2 * kMiB)}, {});

@@ -57,8 +57,8 @@ void PrintCheckUsage(std::FILE* out) {
       "  --report FILE       the report to check\n"
       "  --tolerance PCT     allowed growth in percent, e.g. 2.5 or 2.5%% (default 5)\n"
       "  --new-floor SIZE    peak at which a new device or process, or growth from a baseline\n"
-      "                      of 0, is a regression (default 1MiB; 0 = any; SIZE as 4096,\n"
-      "                      512KiB, 1.5GB)\n"
+      "                      of 0, is a regression (default 1MiB; 0 = any growth; SIZE as\n"
+      "                      4096, 512KiB, 1.5GB)\n"
       "  --junit FILE        also write JUnit XML: a testcase per figure, a failure per\n"
       "                      regression, removed figures skipped\n"
       "  --update-baseline   check that --report is a valid report, print the comparison with\n"
@@ -71,7 +71,8 @@ void PrintCheckUsage(std::FILE* out) {
       "GITHUB_ACTIONS=true in the environment, also GitHub annotations on stdout: ::error per\n"
       "regression, ::notice per improvement.\n"
       "exit status: 0 no regression (or baseline updated), 1 regression, 2 usage error, input\n"
-      "file missing, unreadable or not a report, or an output file that cannot be written.\n");
+      "file missing, unreadable or not a report, or (when nothing regressed) a --junit file\n"
+      "that cannot be written.\n");
 }
 
 std::optional<double> ParseTolerance(std::string text) {

@@ -88,8 +88,9 @@ class Comparer {
     if (!f->now) {
       f->verdict = Verdict::kRemoved;
     } else if (!f->baseline) {
-      f->verdict = new_can_regress && *f->now >= options_.new_floor_bytes ? Verdict::kRegression
-                                                                          : Verdict::kAdded;
+      f->verdict = new_can_regress && *f->now > 0 && *f->now >= options_.new_floor_bytes
+                       ? Verdict::kRegression
+                       : Verdict::kAdded;
     } else if (*f->baseline == 0) {
       f->verdict = *f->now >= options_.new_floor_bytes && *f->now > 0 ? Verdict::kRegression
                                                                       : Verdict::kWithin;

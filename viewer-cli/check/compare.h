@@ -9,8 +9,8 @@
 // Verdicts: a figure present on both sides regresses when it grew by more than
 // tolerance_percent of its baseline; it improved when it shrank by more than that. A figure with
 // no usable baseline (a new process or device, or a baseline of 0) regresses when it reaches
-// new_floor_bytes. New NVTX ranges never regress (their memory is already counted in the device
-// figures); figures missing from the report are listed as removed and never regress.
+// new_floor_bytes (and is above 0). New NVTX ranges never regress (their memory is already counted
+// in the device figures); figures missing from the report are listed as removed and never regress.
 // Pure functions, no state.
 #pragma once
 
