@@ -4,13 +4,13 @@
 //
 // Output: one line with a checksum that must not change under the shim, and the time taken.
 // Usage: alloc_churn [ITERATIONS] (default 2000)
-#include <cuda_runtime.h>
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 #define CHECK(call)                                                             \
   do {                                                                          \

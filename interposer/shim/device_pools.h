@@ -21,13 +21,14 @@
 // Thread safety: everything here may be called from any thread.
 #pragma once
 
-#include <cuda.h>
 #include <pthread.h>
 
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+
+#include <cuda.h>
 
 #include "status.h"
 #include "vramscope/pool/pool.h"

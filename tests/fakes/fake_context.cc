@@ -5,9 +5,10 @@
 // destroys all its memory; the current context is per thread (a stack, as cuCtxPushCurrent /
 // cuCtxPopCurrent use it); calls that need a context return CUDA_ERROR_INVALID_CONTEXT without
 // one. Non-primary contexts (cuCtxCreate_v4 / cuCtxDestroy_v2) hold their own memory too.
-#include <cuda.h>
 #include <stdio.h>
 #include <string.h>
+
+#include <cuda.h>
 
 #include "fake_cuda_decls.h"
 #include "fake_state.h"

@@ -1,8 +1,6 @@
 // Tests of the fake driver itself: the behaviour it promises in fake_state.h / the .cc file
 // comments and the control API of fake_cuda_control.h. Links the fake directly and resets it
 // before every test.
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -14,6 +12,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "fake_cuda_control.h"
 #include "fake_cuda_decls.h"

@@ -10,9 +10,10 @@
 //
 // Deviations: memory is host memory; cuIpcOpenMemHandle_v2 accepts handles of its own process
 // (the real driver refuses them) and refuses other processes' (it cannot share their memory).
-#include <cuda.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <cuda.h>
 
 #include "fake_cuda_decls.h"
 #include "fake_state.h"

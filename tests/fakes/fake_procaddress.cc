@@ -18,10 +18,11 @@
 //
 // Deviation: the pre-3.2 32-bit ABIs (cuMemAlloc v2000 etc.) are not implemented, so such
 // versions get VERSION_NOT_SUFFICIENT instead of the old function.
-#include <cuda.h>
 #include <string.h>
 
 #include <string>
+
+#include <cuda.h>
 
 #include "fake_cuda_decls.h"
 #include "fake_state.h"

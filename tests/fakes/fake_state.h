@@ -16,7 +16,6 @@
 #ifndef VRAMSCOPE_TESTS_FAKES_FAKE_STATE_H_
 #define VRAMSCOPE_TESTS_FAKES_FAKE_STATE_H_
 
-#include <cuda.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,6 +26,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <cuda.h>
 
 #define VRAMSCOPE_FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 

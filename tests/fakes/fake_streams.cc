@@ -18,9 +18,9 @@
 // Simplifications: no implicit synchronization between the legacy stream and blocking streams;
 // the per-thread default streams of all threads share one identity; captured work records no
 // graph nodes.
-#include <cuda.h>
-
 #include <chrono>
+
+#include <cuda.h>
 
 #include "fake_cuda_decls.h"
 #include "fake_state.h"

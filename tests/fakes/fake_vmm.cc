@@ -8,9 +8,10 @@
 // - cuMemUnmap puts PROT_NONE anonymous memory back, so the reservation stays intact.
 // Physical memory is freed when it is both released (cuMemRelease) and unmapped everywhere,
 // as the driver documents. Granularity is 2 MiB, as on current NVIDIA GPUs.
-#include <cuda.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <cuda.h>
 
 #include "fake_cuda_decls.h"
 #include "fake_state.h"

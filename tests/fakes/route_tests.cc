@@ -1,7 +1,6 @@
 // API-level checks of the driver, run over one route (see route_tests.h).
 #include "route_tests.h"
 
-#include <cuda.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +10,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <cuda.h>
 
 namespace vramscope::fake {
 namespace {

@@ -21,13 +21,14 @@
 #ifndef VRAMSCOPE_TESTS_FAKES_ROUTES_H_
 #define VRAMSCOPE_TESTS_FAKES_ROUTES_H_
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <string>
 #include <vector>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "fake_cuda_decls.h"
 

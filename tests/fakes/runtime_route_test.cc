@@ -6,10 +6,11 @@
 // driver tables with cuGetExportTable, which the fake does not have, so its first call fails
 // (cudaErrorNotSupported): the runtime's own allocations cannot be run over the fake. The
 // route helpers (routes.h) replay the sequence for the rest.
-#include <cuda.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <string.h>
+
+#include <cuda.h>
 
 #include "fake_cuda_control.h"
 

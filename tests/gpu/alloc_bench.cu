@@ -3,11 +3,11 @@
 //
 // Usage: alloc_bench [PAIRS] [BYTES]
 // Prints "alloc_bench: malloc_free_ns=... malloc_async_ns=..." (nanoseconds per pair).
-#include <cuda_runtime.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+
+#include <cuda_runtime.h>
 
 static double NsPerPair(int pairs, size_t bytes, bool async) {
   void* p = nullptr;

@@ -9,14 +9,14 @@
 //
 // Usage: stream_stress [STREAMS] [ITERATIONS]
 // Prints "stream_stress: ... races=0" and exits 0 when no race was seen, 1 otherwise.
-#include <cuda_runtime.h>
-
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 #define CHECK(call)                                                      \
   do {                                                                   \

@@ -5,6 +5,12 @@
 //
 // Usage: thrust_loop [--cached] [ITERATIONS] [N]
 // Prints a checksum line (identical in every mode) and the time per iteration on stderr.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
 #include <cuda_runtime.h>
 #include <thrust/device_vector.h>
 #include <thrust/execution_policy.h>
@@ -12,12 +18,6 @@
 #include <thrust/sequence.h>
 #include <thrust/sort.h>
 #include <thrust/transform.h>
-
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <map>
 
 // A simple caching allocator of the kind thrust's examples show: keeps freed blocks by size.
 class CachingAllocator {

@@ -11,7 +11,6 @@
 //   ring_app fork OUT    a hooked call before cuInit (the shim and its ring start), then fork:
 //                        the child allocates 4096 and 8192, frees the first and exits 0; the
 //                        parent waits, allocates 1 MiB, frees it and exits 0
-#include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +18,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+
+#include <cuda.h>
 
 #include "fake_cuda_control.h"
 

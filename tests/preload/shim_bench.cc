@@ -2,6 +2,7 @@
 // (target on the GPU machine: under 150 ns for the pair, hook included). Compare with
 // VRAMSCOPE_MODE=passthrough, which measures the fake driver's own cost.
 #include <benchmark/benchmark.h>
+
 #include <cuda.h>
 
 namespace {

@@ -4,7 +4,6 @@
 // The program links the fake (route R4, direct calls bound to the preloaded shim) and reads the
 // fake's call counters to see which driver calls the shim made: the fake counts calls into its
 // own entry points only, so a call served by the pool does not show up there.
-#include <cuda.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -19,6 +18,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <cuda.h>
 
 #include "fake_cuda_control.h"
 #include "routes.h"

@@ -1,10 +1,11 @@
 // A small CUDA program for summary_test: a few pooled allocations and one of each passthrough
 // kind, then a normal exit (the shim prints its VRAMSCOPE_SUMMARY line from its atexit handler).
-#include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cuda.h>
 
 namespace {
 
