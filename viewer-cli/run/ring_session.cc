@@ -6,8 +6,13 @@
 
 namespace vramscope::cli {
 
-RingSession::RingSession(std::string dir, collector::StatsOptions options, ChromeTrace* trace)
-    : directory_(std::move(dir)), options_(options), trace_(trace) {}
+RingSession::RingSession(std::string dir, collector::StatsOptions options, ChromeTrace* trace,
+                         agent::Outbox* outbox, int batch_events)
+    : directory_(std::move(dir)),
+      options_(options),
+      trace_(trace),
+      outbox_(outbox),
+      batch_events_(batch_events < 1 ? 1 : batch_events) {}
 
 RingSession::~RingSession() = default;
 
@@ -53,6 +58,7 @@ std::uint64_t RingSession::DrainOnce(Ring& ring) {
       ring.stats->Add(event);
       if (trace_ != nullptr) trace_->Add(pid, event);
     }
+    if (outbox_ != nullptr) CutBatches(*ring.reader);
     total += stats->records;
     if (stats->finished || stats->records < kBatch) break;
   }
@@ -60,6 +66,28 @@ std::uint64_t RingSession::DrainOnce(Ring& ring) {
     ring.stats->AddCounters(counters);
   }
   return total;
+}
+
+void RingSession::CutBatches(const agent::RingReader& reader) {
+  if (buffer_.empty()) return;
+  // The counters are the ring header's exact totals at this point; every batch carries them, as
+  // the agent's do, so the collector's peaks stay exact even when records were dropped.
+  const std::vector<v1::DeviceCounters> counters = reader.Counters();
+  v1::EventBatch batch;
+  auto flush = [&] {
+    if (batch.events_size() == 0) return;
+    *batch.mutable_process() = reader.process_key();
+    for (const v1::DeviceCounters& c : counters) *batch.add_counters() = c;
+    // A batch the outbox has no room for is counted there and reported to the collector as a
+    // DropEvent; the local report is unaffected.
+    outbox_->Add(std::move(batch));
+    batch = v1::EventBatch();
+  };
+  for (v1::Event& event : buffer_) {
+    *batch.add_events() = std::move(event);
+    if (batch.events_size() >= batch_events_) flush();
+  }
+  flush();
 }
 
 absl::Status RingSession::Finish() {

@@ -2,7 +2,11 @@
 // (the command's and its children's), drained into one stats engine per process.
 //
 // Poll() finds rings created since the last call and drains every open one; Finish() drains
-// until every ring is finished (its writer gone) or nothing moves. A ring that cannot be opened
+// until every ring is finished (its writer gone) or nothing moves. With an Outbox (`vramscope run
+// --collector`), the same events are also cut into batches of at most `batch_events` with the
+// ring's exact counters attached, as vramscope-agent does, and added to it; the agent library's
+// Uplink streams them. A ring here is always fresh (nothing read it before), so its batches are
+// numbered from 1 without asking the collector first. A ring that cannot be opened
 // yet is retried on the next Poll; one that is invalid is reported in warnings() and skipped.
 // Thread safety: none. Error convention: absl::Status for the directory itself only.
 #pragma once
@@ -19,13 +23,16 @@
 #include "drain/ring_reader.h"
 #include "run/chrome_trace.h"
 #include "stats/stats_engine.h"
+#include "vramscope/agent/outbox.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
 
 class RingSession {
  public:
-  RingSession(std::string dir, collector::StatsOptions options, ChromeTrace* trace);
+  // `trace` and `outbox` may be null; neither is owned, both must outlive this.
+  RingSession(std::string dir, collector::StatsOptions options, ChromeTrace* trace,
+              agent::Outbox* outbox = nullptr, int batch_events = 4096);
   ~RingSession();
 
   absl::Status Poll();
@@ -43,10 +50,14 @@ class RingSession {
   };
   // Drains one ring once; returns the records consumed.
   std::uint64_t DrainOnce(Ring& ring);
+  // Moves buffer_'s events into batches for outbox_.
+  void CutBatches(const agent::RingReader& reader);
 
   agent::RingDirectory directory_;
   collector::StatsOptions options_;
   ChromeTrace* trace_;
+  agent::Outbox* outbox_;
+  int batch_events_;
   std::vector<Ring> rings_;
   std::vector<std::string> warnings_;
   google::protobuf::RepeatedPtrField<v1::Event> buffer_;

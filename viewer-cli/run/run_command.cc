@@ -3,6 +3,7 @@
 #include "run/run_command.h"
 
 #include <absl/strings/str_cat.h>
+#include <absl/time/time.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <google/protobuf/util/json_util.h>
@@ -18,6 +19,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,23 +30,30 @@
 #include "run/report_text.h"
 #include "run/ring_session.h"
 #include "run/size.h"
+#include "vramscope/agent/log.h"
+#include "vramscope/agent/outbox.h"
+#include "vramscope/agent/uplink.h"
 
 namespace vramscope::cli {
 namespace {
 
 constexpr int kPollIntervalMs = 10;
+// After the report, how long to wait for the collector to acknowledge everything (--collector).
+constexpr absl::Duration kCollectorWait = absl::Seconds(10);
 
 struct RunOptions {
   std::string json_path;
   std::string trace_path;
   std::optional<std::uint64_t> max_peak;
+  std::string collector;
   std::vector<char*> command;
 };
 
 void PrintRunUsage(std::FILE* out) {
   std::fprintf(
       out,
-      "usage: vramscope run [--json FILE] [--trace FILE] [--max-peak SIZE] [--] CMD [ARGS...]\n"
+      "usage: vramscope run [--json FILE] [--trace FILE] [--max-peak SIZE] [--collector ADDR]\n"
+      "                     [--] CMD [ARGS...]\n"
       "\n"
       "Runs CMD with the vramscope shim preloaded (no daemon needed). CMD and every process it\n"
       "starts are traced; at exit a report per process and device goes to stderr: peak\n"
@@ -60,13 +69,20 @@ void PrintRunUsage(std::FILE* out) {
       "                    driver held for it: the figure that runs out) exceed SIZE; SIZE is\n"
       "                    bytes or 512MiB, 4GiB, 1.5GB, 2G (K/M/G/T and KiB.. = 1024-based,\n"
       "                    KB/MB/GB/TB = 1000-based)\n"
+      "  --collector ADDR  also stream the events to vramscope-collector at ADDR (HOST:PORT)\n"
+      "                    while CMD runs, as vramscope-agent does (batches, sequence numbers,\n"
+      "                    resend after a reconnect); after the report, wait up to 10 s for the\n"
+      "                    collector to acknowledge everything. If it does not, a warning says\n"
+      "                    so; the local report and files are complete either way\n"
       "  -h, --help        this text\n"
       "\n"
       "The shim is found at $VRAMSCOPE_SHIM, else next to this executable (build tree:\n"
       "../interposer/shim/libvramscope.so; installed: ../lib/libvramscope.so).\n"
       "exit status: CMD's (128+N when killed by signal N, 127 when it cannot start); when CMD\n"
-      "succeeded: 1 if --max-peak was exceeded, 2 if an output file could not be written;\n"
-      "2 for usage errors.\n");
+      "succeeded: 1 if --max-peak was exceeded, else 2 if an output file could not be written,\n"
+      "else 3 if --collector was given and the collector did not acknowledge every event\n"
+      "within the 10 s (unreachable, refused, or events dropped beyond the 256 MiB kept in\n"
+      "memory for it); 2 for usage errors.\n");
 }
 
 // Returns nullopt after printing the problem (usage error) or for --help (help set).
@@ -115,6 +131,12 @@ std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
                      "vramscope run: --max-peak '%s' is not a size (examples: 4GiB, 512MiB, "
                      "1.5GB, 1073741824)\n",
                      size.c_str());
+        return std::nullopt;
+      }
+    } else if (matches("--collector")) {
+      if (!value("--collector", &options.collector)) return std::nullopt;
+      if (options.collector.empty()) {
+        std::fprintf(stderr, "vramscope run: --collector needs HOST:PORT (e.g. 127.0.0.1:7411)\n");
         return std::nullopt;
       }
     } else if (!arg.empty() && arg[0] == '-') {
@@ -295,6 +317,46 @@ std::string ReportsJson(const std::vector<v1::Report>& reports) {
   return out;
 }
 
+// Waits (bounded) for the collector to acknowledge every batch, stops the uplink, and prints
+// one line on how delivery went. False when something was left unacknowledged or dropped.
+bool WaitForCollector(const std::string& address, agent::Outbox& outbox, agent::Uplink& uplink) {
+  const bool acked = outbox.WaitAllAcked(kCollectorWait);
+  uplink.Stop();
+  const agent::AgentCounters c = outbox.counters();
+  if (acked) {
+    std::fprintf(stderr,
+                 "vramscope run: collector %s acknowledged all %llu events (%llu batches)\n",
+                 address.c_str(), static_cast<unsigned long long>(c.events_cut),
+                 static_cast<unsigned long long>(c.batches_cut));
+  } else if (!uplink.ever_connected()) {
+    std::fprintf(stderr,
+                 "vramscope run: WARNING: cannot reach the collector at %s within %s: none of "
+                 "%llu events (%llu batches) was stored there (%s). The report above is "
+                 "complete; check --collector and that vramscope-collector runs there.\n",
+                 address.c_str(), absl::FormatDuration(kCollectorWait).c_str(),
+                 static_cast<unsigned long long>(c.events_cut),
+                 static_cast<unsigned long long>(c.batches_cut),
+                 std::string(uplink.last_error().message()).c_str());
+  } else {
+    std::fprintf(stderr,
+                 "vramscope run: WARNING: the collector at %s acknowledged %llu of %llu batches "
+                 "within %s (%s); the rest was not stored there. The report above is "
+                 "complete.\n",
+                 address.c_str(), static_cast<unsigned long long>(c.batches_acked),
+                 static_cast<unsigned long long>(c.batches_cut),
+                 absl::FormatDuration(kCollectorWait).c_str(),
+                 std::string(uplink.last_error().message()).c_str());
+  }
+  if (c.batches_dropped > 0) {
+    std::fprintf(stderr,
+                 "vramscope run: WARNING: %llu events (%llu batches) were not sent to the "
+                 "collector: more than the 256 MiB of unacknowledged batches kept in memory\n",
+                 static_cast<unsigned long long>(c.events_dropped),
+                 static_cast<unsigned long long>(c.batches_dropped));
+  }
+  return acked && c.batches_dropped == 0;
+}
+
 }  // namespace
 
 int RunRun(int argc, char** argv) {
@@ -318,8 +380,17 @@ int RunRun(int argc, char** argv) {
   }
 
   ChromeTrace trace;
+  // --collector: the agent library's Outbox (sequence numbers, memory bound, counted drops) and
+  // Uplink (stream, acknowledgements, reconnect and resend), as vramscope-agent uses them.
+  std::unique_ptr<agent::Outbox> outbox;
+  if (!options.collector.empty()) {
+    // The uplink's per-retry warnings would interleave with CMD's output; one summary line
+    // after the report says how delivery went.
+    agent::SetMinLogLevel(agent::LogLevel::kError);
+    outbox = std::make_unique<agent::Outbox>(agent::OutboxOptions{});
+  }
   RingSession session(ring_dir, collector::StatsOptions{},
-                      options.trace_path.empty() ? nullptr : &trace);
+                      options.trace_path.empty() ? nullptr : &trace, outbox.get());
 
   // Ctrl-C reaches CMD through the terminal's process group; we outlive it to report.
   struct sigaction ignore = {}, forward = {}, old_int, old_quit, old_term, old_hup;
@@ -332,6 +403,16 @@ int RunRun(int argc, char** argv) {
 
   int exec_errno = 0;
   const pid_t child = Spawn(options, shim, ring_dir, &exec_errno);
+  // Started after the fork: the child execs at once and needs none of gRPC's threads.
+  std::unique_ptr<agent::Uplink> uplink;
+  if (outbox != nullptr) {
+    agent::UplinkOptions uplink_options;
+    uplink_options.collector = options.collector;
+    // A collector that comes up late is found within a second, well inside kCollectorWait.
+    uplink_options.max_backoff = absl::Seconds(1);
+    uplink = std::make_unique<agent::Uplink>(outbox.get(), uplink_options);
+    uplink->Start();
+  }
   int exit_code;
   if (child < 0) {
     std::fprintf(stderr, "vramscope run: cannot start a process: %s\n", strerror(errno));
@@ -406,9 +487,11 @@ int RunRun(int argc, char** argv) {
                    FormatBytes(*options.max_peak).c_str());
     }
   }
+  const bool delivered = uplink == nullptr || WaitForCollector(options.collector, *outbox, *uplink);
   if (exit_code != 0) return exit_code;
   if (over) return kExitCheckFailed;
   if (!outputs_ok) return kExitUsage;
+  if (!delivered) return kExitUnreachable;
   return kExitOk;
 }
 

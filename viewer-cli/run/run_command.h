@@ -2,8 +2,9 @@
 // event rings of CMD and of every child process it starts, and reports at exit.
 //
 // Exit status: CMD's own (a signal N becomes 128 + N; 127 when CMD cannot be started); when CMD
-// succeeded, 1 if --max-peak was exceeded, 2 if an output file could not be written. 2 for usage
-// errors (nothing is run).
+// succeeded, 1 if --max-peak was exceeded, else 2 if an output file could not be written, else 3
+// if --collector did not acknowledge every event within 10 s. 2 for usage errors (nothing is
+// run).
 #pragma once
 
 #include <string_view>
