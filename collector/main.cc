@@ -35,7 +35,11 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
   --max-processes=N          processes tracked at most (default 4096)
   --max-disk-bytes=SIZE      bytes the logs may occupy; batches beyond are refused with
                              RESOURCE_EXHAUSTED and not acknowledged (default 0 = the disk's limit)
-  --fsync=always|never       fdatasync each batch before acknowledging it (default always)
+  --fsync=always|never       never (default): a batch is acknowledged once written to its
+                             process's data file, which survives a collector crash, kill or
+                             restart (the page cache outlives the process) but not a power
+                             loss; always: fdatasync each batch before acknowledging it, power
+                             loss included, at about a third of the ingest rate
   --port-file=FILE           write the port actually bound to FILE (useful with port 0)
   --help                     this text
 
