@@ -6,6 +6,7 @@
 #include "check/check_command.h"
 #include "command.h"
 #include "replay/replay_command.h"
+#include "report/report_command.h"
 #include "run/run_command.h"
 
 namespace vramscope::cli {
@@ -16,6 +17,7 @@ constexpr Command kCommands[] = {
     {"run", kRunSummary, RunRun},
     {"replay", kReplaySummary, RunReplay},
     {"check", kCheckSummary, RunCheck},
+    {"report", kReportSummary, RunReport},
 };
 
 void PrintUsage(std::FILE* out) {

@@ -325,7 +325,9 @@ void ProcessStatsEngine::OnNvtxPush(const v1::Event& event) {
   open.at_push.resize(devices_.size());
   for (const auto& device : devices_) open.at_push[device->slot] = device->cur_allocated;
   open.running = open.at_push;
-  thread_ranges_[event.thread_id()].push_back(push.range_id());
+  std::vector<std::uint32_t>& thread_stack = thread_ranges_[event.thread_id()];
+  open.depth = static_cast<std::uint32_t>(thread_stack.size());
+  thread_stack.push_back(push.range_id());
 }
 
 void ProcessStatsEngine::CloseRange(std::vector<OpenRange>& open, std::size_t index,
@@ -373,6 +375,13 @@ void ProcessStatsEngine::OnNvtxPop(const v1::Event& event) {
       std::vector<std::uint32_t>& ids = stack->second;
       auto pos = std::find(ids.rbegin(), ids.rend(), id);
       if (pos != ids.rend()) ids.erase(std::next(pos).base());
+    }
+    const OpenRange& closing = open_ranges_[i];
+    if (range_instances_.size() < options_.max_nvtx_instances) {
+      range_instances_.push_back({closing.agg, closing.start_ns, event.time_ns(), closing.depth,
+                                  closing.thread_id, devices_.size()});
+    } else {
+      ++range_instances_dropped_;
     }
     CloseRange(open_ranges_, i, event.time_ns(), ranges_);
     return;
@@ -444,6 +453,19 @@ v1::Report ProcessStatsEngine::Report() const {
   // Ranges still open are reported as if they closed at the last event.
   std::vector<RangeAgg> ranges = ranges_;
   std::vector<OpenRange> open = open_ranges_;
+  std::vector<RangeInstance> instances = range_instances_;
+  std::uint64_t instances_dropped = range_instances_dropped_;
+  for (const OpenRange& range : open) {
+    if (instances.size() < options_.max_nvtx_instances) {
+      instances.push_back({range.agg, range.start_ns, std::max(last_time_ns_, range.start_ns),
+                           range.depth, range.thread_id, devices_.size()});
+    } else {
+      ++instances_dropped;
+    }
+  }
+  std::stable_sort(
+      instances.begin(), instances.end(),
+      [](const RangeInstance& a, const RangeInstance& b) { return a.start_ns < b.start_ns; });
   while (!open.empty()) CloseRange(open, open.size() - 1, last_time_ns_, ranges);
 
   const double seconds =
@@ -548,6 +570,17 @@ v1::Report ProcessStatsEngine::Report() const {
     }
 
     d->timeline.AppendTo(out->mutable_timeline());
+    for (const RangeInstance& instance : instances) {
+      if (d->slot >= instance.devices_seen) continue;
+      v1::NvtxRangeInstance* shown = out->add_nvtx_instances();
+      shown->set_name(ranges[instance.agg].name);
+      shown->set_domain(ranges[instance.agg].domain);
+      shown->set_start_ns(instance.start_ns);
+      shown->set_end_ns(instance.end_ns);
+      shown->set_depth(instance.depth);
+      shown->set_thread_id(instance.thread_id);
+    }
+    out->set_nvtx_instances_dropped(instances_dropped);
     out->set_dropped_records(dropped);
     for (int k = 0; k < kKinds; ++k) {
       if (d->kind_peak[k] != 0) (*out->mutable_peak_bytes_by_kind())[KindName(k)] = d->kind_peak[k];

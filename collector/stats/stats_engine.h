@@ -44,9 +44,10 @@ namespace vramscope::collector {
 struct StatsOptions {
   std::size_t max_timeline_points = 2000;
   std::size_t max_top_sites = 10;
-  std::size_t max_leaks = 100;        // largest first
-  std::size_t max_nvtx_ranges = 100;  // per device, by peak allocated
-  std::size_t max_ooms = 100;         // first ones
+  std::size_t max_leaks = 100;            // largest first
+  std::size_t max_nvtx_ranges = 100;      // per device, by peak allocated
+  std::size_t max_ooms = 100;             // first ones
+  std::size_t max_nvtx_instances = 1000;  // per process, first closed (then open) ones
 };
 
 // The accounting rule on the proto enum (mirrors vramscope_ring_alloc_kind_counts_*).
@@ -89,6 +90,16 @@ class ProcessStatsEngine {
     std::uint64_t start_ns;
     std::vector<std::uint64_t> at_push;  // allocated per device slot at push
     std::vector<std::uint64_t> running;  // highest allocated per slot since push, own share
+    std::uint32_t depth = 0;             // ranges open on its thread at push
+  };
+  // A range instance for DeviceReport.nvtx_instances; devices with slot < devices_seen get it.
+  struct RangeInstance {
+    std::size_t agg;
+    std::uint64_t start_ns;
+    std::uint64_t end_ns;
+    std::uint32_t depth;
+    std::uint32_t thread_id;
+    std::size_t devices_seen;
   };
 
   Device& DeviceFor(std::uint32_t device);
@@ -129,6 +140,8 @@ class ProcessStatsEngine {
   std::vector<RangeAgg> ranges_;
   absl::flat_hash_map<std::string, std::size_t> range_index_;  // domain + '\0' + name
   std::vector<OpenRange> open_ranges_;                         // in push order
+  std::vector<RangeInstance> range_instances_;  // closed ones, first max_nvtx_instances
+  std::uint64_t range_instances_dropped_ = 0;
   absl::flat_hash_map<std::uint32_t, std::vector<std::uint32_t>> thread_ranges_;  // tid -> ids
 };
 

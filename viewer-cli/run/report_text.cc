@@ -3,6 +3,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
+#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 
@@ -63,6 +64,18 @@ std::string FormatRunReport(const v1::Report& report) {
                           "    allocations %d (%.0f/s), frees %d, pool reserves %d, releases %d\n",
                           d.alloc_count(), d.allocs_per_second(), d.free_count(),
                           d.pool_reserve_count(), d.pool_release_count());
+    if (d.has_cupti()) {
+      // The driver's own view (CUPTI), beside the shim's reserved figure it should match.
+      const v1::CuptiStats& c = d.cupti();
+      absl::StrAppendFormat(&out,
+                            "    CUPTI (driver view) device memory peak %-10s %s %-10s "
+                            "allocations %d, frees %d%s\n",
+                            FormatBytes(c.peak_bytes()), report.finished() ? "at exit" : "now",
+                            FormatBytes(c.current_bytes()), c.alloc_count(), c.free_count(),
+                            c.dropped_records() > 0 ? absl::StrCat(", ", c.dropped_records(),
+                                                                   " records dropped by CUPTI")
+                                                    : "");
+    }
     if (!d.ooms().empty()) {
       int fragmentation = 0;
       for (const v1::OomRecord& oom : d.ooms()) {
@@ -110,6 +123,25 @@ std::string FormatRunReport(const v1::Report& report) {
       out += "\n";
     }
   }
+  return out;
+}
+
+std::string FormatReportsJson(const std::vector<v1::Report>& reports) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.preserve_proto_field_names = true;
+  print.add_whitespace = true;
+  auto one = [&](const v1::Report& report) {
+    std::string json;
+    (void)google::protobuf::util::MessageToJsonString(report, &json, print);
+    return json;
+  };
+  if (reports.size() == 1) return one(reports[0]);
+  std::string out = "{\"reports\": [\n";
+  for (std::size_t i = 0; i < reports.size(); ++i) {
+    if (i > 0) out += ",\n";
+    out += one(reports[i]);
+  }
+  out += "]}\n";
   return out;
 }
 

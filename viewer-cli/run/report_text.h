@@ -1,4 +1,5 @@
-// The readable report `vramscope run` prints at exit, one block per process and device.
+// The forms of a report `vramscope run` and `vramscope report` write: the readable text (one
+// block per process and device) and the JSON of `--json`.
 #pragma once
 
 #include <string>
@@ -9,5 +10,9 @@
 namespace vramscope::cli {
 
 std::string FormatRunReport(const v1::Report& report);
+
+// JSON with the proto field names: one process -> its Report, several -> {"reports": [...]}
+// (what check/report_file.h reads back).
+std::string FormatReportsJson(const std::vector<v1::Report>& reports);
 
 }  // namespace vramscope::cli

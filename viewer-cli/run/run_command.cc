@@ -6,7 +6,6 @@
 #include <absl/time/time.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <google/protobuf/util/json_util.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -298,25 +297,6 @@ bool WriteFile(const std::string& path, const std::string& content) {
   return true;
 }
 
-std::string ReportsJson(const std::vector<v1::Report>& reports) {
-  google::protobuf::util::JsonPrintOptions print;
-  print.preserve_proto_field_names = true;
-  print.add_whitespace = true;
-  auto one = [&](const v1::Report& report) {
-    std::string json;
-    (void)google::protobuf::util::MessageToJsonString(report, &json, print);
-    return json;
-  };
-  if (reports.size() == 1) return one(reports[0]);
-  std::string out = "{\"reports\": [\n";
-  for (std::size_t i = 0; i < reports.size(); ++i) {
-    if (i > 0) out += ",\n";
-    out += one(reports[i]);
-  }
-  out += "]}\n";
-  return out;
-}
-
 // Waits (bounded) for the collector to acknowledge every batch, stops the uplink, and prints
 // one line on how delivery went. False when something was left unacknowledged or dropped.
 bool WaitForCollector(const std::string& address, agent::Outbox& outbox, agent::Uplink& uplink) {
@@ -463,7 +443,8 @@ int RunRun(int argc, char** argv) {
   }
 
   bool outputs_ok = true;
-  if (!options.json_path.empty()) outputs_ok &= WriteFile(options.json_path, ReportsJson(reports));
+  if (!options.json_path.empty())
+    outputs_ok &= WriteFile(options.json_path, FormatReportsJson(reports));
   if (!options.trace_path.empty()) outputs_ok &= WriteFile(options.trace_path, trace.Json(reports));
 
   bool over = false;
