@@ -93,12 +93,16 @@ absl::Status DecodeRecord(const vramscope_ring_record& record, std::string_view 
       return absl::OkStatus();
     }
     case VRAMSCOPE_RING_KIND_CUPTI_MEMORY: {
-      if (record.sub > v1::CuptiMemoryEvent::OPERATION_RELEASE) {
+      if (record.sub > v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
         return Invalid(record, "CUPTI operation");
       }
       const vramscope_ring_cupti_payload& p = record.payload.cupti;
       v1::CuptiMemoryEvent* cupti = event->mutable_cupti_memory();
       cupti->set_operation(static_cast<v1::CuptiMemoryEvent::Operation>(record.sub));
+      if (record.sub == v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
+        cupti->set_records_dropped(p.bytes);
+        return absl::OkStatus();
+      }
       cupti->set_address(p.address);
       cupti->set_bytes(p.bytes);
       cupti->set_memory_kind(p.memory_kind);

@@ -14,6 +14,13 @@ constexpr int kKinds = 10;  // AllocationKind values 0..9
 
 std::uint64_t SubtractSaturating(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
+// CUpti_ActivityMemoryKind values 0..7, and the ones that are device memory.
+constexpr int kCuptiMemoryKinds = 8;
+constexpr const char* kCuptiMemoryKindNames[kCuptiMemoryKinds] = {
+    "unknown", "pageable", "pinned",        "device",
+    "array",   "managed",  "device_static", "managed_static"};
+bool CuptiKindIsDevice(std::uint32_t kind) { return kind >= 3 && kind <= 7; }
+
 int KindIndex(v1::AllocationKind kind) {
   const int k = static_cast<int>(kind);
   return k >= 0 && k < kKinds ? k : 0;
@@ -55,6 +62,10 @@ struct ProcessStatsEngine::Device {
   Timeline timeline;
   bool has_counters = false;
   v1::DeviceCounters counters;
+  bool has_cupti = false;
+  v1::CuptiStats cupti;
+  std::array<std::uint64_t, kCuptiMemoryKinds> cupti_kind_current{};
+  std::array<std::uint64_t, kCuptiMemoryKinds> cupti_kind_peak{};
   struct Site {
     std::uint64_t alloc_count = 0, total_bytes = 0, live_bytes = 0, peak_live_bytes = 0;
   };
@@ -182,8 +193,69 @@ void ProcessStatsEngine::Add(const v1::Event& event) {
       site_frames_[site.site()].assign(site.frames().begin(), site.frames().end());
       break;
     }
-    case v1::Event::kCuptiMemory:  // the driver's view: not part of these figures yet
+    case v1::Event::kCuptiMemory:
+      OnCupti(event);
+      break;
     case v1::Event::PAYLOAD_NOT_SET:
+      break;
+  }
+}
+
+void ProcessStatsEngine::OnCupti(const v1::Event& event) {
+  const v1::CuptiMemoryEvent& e = event.cupti_memory();
+  Device& device = DeviceFor(event.device());
+  device.has_cupti = true;
+  v1::CuptiStats& c = device.cupti;
+  c.set_last_time_ns(std::max(c.last_time_ns(), event.time_ns()));
+  auto add = [&](std::uint32_t kind, std::uint64_t bytes) {
+    const int k = kind < kCuptiMemoryKinds ? static_cast<int>(kind) : 0;
+    device.cupti_kind_current[k] += bytes;
+    device.cupti_kind_peak[k] = std::max(device.cupti_kind_peak[k], device.cupti_kind_current[k]);
+    if (CuptiKindIsDevice(kind)) {
+      c.set_current_bytes(c.current_bytes() + bytes);
+      c.set_peak_bytes(std::max(c.peak_bytes(), c.current_bytes()));
+    }
+  };
+  auto remove = [&](Device& d, std::uint32_t kind, std::uint64_t bytes) {
+    const int k = kind < kCuptiMemoryKinds ? static_cast<int>(kind) : 0;
+    d.cupti_kind_current[k] = SubtractSaturating(d.cupti_kind_current[k], bytes);
+    if (CuptiKindIsDevice(kind)) {
+      d.cupti.set_current_bytes(SubtractSaturating(d.cupti.current_bytes(), bytes));
+    }
+  };
+  switch (e.operation()) {
+    case v1::CuptiMemoryEvent::OPERATION_ALLOCATION: {
+      c.set_alloc_count(c.alloc_count() + 1);
+      auto [it, inserted] = cupti_live_.try_emplace(e.address());
+      if (!inserted) {
+        // Its release was lost (dropped records): retire it first.
+        remove(DeviceFor(it->second.device), it->second.memory_kind, it->second.bytes);
+      }
+      it->second = CuptiLive{e.bytes(), e.memory_kind(), event.device()};
+      add(e.memory_kind(), e.bytes());
+      break;
+    }
+    case v1::CuptiMemoryEvent::OPERATION_RELEASE: {
+      c.set_free_count(c.free_count() + 1);
+      auto it = cupti_live_.find(e.address());
+      if (it == cupti_live_.end()) {
+        // Allocated before CUPTI started, or its record was dropped: never counted.
+        break;
+      }
+      const CuptiLive live = it->second;
+      cupti_live_.erase(it);
+      remove(DeviceFor(live.device), live.memory_kind, live.bytes);
+      break;
+    }
+    case v1::CuptiMemoryEvent::OPERATION_POOL_CREATED:
+    case v1::CuptiMemoryEvent::OPERATION_POOL_DESTROYED:
+    case v1::CuptiMemoryEvent::OPERATION_POOL_TRIMMED:
+      c.set_pool_operations(c.pool_operations() + 1);
+      break;
+    case v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED:
+      c.set_dropped_records(c.dropped_records() + e.records_dropped());
+      break;
+    default:
       break;
   }
 }
@@ -582,6 +654,17 @@ v1::Report ProcessStatsEngine::Report() const {
     }
     out->set_nvtx_instances_dropped(instances_dropped);
     out->set_dropped_records(dropped);
+    if (d->has_cupti) {
+      v1::CuptiStats* cupti = out->mutable_cupti();
+      *cupti = d->cupti;
+      for (int k = 0; k < kCuptiMemoryKinds; ++k) {
+        if (d->cupti_kind_peak[k] == 0) continue;
+        (*cupti->mutable_peak_bytes_by_memory_kind())[kCuptiMemoryKindNames[k]] =
+            d->cupti_kind_peak[k];
+        (*cupti->mutable_current_bytes_by_memory_kind())[kCuptiMemoryKindNames[k]] =
+            d->cupti_kind_current[k];
+      }
+    }
     for (int k = 0; k < kKinds; ++k) {
       if (d->kind_peak[k] != 0) (*out->mutable_peak_bytes_by_kind())[KindName(k)] = d->kind_peak[k];
     }

@@ -16,6 +16,10 @@
 //     allocations made with it innermost on the allocating thread, time; top allocation sites;
 //     live allocations at exit (leaks, once a ProcessExit was seen); a timeline of at most
 //     max_timeline_points points that keeps maxima.
+//   - CUPTI's driver view (CuptiMemory events), separately: current/peak device bytes (memory
+//     kinds device, array, managed and their static forms), bytes by memory kind, counts, pool
+//     operations and CUPTI's own dropped records; a release without bytes takes them from its
+//     allocation (by address).
 //
 // Costs: Add is O(1) for allocation events (a flat_hash_map insert or erase, no allocation
 // otherwise); an NVTX pop costs O(open ranges). Report() is O(live allocations + sites + ranges).
@@ -108,6 +112,8 @@ class ProcessStatsEngine {
   void OnReserve(Device& device, std::uint64_t bytes, std::uint64_t time_ns);
   void OnRelease(Device& device, std::uint64_t bytes, std::uint64_t time_ns);
   void OnPoolState(const v1::PoolStateEvent& state, Device& device);
+  // CUPTI's driver view (DeviceReport.cupti), kept apart from every other figure.
+  void OnCupti(const v1::Event& event);
   void OnNvtxPush(const v1::Event& event);
   void OnNvtxPop(const v1::Event& event);
   // Folds open range `index` into the aggregates (as if popped at time_ns) and returns nothing;
@@ -135,6 +141,12 @@ class ProcessStatsEngine {
   Device* last_device_ = nullptr;
 
   absl::flat_hash_map<std::uint64_t, Live> live_;
+  struct CuptiLive {
+    std::uint64_t bytes;
+    std::uint32_t memory_kind;
+    std::uint32_t device;
+  };
+  absl::flat_hash_map<std::uint64_t, CuptiLive> cupti_live_;  // CUPTI allocations by address
   absl::flat_hash_map<std::uint64_t, std::vector<std::string>> site_frames_;
 
   std::vector<RangeAgg> ranges_;

@@ -81,6 +81,8 @@ Config ReadConfig() {
   if (ReadU64("VRAMSCOPE_FENCE_BATCH_BYTES", &value)) config.fence_batch_bytes = value;
   if (ReadU64("VRAMSCOPE_VMM", &value)) config.use_vmm = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_ASYNC", &value)) config.fence_async = value != 0;
+  if (ReadU64("VRAMSCOPE_STACKS", &value)) config.stacks = value != 0;
+  if (ReadU64("VRAMSCOPE_CUPTI", &value)) config.cupti = value != 0;
   return config;
 }
 

@@ -33,6 +33,11 @@ struct Config {
   // the helper thread.
   bool fence_async = true;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
+  // VRAMSCOPE_STACKS=1: allocation sites (call stacks) in the ALLOC records (stacks.h).
+  bool stacks = false;
+  // VRAMSCOPE_CUPTI=1: CUPTI memory activity records into the ring (cupti.h); `vramscope run`
+  // sets it. Off by default under plain LD_PRELOAD.
+  bool cupti = false;
 };
 
 // Reads the environment; logs one warning for each value it cannot parse.

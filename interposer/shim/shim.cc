@@ -12,6 +12,7 @@
 
 #include "capture.h"
 #include "counters.h"
+#include "cupti.h"
 #include "device_pools.h"
 #include "driver.h"
 #include "fence_worker.h"
@@ -37,6 +38,8 @@ void OnExit() {
   // driver tear down around this point; atexit order against them is not ours to choose).
   g_exiting.store(true, std::memory_order_release);
   QuiesceFenceWorker(/*timeout_ms=*/2000);
+  // CUPTI's last records, before the exit record (on_exit runs after this); bounded wait.
+  FlushCuptiAtExit();
   if (g_config.summary) PrintSummary();
 }
 
@@ -76,6 +79,7 @@ void ForkChild() {
   counters.mode = static_cast<std::uint32_t>(g_config.mode);
   // The child records into its own ring, opened by its first hook.
   RingForkChild(ModeName(g_config.mode));
+  CuptiForkChild();
 }
 
 bool RequiredForPooling(const RealDriver& real) {
@@ -116,6 +120,9 @@ bool Initialise(bool may_load) {
       Counters().mode = static_cast<std::uint32_t>(g_config.mode);
       VRAMSCOPE_LOG(kInfo, "active, mode=%s", ModeName(g_config.mode));
       OpenRingAtInit(ModeName(g_config.mode));
+      // Started by the next hook entry, outside this lock (CUPTI calls the driver, and dlopen
+      // must not run under the init lock).
+      ArmCupti(g_config.cupti);
       g_state.store(static_cast<int>(State::kReady), std::memory_order_release);
       ready = true;
     }
@@ -143,9 +150,12 @@ int AppendF(char* buffer, int used, int size, const char* format, ...) {
 bool EnsureDriver() {
   if (g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady)) {
     MaybeOpenPendingRing();
+    MaybeStartCupti();
     return true;
   }
-  return Initialise(true);
+  const bool ready = Initialise(true);
+  if (ready && !t_in_init) MaybeStartCupti();
+  return ready;
 }
 
 bool EnsureDriverFromDlsym() {

@@ -5,8 +5,12 @@
 // destroys all its memory; the current context is per thread (a stack, as cuCtxPushCurrent /
 // cuCtxPopCurrent use it); calls that need a context return CUDA_ERROR_INVALID_CONTEXT without
 // one. Non-primary contexts (cuCtxCreate_v4 / cuCtxDestroy_v2) hold their own memory too.
+#include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <mutex>
 
 #include <cuda.h>
 
@@ -112,11 +116,28 @@ using vramscope::fake::Call;
 using vramscope::fake::State;
 
 VRAMSCOPE_FAKE_EXPORT CUresult cuInit(unsigned int Flags) {
-  Call call("cuInit");
-  State& s = call.state();
-  if (s.forked_after_init) return CUDA_ERROR_NOT_INITIALIZED;
-  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  s.initialized = true;
+  {
+    Call call("cuInit");
+    State& s = call.state();
+    if (s.forked_after_init) return CUDA_ERROR_NOT_INITIALIZED;
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    s.initialized = true;
+  }
+  // As the driver does at its first cuInit: the tool named by CUDA_INJECTION64_PATH is loaded
+  // and its InitializeInjection called (outside the fake's lock: it may call the driver).
+  static std::once_flag injected;
+  std::call_once(injected, [] {
+    const char* path = getenv("CUDA_INJECTION64_PATH");
+    if (path == nullptr || path[0] == '\0') return;
+    void* tool = dlopen(path, RTLD_NOW);
+    auto initialize =
+        tool != nullptr ? reinterpret_cast<int (*)()>(dlsym(tool, "InitializeInjection")) : nullptr;
+    if (initialize == nullptr) {
+      fprintf(stderr, "fake libcuda: cannot load the injection %s\n", path);
+      return;
+    }
+    (void)initialize();
+  });
   return CUDA_SUCCESS;
 }
 

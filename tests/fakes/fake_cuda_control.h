@@ -98,6 +98,26 @@ int vramscope_fake_invalidated_captures(void);
 // returns CUDA_ERROR_NOT_INITIALIZED, as the real driver does.
 int vramscope_fake_forked_after_init(void);
 
+// Observer of device memory the driver hands out and takes back, for the fake CUPTI
+// (tests/fakes/fake_cupti.cc) to turn into MEMORY2 records. operation: ALLOCATION / RELEASE;
+// kind: DEVICE (cuMemAlloc_v2, cuMemAllocPitch_v2), STREAM_ORDERED (cuMemAllocAsync & co., when
+// the allocation is made and when it goes back to its pool; stream = the stream handle), VMM
+// (physical memory of cuMemCreate: address = the handle; released once released and unmapped).
+// Called with the fake's lock held, on the calling thread: the observer must not call the
+// driver. nullptr removes it. Not reset by vramscope_fake_reset.
+enum {
+  VRAMSCOPE_FAKE_MEMORY_ALLOCATION = 1,
+  VRAMSCOPE_FAKE_MEMORY_RELEASE = 2,
+};
+enum {
+  VRAMSCOPE_FAKE_MEMORY_DEVICE = 0,
+  VRAMSCOPE_FAKE_MEMORY_STREAM_ORDERED = 1,
+  VRAMSCOPE_FAKE_MEMORY_VMM = 2,
+};
+typedef void (*vramscope_fake_memory_observer)(int operation, int device, uint64_t address,
+                                               uint64_t bytes, int kind, uint64_t stream);
+void vramscope_fake_set_memory_observer(vramscope_fake_memory_observer observer);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

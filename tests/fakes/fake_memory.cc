@@ -43,6 +43,10 @@ CUresult NewAllocation(State& s, CUctx_st* ctx, size_t size, size_t charged, All
   a.storage = p;
   if (charged > 0) ++s.devices[ctx->device].live_allocations;
   *out = reinterpret_cast<CUdeviceptr>(p);
+  if (charged > 0) {
+    NotifyMemory(VRAMSCOPE_FAKE_MEMORY_ALLOCATION, ctx->device, *out, charged,
+                 VRAMSCOPE_FAKE_MEMORY_DEVICE, 0);
+  }
   s.allocations.emplace(*out, a);
   return CUDA_SUCCESS;
 }

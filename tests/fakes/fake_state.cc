@@ -144,6 +144,26 @@ CUctx_st* ValidContext(State& s, CUcontext ctx) {
 
 bool ValidDevice(const State& s, CUdevice dev) { return dev >= 0 && dev < s.device_count; }
 
+namespace {
+std::atomic<vramscope_fake_memory_observer> g_memory_observer{nullptr};
+}  // namespace
+
+void NotifyMemory(int operation, int device, uint64_t address, uint64_t bytes, int kind,
+                  uint64_t stream) {
+  if (vramscope_fake_memory_observer observer = g_memory_observer.load()) {
+    observer(operation, device, address, bytes, kind, stream);
+  }
+}
+
+}  // namespace vramscope::fake
+
+VRAMSCOPE_FAKE_EXPORT void vramscope_fake_set_memory_observer(
+    vramscope_fake_memory_observer observer) {
+  vramscope::fake::g_memory_observer.store(observer);
+}
+
+namespace vramscope::fake {
+
 bool Charge(State& s, int device, size_t bytes) {
   Device& d = s.devices[device];
   if (bytes > d.capacity || d.used > d.capacity - bytes) return false;
@@ -190,9 +210,13 @@ void FreeAllocationLocked(State& s, std::map<CUdeviceptr, Allocation>::iterator 
     a.pool->live -= a.charged;
     a.pool->cached += a.charged;
     --s.devices[a.device].live_allocations;
+    NotifyMemory(VRAMSCOPE_FAKE_MEMORY_RELEASE, a.device, it->first, a.charged,
+                 VRAMSCOPE_FAKE_MEMORY_STREAM_ORDERED, 0);
   } else if (a.charged > 0) {
     Uncharge(s, a.device, a.charged);
     --s.devices[a.device].live_allocations;
+    NotifyMemory(VRAMSCOPE_FAKE_MEMORY_RELEASE, a.device, it->first, a.charged,
+                 VRAMSCOPE_FAKE_MEMORY_DEVICE, 0);
   }
   s.ipc_opens.erase(it->first);
   if (a.storage != nullptr) FreeStorage(a.storage, a.size);

@@ -29,6 +29,8 @@
 
 #include <cuda.h>
 
+#include "fake_cuda_control.h"
+
 #define VRAMSCOPE_FAKE_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace vramscope::fake {
@@ -205,6 +207,11 @@ CUctx_st* ValidContext(State& s, CUcontext ctx);
 
 // Device ordinal validity (CUDA_ERROR_INVALID_DEVICE otherwise).
 bool ValidDevice(const State& s, CUdevice dev);
+
+// The memory observer (vramscope_fake_set_memory_observer): told of device memory the driver
+// hands out and takes back. Caller holds the mutex.
+void NotifyMemory(int operation, int device, uint64_t address, uint64_t bytes, int kind,
+                  uint64_t stream);
 
 // Charge/uncharge device memory. Charge returns false (and charges nothing) if it would
 // exceed the capacity.

@@ -285,6 +285,10 @@ CUresult AllocAsync(Call& call, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool
     ++s.devices[pool->device].live_allocations;
   }
   *dptr = reinterpret_cast<CUdeviceptr>(p);
+  if (!capturing) {
+    NotifyMemory(VRAMSCOPE_FAKE_MEMORY_ALLOCATION, pool->device, *dptr, bytesize,
+                 VRAMSCOPE_FAKE_MEMORY_STREAM_ORDERED, static_cast<uint64_t>(key));
+  }
   s.allocations.emplace(*dptr, a);
   return CUDA_SUCCESS;
 }

@@ -37,6 +37,8 @@ void DestroyPhysicalIfDone(State& s,
   close(p.fd);
   Uncharge(s, p.device, p.size);
   --s.devices[p.device].live_allocations;
+  NotifyMemory(VRAMSCOPE_FAKE_MEMORY_RELEASE, p.device, it->first, p.size,
+               VRAMSCOPE_FAKE_MEMORY_VMM, 0);
   s.physical.erase(it);
 }
 
@@ -123,6 +125,8 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle,
   s.physical.emplace(h, p);
   ++s.devices[device].live_allocations;
   *handle = h;
+  fake::NotifyMemory(VRAMSCOPE_FAKE_MEMORY_ALLOCATION, device, h, size, VRAMSCOPE_FAKE_MEMORY_VMM,
+                     0);
   return CUDA_SUCCESS;
 }
 

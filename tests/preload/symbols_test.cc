@@ -50,7 +50,8 @@ TEST(ShimSymbolsTest, ExportsOnlyHooks) {
   std::istringstream lines(out);
   std::string line;
   std::set<std::string> exported;
-  const std::regex hook(R"(cu[A-Z]\w*|dlsym|vramscope_\w+)");
+  // InitializeInjection: CUDA's injection entry point (CUDA_INJECTION64_PATH, cupti.h).
+  const std::regex hook(R"(cu[A-Z]\w*|dlsym|vramscope_\w+|InitializeInjection)");
   while (std::getline(lines, line)) {
     std::istringstream fields(line);
     std::string address, type, name;
@@ -63,7 +64,8 @@ TEST(ShimSymbolsTest, ExportsOnlyHooks) {
        {"dlsym", "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc_v2", "cuMemFree_v2",
         "cuMemGetInfo_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync_ptsz",
         "cuMemAllocFromPoolAsync_ptsz", "cuMemCreate", "cuMemMap", "cuIpcGetMemHandle",
-        "cuCtxSynchronize", "cuDevicePrimaryCtxReset_v2", "cuStreamBeginCapture_v2_ptsz"}) {
+        "cuCtxSynchronize", "cuDevicePrimaryCtxReset_v2", "cuStreamBeginCapture_v2_ptsz",
+        "InitializeInjection"}) {
     EXPECT_EQ(exported.count(name), 1u) << name << " is not exported";
   }
 }

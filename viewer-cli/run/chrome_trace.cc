@@ -83,8 +83,57 @@ void ChromeTrace::Add(std::uint32_t pid, const v1::Event& event) {
               JsonString(v1::OomVerdict_Name(verdict)))});
       break;
     }
+    case v1::Event::kCuptiMemory:
+      AddCupti(pid, event);
+      break;
     default:
       break;
+  }
+}
+
+void ChromeTrace::AddCupti(std::uint32_t pid, const v1::Event& event) {
+  const v1::CuptiMemoryEvent& e = event.cupti_memory();
+  // Device memory kinds (CUpti_ActivityMemoryKind device, array, managed, *_static), the
+  // stats engine's CuptiStats rule.
+  const bool device_memory = e.memory_kind() >= 3 && e.memory_kind() <= 7;
+  const std::uint64_t key = (std::uint64_t{pid} << 32) | event.device();
+  switch (e.operation()) {
+    case v1::CuptiMemoryEvent::OPERATION_ALLOCATION:
+    case v1::CuptiMemoryEvent::OPERATION_RELEASE: {
+      if (!device_memory) return;
+      std::uint64_t& current = cupti_bytes_[key];
+      if (e.operation() == v1::CuptiMemoryEvent::OPERATION_ALLOCATION) {
+        cupti_live_[{pid, e.address()}] = e.bytes();
+        current += e.bytes();
+      } else {
+        auto it = cupti_live_.find(std::make_pair(pid, e.address()));
+        if (it == cupti_live_.end()) return;
+        current = current > it->second ? current - it->second : 0;
+        cupti_live_.erase(it);
+      }
+      if (cupti_points_.size() < max_slices_) {
+        cupti_points_.push_back(CuptiPoint{pid, event.device(), event.time_ns(), current});
+      } else {
+        ++slices_dropped_;
+      }
+      return;
+    }
+    case v1::CuptiMemoryEvent::OPERATION_POOL_CREATED:
+    case v1::CuptiMemoryEvent::OPERATION_POOL_DESTROYED:
+    case v1::CuptiMemoryEvent::OPERATION_POOL_TRIMMED:
+      instants_.push_back(
+          Instant{pid, event.thread_id(), event.time_ns(),
+                  absl::StrCat("CUPTI ", v1::CuptiMemoryEvent::Operation_Name(e.operation()),
+                               " cuda:", event.device()),
+                  absl::StrFormat("\"pool_address\":%d,\"bytes\":%d", e.pool_address(), e.bytes()),
+                  "cupti"});
+      return;
+    case v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED:
+      instants_.push_back(Instant{pid, event.thread_id(), event.time_ns(), "CUPTI records dropped",
+                                  absl::StrFormat("\"records\":%d", e.records_dropped()), "cupti"});
+      return;
+    default:
+      return;
   }
 }
 
@@ -119,6 +168,12 @@ std::string ChromeTrace::Json(const std::vector<v1::Report>& reports) const {
       }
     }
   }
+  // CUPTI's driver view beside the shim's tracks, on the same clock.
+  for (const CuptiPoint& p : cupti_points_) {
+    emit(absl::StrFormat(
+        R"({"ph":"C","name":"cuda:%d CUPTI device bytes","pid":%d,"ts":%s,"args":{"bytes":%d}})",
+        p.device, p.pid, Micros(p.time_ns), p.bytes));
+  }
   auto slice = [&](std::uint32_t pid, std::uint32_t tid, std::uint64_t start, std::uint64_t end,
                    const std::string& name, const std::string& domain) {
     emit(absl::StrFormat(
@@ -134,8 +189,8 @@ std::string ChromeTrace::Json(const std::vector<v1::Report>& reports) const {
   }
   for (const Instant& i : instants_) {
     emit(absl::StrFormat(
-        R"({"ph":"i","s":"p","cat":"oom","name":%s,"pid":%d,"tid":%d,"ts":%s,"args":{%s}})",
-        JsonString(i.name), i.pid, i.tid, Micros(i.time_ns), i.args));
+        R"({"ph":"i","s":"p","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%s,"args":{%s}})",
+        JsonString(i.cat), JsonString(i.name), i.pid, i.tid, Micros(i.time_ns), i.args));
   }
   out += "\n]}\n";
   return out;

@@ -3,8 +3,10 @@
 // Per traced process (pid): a process_name metadata record; per device counter tracks
 // "cuda:N allocated", "cuda:N reserved" and "cuda:N requested" (bytes) from the report's
 // downsampled timeline; NVTX ranges as complete ("X") slices on the thread that pushed them;
-// OOMs as process-scoped instants. Times are microseconds on CLOCK_MONOTONIC, shared by every
-// process, so their tracks line up.
+// OOMs as process-scoped instants; CUPTI's driver view (when recorded) as a counter track
+// "cuda:N CUPTI device bytes" (one point per CUPTI record, capped with the slices) and pool
+// operations / CUPTI's dropped records as instants. Times are microseconds on CLOCK_MONOTONIC,
+// shared by every process, so their tracks line up.
 //
 // Slices are kept in memory up to max_slices (further ones are counted, not kept).
 // Thread safety: none.
@@ -15,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "vramscope/v1/events.pb.h"
@@ -53,9 +56,23 @@ class ChromeTrace {
     std::uint64_t time_ns;
     std::string name;
     std::string args;  // JSON object body
+    std::string cat = "oom";
   };
 
+  // CUPTI's device bytes of (pid, device) after one CUPTI record.
+  struct CuptiPoint {
+    std::uint32_t pid;
+    std::uint32_t device;
+    std::uint64_t time_ns;
+    std::uint64_t bytes;
+  };
+  void AddCupti(std::uint32_t pid, const v1::Event& event);
+
   std::size_t max_slices_;
+  std::vector<CuptiPoint> cupti_points_;
+  absl::flat_hash_map<std::uint64_t, std::uint64_t> cupti_bytes_;  // (pid << 32 | device)
+  // (pid, address) -> bytes
+  absl::flat_hash_map<std::pair<std::uint32_t, std::uint64_t>, std::uint64_t> cupti_live_;
   std::vector<Slice> slices_;
   std::vector<Instant> instants_;
   // (pid << 32 | range id) -> the open range

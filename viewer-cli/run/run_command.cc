@@ -45,6 +45,7 @@ struct RunOptions {
   std::string trace_path;
   std::optional<std::uint64_t> max_peak;
   std::string collector;
+  bool cupti = true;
   std::vector<char*> command;
 };
 
@@ -73,6 +74,11 @@ void PrintRunUsage(std::FILE* out) {
       "                    resend after a reconnect); after the report, wait up to 10 s for the\n"
       "                    collector to acknowledge everything. If it does not, a warning says\n"
       "                    so; the local report and files are complete either way\n"
+      "  --no-cupti        do not load CUPTI in CMD (default: VRAMSCOPE_CUPTI=1 unless the\n"
+      "                    environment sets VRAMSCOPE_CUPTI: the driver's own memory records,\n"
+      "                    reported as \"CUPTI (driver view)\" and traced as \"cuda:N CUPTI "
+      "device\n"
+      "                    bytes\"; if another tool holds CUPTI, one warning and hooks only)\n"
       "  -h, --help        this text\n"
       "\n"
       "The shim is found at $VRAMSCOPE_SHIM, else next to this executable (build tree:\n"
@@ -138,6 +144,8 @@ std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
         std::fprintf(stderr, "vramscope run: --collector needs HOST:PORT (e.g. 127.0.0.1:7411)\n");
         return std::nullopt;
       }
+    } else if (arg == "--no-cupti") {
+      options.cupti = false;
     } else if (!arg.empty() && arg[0] == '-') {
       std::fprintf(stderr, "vramscope run: unknown option '%s'\n", argv[i]);
       return std::nullopt;
@@ -243,6 +251,8 @@ pid_t Spawn(const RunOptions& options, const std::string& shim, const std::strin
         existing != nullptr && existing[0] != '\0' ? std::string(existing) + ":" + shim : shim;
     setenv("LD_PRELOAD", preload.c_str(), 1);
     setenv("VRAMSCOPE_RING_DIR", ring_dir.c_str(), 1);
+    // CUPTI's memory records on by default; an explicit VRAMSCOPE_CUPTI is the user's choice.
+    setenv("VRAMSCOPE_CUPTI", options.cupti ? "1" : "0", options.cupti ? 0 : 1);
     std::vector<char*> args = options.command;
     args.push_back(nullptr);
     execvp(args[0], args.data());

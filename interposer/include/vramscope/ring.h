@@ -117,6 +117,23 @@ static inline int vramscope_ring_alloc_kind_counts_reserved(uint8_t kind) {
   return vramscope_ring_alloc_kind_counts_bytes(kind) && kind != VRAMSCOPE_RING_ALLOC_POOLED;
 }
 
+/* vramscope_ring_record.sub of CUPTI_MEMORY: the same values as
+ * vramscope.v1.CuptiMemoryEvent.Operation. MEMORY2 records give ALLOCATION / RELEASE (address,
+ * bytes, memory_kind, stream; pool_type and pool_address for stream-ordered memory);
+ * MEMORY_POOL records give POOL_* (address = pool_address = the pool's base, bytes = the size
+ * CUPTI reports for the operation); RECORDS_DROPPED: bytes = records CUPTI lost (its buffers were
+ * full), device 0. time_ns is CUPTI's timestamp on the ring's clock. */
+enum vramscope_ring_cupti_operation {
+  VRAMSCOPE_RING_CUPTI_UNSPECIFIED = 0,
+  VRAMSCOPE_RING_CUPTI_ALLOCATION = 1,
+  VRAMSCOPE_RING_CUPTI_RELEASE = 2,
+  VRAMSCOPE_RING_CUPTI_POOL_CREATED = 3,
+  VRAMSCOPE_RING_CUPTI_POOL_DESTROYED = 4,
+  VRAMSCOPE_RING_CUPTI_POOL_TRIMMED = 5,
+  VRAMSCOPE_RING_CUPTI_RECORDS_DROPPED = 6,
+  VRAMSCOPE_RING_CUPTI_LIMIT = 7
+};
+
 /* vramscope_ring_header.exited */
 enum vramscope_ring_exit_state {
   VRAMSCOPE_RING_RUNNING = 0,
