@@ -8,6 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
   clang-format
+  chromium  # tests/report: the HTML report rendered by headless Chromium
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,259 @@
+// `vramscope report`'s forms from crafted reports (text, JSON, the HTML page: every figure
+// findable and equal to the report, escaping of hostile names, the script's data), and the stats
+// engine's NVTX range instances that the page shades.
+#include <absl/strings/numbers.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "check/report_file.h"
+#include "report/report_html.h"
+#include "run/report_text.h"
+#include "run/size.h"
+#include "stats/stats_engine.h"
+#include "tests/report/dom_check.h"
+#include "tests/report/sample_reports.h"
+
+namespace vramscope::cli {
+namespace {
+
+using ::vramscope::testing::CheckCell;
+using ::vramscope::testing::DomCell;
+using ::vramscope::testing::ExpectedPaths;
+using ::vramscope::testing::FindCells;
+using ::vramscope::testing::kHostileName;
+using ::vramscope::testing::SampleReport;
+
+std::size_t Count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+TEST(HtmlEscapeTest, EscapesTheFiveSpecialCharacters) {
+  EXPECT_EQ(HtmlEscape("a<b>&\"c'd"), "a&lt;b&gt;&amp;&quot;c&#39;d");
+  EXPECT_EQ(HtmlEscape("plain text 123"), "plain text 123");
+  EXPECT_EQ(HtmlEscape(""), "");
+}
+
+TEST(ScriptJsonStringTest, NothingCanCloseTheScriptElement) {
+  EXPECT_EQ(ScriptJsonString("</script>"), "\"\\u003c/script\\u003e\"");
+  EXPECT_EQ(ScriptJsonString("a\"b\\c&"), "\"a\\\"b\\\\c\\u0026\"");
+  EXPECT_EQ(ScriptJsonString(std::string("\n\x01", 2)), "\"\\u000a\\u0001\"");
+  EXPECT_EQ(ScriptJsonString("caf\xc3\xa9"), "\"caf\xc3\xa9\"");  // UTF-8 passes through
+}
+
+TEST(ReportHtmlTest, EveryFigureIsFindableAndEqualsTheReport) {
+  const std::vector<v1::Report> reports = {SampleReport(), SampleReport()};
+  const std::string html = FormatReportsHtml(reports);
+  const std::vector<DomCell> cells = FindCells(html);
+  std::set<std::string> seen;
+  for (const DomCell& cell : cells) {
+    EXPECT_TRUE(CheckCell(reports, cell).ok()) << CheckCell(reports, cell);
+    EXPECT_TRUE(seen.insert(cell.path).second) << "shown twice: " << cell.path;
+  }
+  const std::set<std::string> expected = ExpectedPaths(reports);
+  for (const std::string& path : expected) EXPECT_TRUE(seen.count(path)) << "missing: " << path;
+  for (const std::string& path : seen) EXPECT_TRUE(expected.count(path)) << "unexpected: " << path;
+  // 2 reports x (11 process values + 2 devices x 84 device values) in this sample.
+  EXPECT_EQ(seen.size(), expected.size());
+  EXPECT_GT(expected.size(), 300u);
+}
+
+TEST(ReportHtmlTest, ShownFormsMatchTheExactValues) {
+  const std::vector<v1::Report> reports = {SampleReport()};
+  for (const DomCell& cell : FindCells(FormatReportsHtml(reports))) {
+    if (cell.unit == "count") {
+      EXPECT_EQ(cell.text, cell.value) << cell.path;
+    }
+    if (cell.unit == "bytes" && cell.field != "net_growth_bytes") {
+      std::uint64_t bytes = 0;
+      ASSERT_TRUE(absl::SimpleAtoi(cell.value, &bytes)) << cell.path;
+      EXPECT_EQ(cell.text, FormatBytes(bytes)) << cell.path;
+    }
+  }
+  const std::string html = FormatReportsHtml(reports);
+  EXPECT_NE(html.find("data-value=\"-4096\" title=\"-4096 bytes\">-4.00 KiB<"), std::string::npos);
+  EXPECT_NE(html.find(">0xdeadbeefcafe<"), std::string::npos);
+  EXPECT_NE(html.find(">OOM_VERDICT_CAPACITY<"), std::string::npos);
+  EXPECT_NE(html.find(">2.500 ms<"), std::string::npos);  // total_time_ns 2500000
+}
+
+TEST(ReportHtmlTest, HostileNamesAreEscapedEverywhere) {
+  const std::string html = FormatReportsHtml({SampleReport()});
+  // Only our own two script elements open and close.
+  EXPECT_EQ(Count(html, "<script"), 2u);
+  EXPECT_EQ(Count(html, "</script>"), 2u);
+  EXPECT_EQ(Count(html, "<img"), 0u);
+  EXPECT_EQ(Count(html, "<b>"), 0u);
+  EXPECT_EQ(Count(html, "<!--"), 0u);
+  EXPECT_NE(html.find("&lt;/script&gt;&lt;img src=x onerror=&quot;document.title=&#39;pwned&#39;"
+                      "&quot;&gt;&amp;amp;&lt;!--&#39;&quot;"),
+            std::string::npos);
+  // In the script's JSON the label is domain:name with <, > and & as \u escapes.
+  EXPECT_NE(html.find("\"label\":\"evil\\\"domain:\\u003c/script\\u003e\\u003cimg src=x onerror="
+                      "\\\"document.title='pwned'\\\"\\u003e\\u0026amp;\\u003c!--'\\\"\"}"),
+            std::string::npos);
+  bool found = false;
+  for (const DomCell& cell : FindCells(html)) {
+    if (cell.field == "name" && cell.path.find("nvtx_ranges.0.") != std::string::npos) {
+      EXPECT_EQ(cell.text, kHostileName);
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(ReportHtmlTest, SelfContainedWithOnePlotPerDevice) {
+  const std::string html = FormatReportsHtml({SampleReport()});
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(html.find("Content-Security-Policy\" content=\"default-src 'none'"), std::string::npos);
+  for (const char* remote : {"http://", "https://", "//cdn", "src=\"", "<link"}) {
+    // The SVG namespace is the only URL, and it is never fetched.
+    if (std::string(remote) == "http://") {
+      EXPECT_EQ(Count(html, remote), Count(html, "http://www.w3.org/2000/svg")) << remote;
+    } else {
+      EXPECT_EQ(Count(html, remote), 0u) << remote;
+    }
+  }
+  EXPECT_EQ(Count(html, "<svg class=\"plot\""), 2u);
+  EXPECT_NE(html.find("id=\"plot-0-0\" data-report=\"0\" data-device=\"0\" data-points=\"5\" "
+                      "data-ranges=\"3\""),
+            std::string::npos);
+  EXPECT_NE(html.find("id=\"plot-0-1\" data-report=\"0\" data-device=\"1\" data-points=\"5\" "
+                      "data-ranges=\"3\""),
+            std::string::npos);
+  // Plot data relative to the earliest time (the first timeline point, 1 ms).
+  EXPECT_NE(html.find("{\"id\":\"plot-0-0\",\"points\":[[0,0,0,4194304],[1000000,524288,1048576,"
+                      "4194304],"),
+            std::string::npos);
+  EXPECT_NE(html.find("\"ranges\":[{\"s\":500000,\"e\":7500000,\"d\":0,\"label\":\"forward\"}"),
+            std::string::npos);
+}
+
+TEST(ReportHtmlTest, EmptyReportsStillMakeAPage) {
+  v1::Report running;
+  running.mutable_process()->set_pid(7);
+  const std::string html = FormatReportsHtml({running});
+  EXPECT_NE(html.find("no device memory was allocated"), std::string::npos);
+  EXPECT_NE(html.find("id=\"vramscope-plot-data\">[]</script>"), std::string::npos);
+  for (const DomCell& cell : FindCells(html)) {
+    EXPECT_TRUE(CheckCell({running}, cell).ok()) << cell.path;
+    EXPECT_NE(cell.field, "exit_code");  // still running: no exit code
+  }
+  EXPECT_NE(FormatReportsHtml({}).find("no processes"), std::string::npos);
+}
+
+TEST(ReportTextJsonTest, JsonRoundTripsAndTextIsTheRunSummary) {
+  const std::vector<v1::Report> one = {SampleReport()};
+  absl::StatusOr<std::vector<v1::Report>> parsed = ParseReportsJson(FormatReportsJson(one), "x");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->size(), 1u);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals((*parsed)[0], one[0]));
+  const std::vector<v1::Report> two = {SampleReport(), SampleReport()};
+  const std::string json = FormatReportsJson(two);
+  EXPECT_EQ(json.rfind("{\"reports\": [", 0), 0u);
+  parsed = ParseReportsJson(json, "x");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->size(), 2u);
+  EXPECT_NE(FormatRunReport(one[0]).find("vramscope: pid 4242: python train.py"),
+            std::string::npos);
+}
+
+// --- the stats engine's range instances ------------------------------------------------------
+
+v1::Event Push(std::uint64_t t, std::uint32_t id, const std::string& name, std::uint32_t tid) {
+  v1::Event e;
+  e.set_time_ns(t);
+  e.set_thread_id(tid);
+  e.mutable_nvtx_push()->set_range_id(id);
+  e.mutable_nvtx_push()->set_name(name);
+  e.mutable_nvtx_push()->set_domain("d");
+  return e;
+}
+v1::Event Pop(std::uint64_t t, std::uint32_t id, std::uint32_t tid) {
+  v1::Event e;
+  e.set_time_ns(t);
+  e.set_thread_id(tid);
+  e.mutable_nvtx_pop()->set_range_id(id);
+  return e;
+}
+v1::Event Alloc(std::uint64_t t, std::uint32_t device, std::uint64_t address) {
+  v1::Event e;
+  e.set_time_ns(t);
+  e.set_device(device);
+  e.mutable_alloc()->set_address(address);
+  e.mutable_alloc()->set_requested_bytes(1000);
+  e.mutable_alloc()->set_allocated_bytes(1024);
+  e.mutable_alloc()->set_kind(v1::ALLOCATION_KIND_POOLED);
+  return e;
+}
+
+TEST(StatsNvtxInstancesTest, StartEndDepthAndOpenRangesEndAtTheLastEvent) {
+  collector::ProcessStatsEngine engine;
+  engine.Add(Alloc(100, 0, 0x1000));
+  engine.Add(Push(200, 1, "outer", 9));
+  engine.Add(Push(300, 2, "inner", 9));
+  engine.Add(Alloc(350, 0, 0x2000));
+  engine.Add(Pop(400, 2, 9));
+  engine.Add(Push(450, 3, "other-thread", 10));
+  engine.Add(Pop(500, 1, 9));
+  engine.Add(Push(600, 4, "open", 9));
+  engine.Add(Alloc(700, 0, 0x3000));
+  const v1::Report report = engine.Report();
+  ASSERT_EQ(report.devices_size(), 1);
+  const v1::DeviceReport& d = report.devices(0);
+  ASSERT_EQ(d.nvtx_instances_size(), 4);
+  EXPECT_EQ(d.nvtx_instances_dropped(), 0u);
+  struct Want {
+    const char* name;
+    std::uint64_t start, end;
+    std::uint32_t depth, thread;
+  } want[] = {{"outer", 200, 500, 0, 9},
+              {"inner", 300, 400, 1, 9},
+              {"other-thread", 450, 700, 0, 10},
+              {"open", 600, 700, 0, 9}};
+  for (int i = 0; i < 4; ++i) {
+    const v1::NvtxRangeInstance& got = d.nvtx_instances(i);
+    EXPECT_EQ(got.name(), want[i].name) << i;
+    EXPECT_EQ(got.domain(), "d") << i;
+    EXPECT_EQ(got.start_ns(), want[i].start) << i;
+    EXPECT_EQ(got.end_ns(), want[i].end) << i;
+    EXPECT_EQ(got.depth(), want[i].depth) << i;
+    EXPECT_EQ(got.thread_id(), want[i].thread) << i;
+  }
+  // The totals are unchanged by the instances: inner and outer counted once each.
+  for (const v1::NvtxRangeStats& range : d.nvtx_ranges()) EXPECT_EQ(range.count(), 1u);
+}
+
+TEST(StatsNvtxInstancesTest, BoundedPerProcessAndOnlyOnDevicesSeenBeforeTheClose) {
+  collector::StatsOptions options;
+  options.max_nvtx_instances = 3;
+  collector::ProcessStatsEngine engine(options);
+  engine.Add(Alloc(10, 0, 0x1000));
+  for (std::uint32_t i = 0; i < 5; ++i) {
+    engine.Add(Push(100 + 10 * i, i + 1, "step", 1));
+    engine.Add(Pop(105 + 10 * i, i + 1, 1));
+  }
+  engine.Add(Alloc(200, 1, 0x2000));  // device 1 appears after every range closed
+  engine.Add(Push(300, 99, "late", 1));
+  engine.Add(Pop(310, 99, 1));
+  const v1::Report report = engine.Report();
+  ASSERT_EQ(report.devices_size(), 2);
+  const v1::DeviceReport& d0 = report.devices(0);
+  const v1::DeviceReport& d1 = report.devices(1);
+  ASSERT_EQ(d0.nvtx_instances_size(), 3);
+  EXPECT_EQ(d0.nvtx_instances(0).start_ns(), 100u);
+  EXPECT_EQ(d0.nvtx_instances(2).end_ns(), 125u);
+  EXPECT_EQ(d0.nvtx_instances_dropped(), 3u);  // 2 more steps and "late"
+  EXPECT_EQ(d1.nvtx_instances_size(), 0);      // the kept ones closed before it was seen
+  EXPECT_EQ(d1.nvtx_instances_dropped(), 3u);
+}
+
+}  // namespace
+}  // namespace vramscope::cli
