@@ -15,7 +15,8 @@
 //   - counts and rates; per NVTX range (name, domain) peak allocated while open, net growth,
 //     allocations made with it innermost on the allocating thread, time; top allocation sites;
 //     live allocations at exit (leaks, once a ProcessExit was seen); a timeline of at most
-//     max_timeline_points points that keeps maxima.
+//     max_timeline_points points that keeps maxima; the NVTX range instances (start, end,
+//     depth, thread; the first max_nvtx_instances per process) for shading on a plot.
 //   - CUPTI's driver view (CuptiMemory events), separately: current/peak device bytes (memory
 //     kinds device, array, managed and their static forms), bytes by memory kind, counts, pool
 //     operations and CUPTI's own dropped records; a release without bytes takes them from its
