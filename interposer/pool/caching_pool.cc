@@ -10,6 +10,7 @@
 // Everything runs under one mutex; no operation touches the heap on the cached path (SlotPool and
 // AddrMap reserve ahead with new(std::nothrow)), and nothing throws.
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +40,7 @@ class CachingPool final : public Pool {
               const Tuning& tuning)
       : upstream_(upstream),
         fences_(fences),
+        in_order_(fences != nullptr && fences->CompletesInOrder()),
         layout_(layout),
         tuning_(tuning),
         capacity_(options.capacity_bytes),
@@ -90,6 +92,15 @@ class CachingPool final : public Pool {
   }
 
   PoolStatus AllocateSized(std::size_t size, std::uintptr_t* address, BlockSizes* sizes) override {
+    return AllocateImpl(size, address, sizes, /*may_grow=*/true);
+  }
+
+  PoolStatus AllocateCached(std::size_t size, std::uintptr_t* address, BlockSizes* sizes) override {
+    return AllocateImpl(size, address, sizes, /*may_grow=*/false);
+  }
+
+  PoolStatus AllocateImpl(std::size_t size, std::uintptr_t* address, BlockSizes* sizes,
+                          bool may_grow) {
     if (address == nullptr || size == 0 || size > kMaxRequest ||
         (capacity_ != 0 && size > capacity_)) {
       return PoolStatus::kInvalidArgument;
@@ -99,8 +110,12 @@ class CachingPool final : public Pool {
     if (!ReserveScratch() || !live_.Reserve(1)) return FailOom(rounded);
     Block* block = nullptr;
     std::uintptr_t position = 0;
-    const PoolStatus status = FindOrGrow(rounded, &block, &position);
-    if (status != PoolStatus::kOk) return status;
+    if (may_grow) {
+      const PoolStatus status = FindOrGrow(rounded, &block, &position);
+      if (status != PoolStatus::kOk) return status;
+    } else if (!FindCached(rounded, &block, &position)) {
+      return PoolStatus::kOutOfMemory;  // not recorded: the caller goes on to AllocateSized
+    }
     block = Carve(block, position, rounded);
     block->state = BlockState::kLive;
     block->requested = size;
@@ -150,6 +165,7 @@ class CachingPool final : public Pool {
       }
       pending_tail_ = block;
       pending_bytes_ += block->size;
+      pending_relaxed_.store(pending_bytes_, std::memory_order_relaxed);
       if (std::uint64_t* refs = fence_refs_.Find(fence)) {
         ++*refs;
       } else {
@@ -227,6 +243,10 @@ class CachingPool final : public Pool {
     return s;
   }
 
+  std::size_t PendingBytesRelaxed() const override {
+    return pending_relaxed_.load(std::memory_order_relaxed);
+  }
+
   std::string_view policy() const override { return layout_ == Layout::kVmm ? "vmm" : "segments"; }
 
  private:
@@ -239,7 +259,9 @@ class CachingPool final : public Pool {
 
   // Finds a free block for `rounded` bytes at `*position`, growing, releasing and waiting as
   // needed; on failure records the OOM.
-  PoolStatus FindOrGrow(std::size_t rounded, Block** block, std::uintptr_t* position) {
+  // A free block for `rounded` bytes among what the pool holds, after polling fences; no
+  // upstream call.
+  bool FindCached(std::size_t rounded, Block** block, std::uintptr_t* position) {
     FreeIndex& heap = heaps_[HeapFor(rounded)];
     if (pending_head_ != nullptr) PollPending(tuning_.poll_fences_per_allocate);
     *block = heap.BestFit(rounded);
@@ -247,10 +269,14 @@ class CachingPool final : public Pool {
       PollPending(std::numeric_limits<std::size_t>::max());
       *block = heap.BestFit(rounded);
     }
-    if (*block != nullptr) {
-      *position = (*block)->addr;
-      return PoolStatus::kOk;
-    }
+    if (*block == nullptr) return false;
+    *position = (*block)->addr;
+    return true;
+  }
+
+  PoolStatus FindOrGrow(std::size_t rounded, Block** block, std::uintptr_t* position) {
+    FreeIndex& heap = heaps_[HeapFor(rounded)];
+    if (FindCached(rounded, block, position)) return PoolStatus::kOk;
     UpstreamStatus status = Grow(rounded, /*retry=*/false, block, position);
     if (status == UpstreamStatus::kOutOfMemory) {
       // Pressure: give idle memory back, wait on the oldest fences (a completed one may free a
@@ -696,6 +722,9 @@ class CachingPool final : public Pool {
         fence = b->fence;
         complete = fences_->IsComplete(fence);
         ++asked;
+        // In-order fences: nothing after an incomplete one can be complete. Stop, rather than
+        // walk the rest of a batch that shares it (the hot path's bounded poll).
+        if (!complete && bounded && in_order_) break;
       }
       if (complete) ReleasePending(b);
       b = next;
@@ -725,6 +754,7 @@ class CachingPool final : public Pool {
       pending_tail_ = b->link_prev;
     }
     pending_bytes_ -= b->size;
+    pending_relaxed_.store(pending_bytes_, std::memory_order_relaxed);
     std::uint64_t* refs = fence_refs_.Find(b->fence);
     if (refs != nullptr && --*refs == 0) {
       (void)fence_refs_.Erase(b->fence);
@@ -923,6 +953,7 @@ class CachingPool final : public Pool {
 
   Upstream* const upstream_;
   FenceTracker* const fences_;
+  const bool in_order_;  // fences_->CompletesInOrder()
   const Layout layout_;
   const Tuning tuning_;
   const std::size_t capacity_;
@@ -945,6 +976,7 @@ class CachingPool final : public Pool {
   Block* pending_head_ = nullptr;       // FIFO, oldest first
   Block* pending_tail_ = nullptr;
   std::size_t pending_bytes_ = 0;
+  std::atomic<std::size_t> pending_relaxed_{0};  // pending_bytes_, for PendingBytesRelaxed
   std::size_t reserved_ = 0;
   std::size_t peak_reserved_ = 0;
   std::size_t unreleasable_ = 0;

@@ -186,11 +186,31 @@ void MarkDead(Slot* slot, bool context_alive) {
 // helper thread for a synchronisation; if the helper lags so far behind that kInlineBatches
 // batches are pending, the freeing thread synchronises itself (what the driver's free always
 // does), which bounds the memory held for pending frees.
+}  // namespace
+
+// The pending bytes at which an allocation of `bytes` synchronises (when that is cheap) rather
+// than grow: enough that one synchronisation frees many blocks of this size (256), so its few
+// microseconds cost the hot path a few nanoseconds per pair, but at most 256 MiB, and never less
+// than the request itself. So while one size is allocated and freed in a loop the pool holds at
+// most 256 MiB (at least 4 MiB) more than without the amortisation, as cache that a pressure
+// synchronisation turns back into free memory; blocks over 1 MiB get fewer blocks per
+// synchronisation, which their size amortises instead.
+bool ReuseSyncDue(std::uint64_t pending_bytes, std::uint64_t bytes) {
+  constexpr std::uint64_t kBlocksPerSync = 256;
+  constexpr std::uint64_t kFloor = std::uint64_t{4} << 20;
+  constexpr std::uint64_t kCap = std::uint64_t{256} << 20;
+  const std::uint64_t threshold =
+      std::max(bytes, std::min(std::max(kBlocksPerSync * bytes, kFloor), kCap));
+  return pending_bytes >= threshold;
+}
+
+namespace {
+
 void MaybeSync(Slot* slot) {
   const Config& config = Cfg();
   const std::uint64_t frees =
       slot->fences.frees_since_sync.fetch_add(1, std::memory_order_relaxed) + 1;
-  const std::uint64_t pending = slot->pool->Stats().pending_bytes;
+  const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
   const std::uint64_t batch_bytes = slot->fences.batch_bytes;
   constexpr std::uint64_t kInlineBatches = 4;
   if (frees >= kInlineBatches * config.fence_batch_frees ||
@@ -621,19 +641,21 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   Slot* slot = SlotForCurrentContext(ctx);
   if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
   t_upstream_error = CUDA_SUCCESS;
-  // Reuse rather than grow: when the pool would have to take more memory from the driver for
-  // this request while enough freed memory waits for its fence, and synchronisations have been
-  // cheap lately (the program keeps the GPU's queue short, e.g. it copies results back every
-  // iteration), synchronise now: a few microseconds instead of a driver allocation. A program
-  // that runs far ahead of the GPU (expensive synchronisations) grows instead of stalling.
-  if (slot->fences.frees_since_sync.load(std::memory_order_relaxed) != 0 &&
-      slot->fences.SyncIsCheap() && !AnyCaptureLive() && Cfg().mode == Mode::kPool) {
-    const pool::PoolStats stats = slot->pool->Stats();
-    if (stats.largest_free_block_bytes < bytes && stats.pending_bytes >= bytes) {
-      (void)slot->fences.Sync();
-    }
-  }
+  // Reuse rather than grow: when plenty of freed memory waits for its fence (ReuseSyncDue) and
+  // synchronisations have been cheap lately (the program keeps the GPU's queue short, e.g. it
+  // copies results back every iteration), synchronise now: a few microseconds, amortised over
+  // many blocks, instead of growing. A program that runs far ahead of the GPU (expensive
+  // synchronisations) grows instead of stalling. Lock-free checks only: this is the hot path.
   pool::BlockSizes sizes;
+  if (ReuseSyncDue(slot->pool->PendingBytesRelaxed(), bytes) &&
+      slot->fences.frees_since_sync.load(std::memory_order_relaxed) != 0 &&
+      slot->fences.SyncIsCheap() && Cfg().mode == Mode::kPool && !AnyCaptureLive()) {
+    if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk) {
+      RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);
+      return ShimStatus::kOk;
+    }
+    (void)slot->fences.Sync();
+  }
   switch (slot->pool->AllocateSized(bytes, address, &sizes)) {
     case pool::PoolStatus::kOk:
       RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);

@@ -110,6 +110,7 @@ class EpochFences final : public pool::FenceTracker {
   bool IsComplete(std::uint64_t fence) override {
     return completed_.load(std::memory_order_acquire) >= fence;
   }
+  bool CompletesInOrder() const override { return true; }
   // Synchronises even while a capture is live (in relaxed mode: the pool relies on Wait to
   // complete the fence, and reusing a block early would be silent corruption). Returns with
   // the fence pending only if the synchronisation fails or exit began.
@@ -161,6 +162,10 @@ ShimStatus FreePooled(std::uintptr_t address, bool strict);
 // cuMemAlloc_v2 through the pool of the current context. kNotOurs: not pooled, pass through.
 ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
                           CUresult* driver_error);
+
+// The allocation-time reuse rule (device_pools.cc): with `pending_bytes` waiting for fences,
+// should an allocation of `bytes` synchronise (if cheap) rather than grow the pool?
+bool ReuseSyncDue(std::uint64_t pending_bytes, std::uint64_t bytes);
 
 // Idle bytes (reserved - allocated) of every live pool on `device`.
 std::uint64_t IdleBytesOnDevice(int device);

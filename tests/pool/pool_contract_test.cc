@@ -227,6 +227,69 @@ TEST_P(PoolContractTest, PendingFencesArePolledInBatchesOldestFirst) {
   ExpectConsistent(*pool, upstream);
 }
 
+TEST_P(PoolContractTest, InOrderFencesStopTheBoundedPollAtTheFirstIncompleteOne) {
+  VirtualUpstream upstream(UpstreamOptions());
+  FakeFences fences;
+  fences.in_order = true;
+  auto pool = Make(&upstream, &fences);
+  std::vector<std::uintptr_t> blocks(100);
+  for (auto& a : blocks) ASSERT_EQ(pool->Allocate(4096, &a), PoolStatus::kOk);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    ASSERT_EQ(pool->Free(blocks[i], 1 + i / 10), PoolStatus::kOk);  // 10 fences, 10 blocks each
+  }
+  fences.is_complete_calls = 0;
+  std::uintptr_t a = 0;
+  ASSERT_EQ(pool->Allocate(4096, &a), PoolStatus::kOk);  // served from free memory
+  EXPECT_EQ(fences.is_complete_calls, 1u);               // fence 1 is incomplete: stop there
+  fences.Complete(1);
+  fences.Complete(2);
+  fences.is_complete_calls = 0;
+  std::uintptr_t b = 0;
+  ASSERT_EQ(pool->Allocate(4096, &b), PoolStatus::kOk);
+  EXPECT_EQ(fences.is_complete_calls, 3u);  // 1 and 2 complete, 3 is not
+  EXPECT_EQ(pool->Stats().pending_bytes, 80u * 4096);
+  ASSERT_EQ(pool->Free(a, 0), PoolStatus::kOk);
+  ASSERT_EQ(pool->Free(b, 0), PoolStatus::kOk);
+  ExpectConsistent(*pool, upstream);
+}
+
+TEST_P(PoolContractTest, AllocateCachedNeverGrowsAndRecordsNoOom) {
+  VirtualUpstream upstream(UpstreamOptions());
+  FakeFences fences;
+  auto pool = Make(&upstream, &fences);
+  std::uintptr_t a = 0;
+  BlockSizes sizes;
+  // Nothing held yet: the cached path declines without asking the upstream.
+  EXPECT_EQ(pool->AllocateCached(kMiB, &a, &sizes), PoolStatus::kOutOfMemory);
+  EXPECT_EQ(upstream.Counters().GrowCalls(), 0u);
+  ASSERT_EQ(pool->AllocateSized(kMiB, &a, &sizes), PoolStatus::kOk);
+  const std::uint64_t grows = upstream.Counters().GrowCalls();
+  // Use up whatever else the first growth brought, through the cached path only.
+  std::vector<std::uintptr_t> fillers;
+  for (std::uintptr_t f = 0; pool->AllocateCached(kMiB, &f, &sizes) == PoolStatus::kOk;) {
+    fillers.push_back(f);
+    ASSERT_LT(fillers.size(), 1024u);
+  }
+  ASSERT_EQ(pool->Free(a, 5), PoolStatus::kOk);
+  EXPECT_EQ(pool->PendingBytesRelaxed(), kMiB);
+  // The only block that fits waits for its fence: declined, and nothing recorded.
+  const PoolStats before = pool->Stats();
+  std::uintptr_t b = 0;
+  EXPECT_EQ(pool->AllocateCached(kMiB, &b, &sizes), PoolStatus::kOutOfMemory);
+  EXPECT_EQ(pool->Stats().oom_count, 0u);
+  EXPECT_EQ(pool->Stats().alloc_count, before.alloc_count);
+  EXPECT_EQ(upstream.Counters().GrowCalls(), grows);
+  fences.Complete(5);
+  ASSERT_EQ(pool->AllocateCached(kMiB, &b, &sizes), PoolStatus::kOk);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(sizes.requested, kMiB);
+  EXPECT_EQ(pool->PendingBytesRelaxed(), 0u);
+  EXPECT_EQ(upstream.Counters().GrowCalls(), grows);
+  ASSERT_EQ(pool->Free(b, 0), PoolStatus::kOk);
+  for (std::uintptr_t f : fillers) ASSERT_EQ(pool->Free(f, 0), PoolStatus::kOk);
+  ExpectConsistent(*pool, upstream);
+}
+
 TEST_P(PoolContractTest, DrainPendingWaitsForEveryFence) {
   VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;

@@ -33,7 +33,9 @@ class FakeFences final : public FenceTracker {
   void Retire(std::uint64_t fence) override { retired.push_back(fence); }
 
   void Complete(std::uint64_t fence) { complete.insert(fence); }
+  bool CompletesInOrder() const override { return in_order; }
 
+  bool in_order = false;  // claim in-order completion (the test then completes in order)
   std::set<std::uint64_t> complete;
   std::vector<std::uint64_t> waited;
   std::vector<std::uint64_t> retired;

@@ -98,6 +98,11 @@ class Pool {
   virtual PoolStatus AllocateSized(std::size_t size, std::uintptr_t* address,
                                    BlockSizes* sizes) = 0;
   virtual PoolStatus FreeSized(std::uintptr_t address, std::uint64_t fence, BlockSizes* sizes) = 0;
+  // AllocateSized from memory the pool already holds (after polling fences): kOutOfMemory,
+  // with nothing recorded, where AllocateSized would have to ask the upstream. For a caller
+  // that would rather complete fences (synchronise) than grow.
+  virtual PoolStatus AllocateCached(std::size_t size, std::uintptr_t* address,
+                                    BlockSizes* sizes) = 0;
   // Finds the live allocation containing `address` (interior pointers included, up to the
   // rounded size); freed and pending blocks are kInvalidAddress.
   virtual PoolStatus Lookup(std::uintptr_t address, BlockInfo* info) const = 0;
@@ -106,6 +111,9 @@ class Pool {
   // Waits for every pending fence (cuCtxSynchronize-style full wait), making all frees reusable.
   virtual void DrainPending() = 0;
   virtual PoolStats Stats() const = 0;
+  // Bytes freed but waiting for their fence, read without the lock (a moment old under
+  // concurrency): for the caller's hot-path decisions, where Stats() would cost a lock.
+  virtual std::size_t PendingBytesRelaxed() const = 0;
   // The layout in use: "vmm" asked of an upstream without VMM reports "segments".
   virtual std::string_view policy() const = 0;
 };

@@ -79,6 +79,9 @@ class FenceTracker {
   virtual void Wait(std::uint64_t fence) = 0;
   // The pool no longer refers to `fence` (after it completed); the tracker may recycle it.
   virtual void Retire(std::uint64_t /*fence*/) {}
+  // True if fences complete in the order they were issued (an epoch counter): once one is
+  // found incomplete, every later one is too, so a poll may stop there.
+  virtual bool CompletesInOrder() const { return false; }
 };
 
 }  // namespace vramscope::pool
