@@ -119,6 +119,9 @@ absl::Status DecodeRecord(const vramscope_ring_record& record, std::string_view 
     }
     case VRAMSCOPE_RING_KIND_TEXT:
       return Invalid(record, "TEXT record without an NVTX push before it");
+    case VRAMSCOPE_RING_KIND_SITE:
+    case VRAMSCOPE_RING_KIND_MODULE:
+      return Invalid(record, "SITE and MODULE records are assembled by the reader (SiteAssembler)");
     default:
       return Invalid(record, "unknown kind");
   }

@@ -377,7 +377,14 @@ absl::StatusOr<DrainStats> RingReader::Drain(google::protobuf::RepeatedPtrField<
         }
       }
     }
-    if (valid) {
+    if (record.kind == VRAMSCOPE_RING_KIND_MODULE) {
+      valid = sites_.AddModule(record).ok();
+    } else if (record.kind == VRAMSCOPE_RING_KIND_SITE) {
+      v1::Event* event = out->Add();
+      const absl::StatusOr<bool> complete = sites_.AddSite(record, event);
+      if (!complete.ok() || !*complete) out->RemoveLast();
+      valid = complete.ok();
+    } else if (valid) {
       v1::Event* event = out->Add();
       if (DecodeRecord(record, text, event).ok()) {
         if (record.time_ns > last_time_ns_) last_time_ns_ = record.time_ns;

@@ -8,7 +8,8 @@
 //
 // Event order per ring: ProcessStart (synthesised from the header, first Drain; repeated with the
 // full device list when the shim describes another device later), then the records in ring
-// order, a DropEvent wherever new drops were noticed, ProcessExit last.
+// order, a DropEvent wherever new drops were noticed, ProcessExit last. SITE and MODULE records
+// are not events of their own: they become SiteDefinition events (site_assembler.h).
 //
 // Thread safety: one thread at a time per reader. A file ring is flock()ed exclusively while
 // open: a second reader of the same file gets FailedPrecondition.
@@ -30,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "drain/site_assembler.h"
 #include "vramscope/ring.h"
 #include "vramscope/v1/events.pb.h"
 
@@ -117,6 +119,7 @@ class RingReader {
   bool started_ = false;
   std::uint32_t devices_described_ = 0;  // device_info entries sent in a ProcessStart
   bool exit_seen_ = false;
+  SiteAssembler sites_;  // SITE and MODULE records -> SiteDefinition events
   bool finished_ = false;
 };
 

@@ -67,8 +67,9 @@ void RecordAlloc(RegistryId registry, std::uintptr_t key, std::uint64_t size, Ki
   if (ring == nullptr || ring_kind == VRAMSCOPE_RING_ALLOC_UNSPECIFIED) return;
   if (stale) RingFree(key, stale_entry, 0);
   NoteRingDevice(device);
+  const RingAllocOrigin caller = RingCallerOrigin(ring);
   (void)ring->RecordAlloc(static_cast<std::uint32_t>(device), key, requested, size, ring_kind,
-                          origin.stream);
+                          origin.stream, caller.nvtx_range, caller.site);
 }
 
 bool RecordFree(RegistryId registry, std::uintptr_t key, RegistryEntry* out, std::uint64_t stream) {

@@ -8,6 +8,8 @@
 #include "device_pools.h"
 #include "driver.h"
 #include "log.h"
+#include "nvtx.h"
+#include "stacks.h"
 
 namespace vramscope::interposer {
 namespace ring_internal {
@@ -150,12 +152,20 @@ std::uint8_t RingAllocKind(Kind kind) {
   return VRAMSCOPE_RING_ALLOC_UNSPECIFIED;
 }
 
+RingAllocOrigin RingCallerOrigin(RingWriter* ring) {
+  RingAllocOrigin origin;
+  origin.nvtx_range = InnermostRange();
+  origin.site = CaptureSite(ring);
+  return origin;
+}
+
 void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested,
                      std::uint64_t allocated) {
   RingWriter* ring = Ring();
   if (ring == nullptr) return;
+  const RingAllocOrigin origin = RingCallerOrigin(ring);
   (void)ring->RecordAlloc(static_cast<std::uint32_t>(slot->device), address, requested, allocated,
-                          VRAMSCOPE_RING_ALLOC_POOLED);
+                          VRAMSCOPE_RING_ALLOC_POOLED, 0, origin.nvtx_range, origin.site);
 }
 
 void RingPooledFree(Slot* slot, std::uintptr_t address, std::uint64_t requested,

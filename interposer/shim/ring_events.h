@@ -62,6 +62,14 @@ int CurrentDeviceOrZero();
 // allocations in the ring's sense (VMM mappings and address reservations).
 std::uint8_t RingAllocKind(Kind kind);
 
+// What an ALLOC record carries about its caller: the thread's innermost NVTX range (nvtx.h) and,
+// with VRAMSCOPE_STACKS=1, the allocation site (stacks.h; unwinds the calling thread).
+struct RingAllocOrigin {
+  std::uint32_t nvtx_range = 0;
+  std::uint64_t site = 0;
+};
+RingAllocOrigin RingCallerOrigin(RingWriter* ring);
+
 // Pooled memory. `slot` holds the block; sizes come from the pool (AllocateSized/FreeSized).
 void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested,
                      std::uint64_t allocated);

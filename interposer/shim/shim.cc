@@ -19,6 +19,7 @@
 #include "log.h"
 #include "registry.h"
 #include "ring_events.h"
+#include "stacks.h"
 
 namespace vramscope::interposer {
 namespace {
@@ -79,6 +80,7 @@ void ForkChild() {
   counters.mode = static_cast<std::uint32_t>(g_config.mode);
   // The child records into its own ring, opened by its first hook.
   RingForkChild(ModeName(g_config.mode));
+  StacksForkChild();
   CuptiForkChild();
 }
 

@@ -50,8 +50,10 @@ TEST(ShimSymbolsTest, ExportsOnlyHooks) {
   std::istringstream lines(out);
   std::string line;
   std::set<std::string> exported;
-  // InitializeInjection: CUDA's injection entry point (CUDA_INJECTION64_PATH, cupti.h).
-  const std::regex hook(R"(cu[A-Z]\w*|dlsym|vramscope_\w+|InitializeInjection)");
+  // InitializeInjectionNvtx2: NVTX's injection entry point (NVTX_INJECTION64_PATH, nvtx.h);
+  // InitializeInjection: CUDA's (CUDA_INJECTION64_PATH, cupti.h).
+  const std::regex hook(
+      R"(cu[A-Z]\w*|dlsym|vramscope_\w+|InitializeInjectionNvtx2|InitializeInjection)");
   while (std::getline(lines, line)) {
     std::istringstream fields(line);
     std::string address, type, name;
@@ -65,7 +67,7 @@ TEST(ShimSymbolsTest, ExportsOnlyHooks) {
         "cuMemGetInfo_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync_ptsz",
         "cuMemAllocFromPoolAsync_ptsz", "cuMemCreate", "cuMemMap", "cuIpcGetMemHandle",
         "cuCtxSynchronize", "cuDevicePrimaryCtxReset_v2", "cuStreamBeginCapture_v2_ptsz",
-        "InitializeInjection"}) {
+        "InitializeInjectionNvtx2", "InitializeInjection"}) {
     EXPECT_EQ(exported.count(name), 1u) << name << " is not exported";
   }
 }

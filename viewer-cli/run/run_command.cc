@@ -29,6 +29,7 @@
 #include "run/report_text.h"
 #include "run/ring_session.h"
 #include "run/size.h"
+#include "run/symbolize.h"
 #include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
@@ -45,15 +46,20 @@ struct RunOptions {
   std::string trace_path;
   std::optional<std::uint64_t> max_peak;
   std::string collector;
+  bool live = false;
   bool cupti = true;
+  bool stacks = false;      // --stacks (or --folded): VRAMSCOPE_STACKS=1 for CMD
+  std::string folded_path;  // --folded FILE
   std::vector<char*> command;
 };
+
+RunLiveViewFactory g_live_view_factory = nullptr;
 
 void PrintRunUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: vramscope run [--json FILE] [--trace FILE] [--max-peak SIZE] [--collector ADDR]\n"
-      "                     [--] CMD [ARGS...]\n"
+      "                     [--stacks] [--folded FILE] [--] CMD [ARGS...]\n"
       "\n"
       "Runs CMD with the vramscope shim preloaded (no daemon needed). CMD and every process it\n"
       "starts are traced; at exit a report per process and device goes to stderr: peak\n"
@@ -74,13 +80,25 @@ void PrintRunUsage(std::FILE* out) {
       "                    resend after a reconnect); after the report, wait up to 10 s for the\n"
       "                    collector to acknowledge everything. If it does not, a warning says\n"
       "                    so; the local report and files are complete either way\n"
+      "  --live            show the live dashboard (as `vramscope top`) while CMD runs; on a\n"
+      "                    terminal CMD reads /dev/null and its output is held back and\n"
+      "                    printed when it exits; otherwise one plain line per process and\n"
+      "                    device every second on stdout\n"
       "  --no-cupti        do not load CUPTI in CMD (default: VRAMSCOPE_CUPTI=1 unless the\n"
       "                    environment sets VRAMSCOPE_CUPTI: the driver's own memory records,\n"
       "                    reported as \"CUPTI (driver view)\" and traced as \"cuda:N CUPTI "
       "device\n"
       "                    bytes\"; if another tool holds CUPTI, one warning and hooks only)\n"
+      "  --stacks          record the native call stack of every allocation (VRAMSCOPE_STACKS=1;\n"
+      "                    unwound in CMD, resolved here with addr2line from binutils): the\n"
+      "                    report's top allocation sites get function (file:line) frames\n"
+      "  --folded FILE     (implies --stacks) write folded stacks for flamegraph.pl/speedscope:\n"
+      "                    \"outermost;...;innermost BYTES\", BYTES = total requested bytes\n"
+      "                    allocated from that stack over the run (every site, not only the top)\n"
       "  -h, --help        this text\n"
       "\n"
+      "NVTX ranges are received through NVTX_INJECTION64_PATH, set to the shim unless already\n"
+      "set (no change to CMD needed).\n"
       "The shim is found at $VRAMSCOPE_SHIM, else next to this executable (build tree:\n"
       "../interposer/shim/libvramscope.so; installed: ../lib/libvramscope.so).\n"
       "exit status: CMD's (128+N when killed by signal N, 127 when it cannot start); when CMD\n"
@@ -144,8 +162,19 @@ std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
         std::fprintf(stderr, "vramscope run: --collector needs HOST:PORT (e.g. 127.0.0.1:7411)\n");
         return std::nullopt;
       }
+    } else if (arg == "--live") {
+      options.live = true;
     } else if (arg == "--no-cupti") {
       options.cupti = false;
+    } else if (arg == "--stacks") {
+      options.stacks = true;
+    } else if (matches("--folded")) {
+      if (!value("--folded", &options.folded_path)) return std::nullopt;
+      if (options.folded_path.empty()) {
+        std::fprintf(stderr, "vramscope run: --folded needs a file name\n");
+        return std::nullopt;
+      }
+      options.stacks = true;
     } else if (!arg.empty() && arg[0] == '-') {
       std::fprintf(stderr, "vramscope run: unknown option '%s'\n", argv[i]);
       return std::nullopt;
@@ -229,8 +258,10 @@ void ForwardSignal(int sig) {
 
 // fork + exec with the shim preloaded. Returns the pid, or -1 after printing why (exec errors
 // come back through a close-on-exec pipe, so "command not found" is reported by us).
+// With output_fd >= 0 (--live on a terminal), CMD's stdout and stderr go there and stdin is
+// /dev/null.
 pid_t Spawn(const RunOptions& options, const std::string& shim, const std::string& ring_dir,
-            int* exec_errno) {
+            int* exec_errno, int output_fd = -1) {
   int report[2];
   if (pipe2(report, O_CLOEXEC) != 0) return -1;
   const pid_t pid = fork();
@@ -251,8 +282,17 @@ pid_t Spawn(const RunOptions& options, const std::string& shim, const std::strin
         existing != nullptr && existing[0] != '\0' ? std::string(existing) + ":" + shim : shim;
     setenv("LD_PRELOAD", preload.c_str(), 1);
     setenv("VRAMSCOPE_RING_DIR", ring_dir.c_str(), 1);
+    // NVTX ranges: every NVTX copy in CMD loads this path and finds the preloaded shim there.
+    setenv("NVTX_INJECTION64_PATH", shim.c_str(), /*overwrite=*/0);
+    if (options.stacks) setenv("VRAMSCOPE_STACKS", "1", 1);
     // CUPTI's memory records on by default; an explicit VRAMSCOPE_CUPTI is the user's choice.
     setenv("VRAMSCOPE_CUPTI", options.cupti ? "1" : "0", options.cupti ? 0 : 1);
+    if (output_fd >= 0) {
+      const int null_fd = open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) dup2(null_fd, 0);
+      dup2(output_fd, 1);
+      dup2(output_fd, 2);
+    }
     std::vector<char*> args = options.command;
     args.push_back(nullptr);
     execvp(args[0], args.data());
@@ -274,13 +314,14 @@ pid_t Spawn(const RunOptions& options, const std::string& shim, const std::strin
 }
 
 // Waits for the child while draining; returns its wait status.
-int Supervise(pid_t child, RingSession& session) {
+int Supervise(pid_t child, RingSession& session, RunLiveView* live) {
   const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, child, 0));
   int status = 0;
   for (;;) {
     if (absl::Status s = session.Poll(); !s.ok()) {
       std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
     }
+    if (live != nullptr) live->Tick([&session] { return session.Reports(); });
     if (pidfd >= 0) {
       // Wakes as soon as the child exits, else after the poll interval.
       pollfd fd = {pidfd, POLLIN, 0};
@@ -347,7 +388,22 @@ bool WaitForCollector(const std::string& address, agent::Outbox& outbox, agent::
   return acked && c.batches_dropped == 0;
 }
 
+// Copies what CMD wrote while the dashboard held the terminal to stderr.
+void ReplayHeldOutput(int fd) {
+  if (lseek(fd, 0, SEEK_SET) != 0) return;
+  char buffer[65536];
+  bool first = true;
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) {
+    if (first) std::fprintf(stderr, "vramscope run: CMD's output while the dashboard was shown:\n");
+    first = false;
+    std::fwrite(buffer, 1, static_cast<std::size_t>(n), stderr);
+  }
+}
+
 }  // namespace
+
+void SetRunLiveViewFactory(RunLiveViewFactory factory) { g_live_view_factory = factory; }
 
 int RunRun(int argc, char** argv) {
   bool help = false;
@@ -361,6 +417,10 @@ int RunRun(int argc, char** argv) {
     return kExitUsage;
   }
   const RunOptions& options = *parsed;
+  if (options.live && g_live_view_factory == nullptr) {
+    std::fprintf(stderr, "vramscope run: --live is not available in this build\n");
+    return kExitUsage;
+  }
   const std::string shim = FindShim();
   if (shim.empty()) return kExitUsage;
   const std::string ring_dir = MakeRingDir();
@@ -379,7 +439,11 @@ int RunRun(int argc, char** argv) {
     agent::SetMinLogLevel(agent::LogLevel::kError);
     outbox = std::make_unique<agent::Outbox>(agent::OutboxOptions{});
   }
-  RingSession session(ring_dir, collector::StatsOptions{},
+  collector::StatsOptions stats_options;
+  const std::size_t shown_sites = stats_options.max_top_sites;
+  // --folded wants every site; the report keeps its usual top ones.
+  if (!options.folded_path.empty()) stats_options.max_top_sites = SIZE_MAX;
+  RingSession session(ring_dir, stats_options,
                       options.trace_path.empty() ? nullptr : &trace, outbox.get());
 
   // Ctrl-C reaches CMD through the terminal's process group; we outlive it to report.
@@ -391,8 +455,16 @@ int RunRun(int argc, char** argv) {
   sigaction(SIGTERM, &forward, &old_term);
   sigaction(SIGHUP, &forward, &old_hup);
 
+  // --live: the view; on a terminal CMD's output is held in an unlinked file meanwhile.
+  std::unique_ptr<RunLiveView> live = options.live ? g_live_view_factory() : nullptr;
+  int held_output = -1;
+  if (live != nullptr && live->TakesTerminal()) {
+    std::string held = ring_dir + "/output.XXXXXX";
+    held_output = mkostemp(held.data(), O_CLOEXEC);
+    if (held_output >= 0) unlink(held.c_str());
+  }
   int exec_errno = 0;
-  const pid_t child = Spawn(options, shim, ring_dir, &exec_errno);
+  const pid_t child = Spawn(options, shim, ring_dir, &exec_errno, held_output);
   // Started after the fork: the child execs at once and needs none of gRPC's threads.
   std::unique_ptr<agent::Uplink> uplink;
   if (outbox != nullptr) {
@@ -409,7 +481,7 @@ int RunRun(int argc, char** argv) {
     exit_code = 126;
   } else {
     g_child = child;
-    const int status = Supervise(child, session);
+    const int status = Supervise(child, session, live.get());
     g_child = 0;
     if (exec_errno != 0) {
       std::fprintf(stderr, "vramscope run: cannot run %s: %s\n", options.command[0],
@@ -427,8 +499,32 @@ int RunRun(int argc, char** argv) {
   if (absl::Status s = session.Finish(); !s.ok()) {
     std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
   }
-  const std::vector<v1::Report> reports = session.Reports();
+  std::vector<v1::Report> reports = session.Reports();
+  bool outputs_ok = true;
+  if (options.stacks) {
+    const SymbolizeResult symbols = SymbolizeReports(&reports);
+    if (!symbols.warning.empty()) {
+      std::fprintf(stderr, "vramscope run: %s\n", symbols.warning.c_str());
+    }
+    if (!options.folded_path.empty()) {
+      outputs_ok &= WriteFile(options.folded_path, FoldedStacks(reports));
+      for (v1::Report& report : reports) {
+        for (v1::DeviceReport& device : *report.mutable_devices()) {
+          auto* sites = device.mutable_top_sites();
+          if (static_cast<std::size_t>(sites->size()) > shown_sites) {
+            sites->DeleteSubrange(static_cast<int>(shown_sites),
+                                  sites->size() - static_cast<int>(shown_sites));
+          }
+        }
+      }
+    }
+  }
   RemoveRingDir(ring_dir);
+  if (live != nullptr) live->Close(reports);
+  if (held_output >= 0) {
+    ReplayHeldOutput(held_output);
+    close(held_output);
+  }
 
   for (const std::string& warning : session.warnings()) {
     std::fprintf(stderr, "vramscope run: %s\n", warning.c_str());
@@ -452,7 +548,6 @@ int RunRun(int argc, char** argv) {
                  idle == 1 ? "" : "es");
   }
 
-  bool outputs_ok = true;
   if (!options.json_path.empty())
     outputs_ok &= WriteFile(options.json_path, FormatReportsJson(reports));
   if (!options.trace_path.empty()) outputs_ok &= WriteFile(options.trace_path, trace.Json(reports));

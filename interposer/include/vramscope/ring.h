@@ -82,8 +82,30 @@ enum vramscope_ring_kind {
   VRAMSCOPE_RING_KIND_CUPTI_MEMORY = 9,  /* payload.cupti; sub = CuptiMemoryEvent.Operation */
   VRAMSCOPE_RING_KIND_PROCESS_EXIT = 10, /* aux = exit code (int32); flags bit 0 = killed */
   VRAMSCOPE_RING_KIND_TEXT = 11,         /* payload.text; aux = index (1..3) after its owner */
-  VRAMSCOPE_RING_KIND_LIMIT = 12         /* first invalid value */
+  VRAMSCOPE_RING_KIND_SITE = 12,         /* payload.site; see below */
+  VRAMSCOPE_RING_KIND_MODULE = 13,       /* payload.module / payload.text; see below */
+  VRAMSCOPE_RING_KIND_LIMIT = 14         /* first invalid value */
 };
+
+/* Allocation sites (VRAMSCOPE_STACKS=1). A site is the call stack of an allocation as return
+ * addresses, innermost first, and ALLOC's payload.alloc.site is its id (a hash of the
+ * addresses). The writer sends each site once, before the first ALLOC that names it (another
+ * thread's ALLOC of the same site may come first), as ceil(frames / 4) SITE records written one
+ * by one (other records may come between them): aux = frames in the site (1..64), sub = chunk
+ * index, flags = chunk count, payload.site = the id and four addresses (0 past the end).
+ *
+ * MODULE records map addresses to loaded files, for resolution outside the process: sent
+ * before the first SITE that has an address inside the module. aux = module id (1..), sub =
+ * chunk index, flags = chunk count; chunk 0 is payload.module, the others payload.text (40 path
+ * bytes each). The path is NUL-padded; an address A inside [start, end) is the file's virtual
+ * address A - load_bias (what addr2line takes).
+ *
+ * Both kinds came after version 1 without changing it: a reader that does not know them skips
+ * them as invalid records (counted as drops) and every other record keeps its meaning. */
+#define VRAMSCOPE_RING_SITE_FRAMES_PER_RECORD 4u
+#define VRAMSCOPE_RING_MAX_SITE_FRAMES 64u
+#define VRAMSCOPE_RING_MODULE_INLINE_PATH 16u
+#define VRAMSCOPE_RING_MAX_MODULE_CHUNKS 104u /* 16 + 103 x 40 bytes >= PATH_MAX (4096) */
 
 /* vramscope_ring_record.sub of ALLOC and FREE: the same values as vramscope.v1.AllocationKind.
  *
@@ -187,6 +209,18 @@ typedef struct vramscope_ring_pool_state_payload {
   uint64_t reserved_bytes;
 } vramscope_ring_pool_state_payload;
 
+typedef struct vramscope_ring_site_payload {
+  uint64_t site;
+  uint64_t frames[VRAMSCOPE_RING_SITE_FRAMES_PER_RECORD];
+} vramscope_ring_site_payload;
+
+typedef struct vramscope_ring_module_payload {
+  uint64_t load_bias;
+  uint64_t start;
+  uint64_t end;
+  char path[VRAMSCOPE_RING_MODULE_INLINE_PATH];
+} vramscope_ring_module_payload;
+
 typedef struct vramscope_ring_cupti_payload {
   uint64_t address;
   uint64_t bytes;
@@ -214,6 +248,8 @@ typedef struct vramscope_ring_record {
     vramscope_ring_oom_payload oom;
     vramscope_ring_pool_state_payload pool_state;
     vramscope_ring_cupti_payload cupti;
+    vramscope_ring_site_payload site;
+    vramscope_ring_module_payload module;
     char text[VRAMSCOPE_RING_TEXT_RECORD_BYTES];
     uint64_t words[5];
   } payload;

@@ -1,0 +1,36 @@
+// Allocation sites, resolved outside the application: the drain names each return address
+// "PATH+0xOFFSET" (agent/drain/site_assembler.h); this turns those into "function (file:line)"
+// with binutils' addr2line, run once per module in batches (`addr2line -a -f -C -i -e PATH`).
+// An inlined call expands into several frames, innermost first, as the site's frames are.
+// A frame addr2line cannot name keeps its "PATH+0xOFFSET" form (stripped binaries, a module
+// deleted since, no addr2line on PATH); FoldedStacks then shows "basename+0xOFFSET".
+//
+// Thread safety: none needed (pure functions; they run child processes).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "vramscope/v1/report.pb.h"
+
+namespace vramscope::cli {
+
+struct SymbolizeResult {
+  std::size_t frames = 0;    // distinct "PATH+0xOFFSET" frames seen
+  std::size_t resolved = 0;  // of those, named by addr2line
+  std::string warning;       // non-empty when addr2line could not be run at all
+};
+
+// Rewrites the frames of every device's top_sites in `reports`. `addr2line` is the program to
+// run (a name looked up on PATH, or a path).
+SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports,
+                                 const std::string& addr2line = "addr2line");
+
+// Folded stacks for flamegraph.pl and speedscope: one line per distinct stack,
+// "outermost;...;innermost BYTES", where BYTES is the TOTAL requested bytes allocated from that
+// stack over the run (SiteStats.total_bytes, summed over processes and devices). Frames are the
+// function names (file and line dropped, so one function is one box); ';' in a name becomes ','.
+std::string FoldedStacks(const std::vector<v1::Report>& reports);
+
+}  // namespace vramscope::cli
