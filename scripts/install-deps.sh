@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
   clang-format
   chromium  # tests/report: the HTML report rendered by headless Chromium
+  libncurses-dev tmux
 )
 missing=()
 for p in "${packages[@]}"; do

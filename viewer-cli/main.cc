@@ -8,17 +8,22 @@
 #include "replay/replay_command.h"
 #include "report/report_command.h"
 #include "run/run_command.h"
+#include "top/top_command.h"
 
 namespace vramscope::cli {
 namespace {
 
-// Only commands that exist are listed: `--help` tells the truth.
+// Only commands that exist are listed: `--help` tells the truth. One per line (clang-format
+// would pack them into columns).
+// clang-format off
 constexpr Command kCommands[] = {
     {"run", kRunSummary, RunRun},
     {"replay", kReplaySummary, RunReplay},
     {"check", kCheckSummary, RunCheck},
     {"report", kReportSummary, RunReport},
+    {"top", kTopSummary, RunTop},  // also the view of `vramscope run --live`
 };
+// clang-format on
 
 void PrintUsage(std::FILE* out) {
   std::fprintf(out,
@@ -47,6 +52,7 @@ void PrintUsage(std::FILE* out) {
 
 int main(int argc, char** argv) {
   using namespace vramscope::cli;
+  SetRunLiveViewFactory(MakeRunLiveView);  // `vramscope run --live` shows the top dashboard
   if (argc < 2) {
     PrintUsage(stderr);
     return kExitUsage;

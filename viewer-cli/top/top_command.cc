@@ -1,0 +1,289 @@
+// `vramscope top` and the `vramscope run --live` view: see top_command.h.
+#include "top/top_command.h"
+
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/time/clock.h>
+#include <absl/time/time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "command.h"
+#include "top/dashboard.h"
+#include "top/top_model.h"
+#include "top/watch_source.h"
+
+namespace vramscope::cli {
+namespace {
+
+using top::Dashboard;
+using top::InputResult;
+using top::TopModel;
+
+constexpr char kDefaultCollector[] = "127.0.0.1:7411";
+
+struct TopOptions {
+  std::string collector = kDefaultCollector;
+  absl::Duration interval = absl::Seconds(1);
+  std::string filter;
+  bool plain = false;
+  bool once = false;
+};
+
+void PrintTopUsage(std::FILE* out) {
+  std::fprintf(
+      out,
+      "usage: vramscope top [--collector ADDR] [--interval DURATION] [--filter TEXT] [--plain]\n"
+      "                     [--once]\n"
+      "\n"
+      "Live dashboard of every process vramscope-collector knows: a row per process and device\n"
+      "with allocated and reserved bytes now and at peak, fragmentation, allocations per\n"
+      "second and OOMs; a graph of memory over the last 5 minutes (the selected row or the\n"
+      "total); the selected process's NVTX ranges and top allocation sites.\n"
+      "\n"
+      "keys: q quit, s sort by the next column, r reverse, / filter by command or pid\n"
+      "      (Enter keeps, Esc cancels), j/k or arrows select, t graph selected/total, ? help\n"
+      "\n"
+      "options:\n"
+      "  --collector ADDR     the collector (HOST:PORT; default %s)\n"
+      "  --interval DURATION  update interval: seconds (1, 0.5) or 500ms, 2s (default 1s;\n"
+      "                       the collector allows 50ms to 60s)\n"
+      "  --filter TEXT        start with this filter (substring of the command line or pid)\n"
+      "  --plain              plain lines instead of the dashboard (the default when stdout\n"
+      "                       is not a terminal): one line per process and device per\n"
+      "                       interval, key=value with bytes as integers, the command last\n"
+      "  --once               print one snapshot in plain lines and exit\n"
+      "  -h, --help           this text\n"
+      "\n"
+      "`vramscope run --live -- CMD` shows the same dashboard for CMD with no collector.\n"
+      "exit status: 0 ok; 2 usage; 3 the collector cannot be reached (in plain mode also when\n"
+      "the stream to it breaks; the dashboard shows \"reconnecting\" and keeps trying).\n",
+      kDefaultCollector);
+}
+
+std::optional<absl::Duration> ParseInterval(const std::string& text) {
+  double seconds = 0;
+  if (absl::SimpleAtod(text, &seconds)) {
+    if (seconds <= 0) return std::nullopt;
+    return absl::Seconds(seconds);
+  }
+  absl::Duration duration;
+  if (absl::ParseDuration(text, &duration) && duration > absl::ZeroDuration()) return duration;
+  return std::nullopt;
+}
+
+// nullopt after printing the problem, or for --help (help set).
+std::optional<TopOptions> ParseTopArgs(int argc, char** argv, bool* help) {
+  TopOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    std::string name = arg, value;
+    bool has_value = false;
+    if (const std::size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    auto take = [&]() -> bool {
+      if (has_value) return true;
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "vramscope top: %s needs a value\n", name.c_str());
+        return false;
+      }
+      value = argv[++i];
+      return true;
+    };
+    if (name == "-h" || name == "--help") {
+      *help = true;
+      return std::nullopt;
+    } else if (name == "--collector") {
+      if (!take()) return std::nullopt;
+      if (value.empty()) {
+        std::fprintf(stderr, "vramscope top: --collector needs HOST:PORT (e.g. %s)\n",
+                     kDefaultCollector);
+        return std::nullopt;
+      }
+      options.collector = value;
+    } else if (name == "--interval") {
+      if (!take()) return std::nullopt;
+      std::optional<absl::Duration> interval = ParseInterval(value);
+      if (!interval) {
+        std::fprintf(stderr,
+                     "vramscope top: --interval '%s' is not a positive duration (1, 0.5, 500ms, "
+                     "2s)\n",
+                     value.c_str());
+        return std::nullopt;
+      }
+      options.interval = *interval;
+    } else if (name == "--filter") {
+      if (!take()) return std::nullopt;
+      options.filter = value;
+    } else if (name == "--plain" && !has_value) {
+      options.plain = true;
+    } else if (name == "--once" && !has_value) {
+      options.once = true;
+    } else {
+      std::fprintf(stderr, "vramscope top: unknown argument '%s'\n", arg.c_str());
+      return std::nullopt;
+    }
+  }
+  return options;
+}
+
+void PrintPlain(const TopModel& model) {
+  for (const top::Row& row : model.rows()) std::printf("%s\n", model.PlainLine(row).c_str());
+  std::fflush(stdout);
+}
+
+int RunPlain(const TopOptions& options, top::WatchSource& source) {
+  TopModel model;
+  model.SetFilter(options.filter);
+  for (;;) {
+    // The collector sends at once and then every interval; allow it ample slack.
+    std::optional<v1::StatsUpdate> update = source.TakeUpdate(options.interval + absl::Seconds(30));
+    if (!update) {
+      if (source.broken()) {
+        std::fprintf(stderr, "vramscope top: lost the collector at %s: %s\n",
+                     options.collector.c_str(), source.last_error().c_str());
+        return kExitUnreachable;
+      }
+      continue;
+    }
+    model.Update(*update);
+    PrintPlain(model);
+    if (options.once) {
+      if (model.rows().empty()) std::fprintf(stderr, "vramscope top: no traced process\n");
+      return kExitOk;
+    }
+  }
+}
+
+int RunDashboard(const TopOptions& options, top::WatchSource& source) {
+  TopModel model;
+  model.SetFilter(options.filter);
+  Dashboard dashboard(options.collector);
+  if (!dashboard.Start()) return kExitUsage;
+  std::string wanted;
+  for (;;) {
+    if (std::optional<v1::StatsUpdate> update = source.TakeUpdate()) model.Update(*update);
+    if (std::optional<v1::Report> report = source.TakeReport()) {
+      if (top::ProcessKeyText(report->process()) == model.SelectedProcessKey()) {
+        model.SetDetails(*report);
+      }
+    }
+    if (const top::Row* row = model.selected(); row != nullptr && row->process_key != wanted) {
+      wanted = row->process_key;
+      source.SetWantedReport(row->process);
+    }
+    dashboard.Draw(model, source.status());
+    // Up to 100 ms for a key: the screen follows keys at once and updates within 0.1 s.
+    if (dashboard.HandleInput(model, 100) == InputResult::kQuit) break;
+  }
+  dashboard.Stop();
+  return kExitOk;
+}
+
+// `vramscope run --live`.
+class LiveView : public RunLiveView {
+ public:
+  explicit LiveView(bool terminal) : terminal_(terminal), dashboard_("run --live") {}
+
+  bool TakesTerminal() const override { return terminal_; }
+
+  void Tick(const std::function<std::vector<v1::Report>()>& reports) override {
+    if (closed_) return;
+    if (terminal_ && !dashboard_.started()) {
+      if (!dashboard_.Start()) {
+        closed_ = true;
+        return;
+      }
+    }
+    const absl::Time now = absl::Now();
+    bool changed = false;
+    if (now - last_update_ >= absl::Seconds(1)) {
+      last_update_ = now;
+      Feed(reports(), now);
+      changed = true;
+      if (!terminal_) PrintPlain(model_);
+    }
+    if (!terminal_) return;
+    // Every key waiting, without blocking: the run's poll loop must go on.
+    for (;;) {
+      const InputResult result = dashboard_.HandleInput(model_, 0);
+      if (result == InputResult::kNone) break;
+      if (result == InputResult::kQuit) {
+        dashboard_.Stop();
+        closed_ = true;
+        std::fprintf(stderr,
+                     "vramscope run: dashboard closed; the report follows when the command "
+                     "exits\n");
+        return;
+      }
+      changed = true;
+    }
+    if (changed) dashboard_.Draw(model_, "");
+  }
+
+  void Close(const std::vector<v1::Report>& reports) override {
+    if (closed_) return;
+    closed_ = true;
+    Feed(reports, absl::Now());
+    if (terminal_) {
+      dashboard_.Stop();
+    } else {
+      PrintPlain(model_);
+    }
+  }
+
+ private:
+  void Feed(const std::vector<v1::Report>& reports, absl::Time now) {
+    model_.Update(
+        top::UpdateFromReports(reports, static_cast<std::uint64_t>(absl::ToUnixNanos(now))));
+    const std::string key = model_.SelectedProcessKey();
+    for (const v1::Report& report : reports) {
+      if (top::ProcessKeyText(report.process()) == key) model_.SetDetails(report);
+    }
+  }
+
+  const bool terminal_;
+  bool closed_ = false;
+  absl::Time last_update_ = absl::InfinitePast();
+  TopModel model_;
+  Dashboard dashboard_;
+};
+
+}  // namespace
+
+int RunTop(int argc, char** argv) {
+  bool help = false;
+  const std::optional<TopOptions> parsed = ParseTopArgs(argc, argv, &help);
+  if (help) {
+    PrintTopUsage(stdout);
+    return kExitOk;
+  }
+  if (!parsed) {
+    std::fprintf(stderr, "`vramscope top --help` for usage\n");
+    return kExitUsage;
+  }
+  const TopOptions& options = *parsed;
+  top::WatchSourceOptions source_options;
+  source_options.address = options.collector;
+  source_options.interval = options.interval;
+  top::WatchSource source(source_options);
+  if (absl::Status status = source.Connect(); !status.ok()) {
+    std::fprintf(stderr, "vramscope top: %s\n", std::string(status.message()).c_str());
+    return kExitUnreachable;
+  }
+  const bool terminal = isatty(STDOUT_FILENO) && isatty(STDIN_FILENO);
+  if (options.plain || options.once || !terminal) return RunPlain(options, source);
+  return RunDashboard(options, source);
+}
+
+std::unique_ptr<RunLiveView> MakeRunLiveView() {
+  return std::make_unique<LiveView>(isatty(STDOUT_FILENO) && isatty(STDIN_FILENO));
+}
+
+}  // namespace vramscope::cli
