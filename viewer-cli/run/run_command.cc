@@ -443,8 +443,8 @@ int RunRun(int argc, char** argv) {
   const std::size_t shown_sites = stats_options.max_top_sites;
   // --folded wants every site; the report keeps its usual top ones.
   if (!options.folded_path.empty()) stats_options.max_top_sites = SIZE_MAX;
-  RingSession session(ring_dir, stats_options,
-                      options.trace_path.empty() ? nullptr : &trace, outbox.get());
+  RingSession session(ring_dir, stats_options, options.trace_path.empty() ? nullptr : &trace,
+                      outbox.get());
 
   // Ctrl-C reaches CMD through the terminal's process group; we outlive it to report.
   struct sigaction ignore = {}, forward = {}, old_int, old_quit, old_term, old_hup;
