@@ -198,6 +198,74 @@ verdict=$(awk -v s="$sr" -v c="$cp" 'BEGIN{ if (s+0<=0 || c+0<=0) {print "FAIL m
   d=(c-s)/s; if (d<0) d=-d; printf "%s %.2f%% apart", (d <= 0.01) ? "ok" : "MISMATCH", 100*d}')
 row "torch CUPTI vs shim reserved" "CUPTI ${cp:-?} B" "shim ${sr:-?} B" "$verdict"
 
+echo "== 7. NVTX ranges and allocation sites"
+# nvtx_phases prints every range's figures (peak allocated while open, net growth, count,
+# allocations), known in advance; `vramscope run --stacks`'s report must match them exactly, and
+# its top allocation sites must name nvtx_phases' own functions (addr2line). Then the GPT-2 step
+# with torch.cuda.nvtx ranges (--nvtx): forward, backward and optimizer must each appear once per
+# step with a non-zero peak.
+if [ ! -x "$bin/nvtx_phases" ]; then
+  "$nvcc" "${nvflags[@]}" -o "$bin/nvtx_phases" examples/nvtx_phases.cu || { echo "nvcc failed for nvtx_phases"; failed=1; }
+fi
+run nvtx.phases env LD_LIBRARY_PATH="$bundle_libs" "$bin/vramscope" run --stacks --folded "$logs/nvtx_phases.folded" --json "$logs/nvtx_phases.json" -- "$bin/nvtx_phases" 3
+st=$?
+nvtx_check=$("$python" - "$logs/nvtx.phases.out" "$logs/nvtx_phases.json" <<'PY' 2>&1
+import json, sys
+expect = {}
+for line in open(sys.argv[1]):
+    if line.startswith("expect "):
+        f = dict(kv.split("=", 1) for kv in line.split()[1:])
+        expect[(f["name"], f["domain"])] = f
+d = json.load(open(sys.argv[2]))["devices"][0]
+got = {(r["name"], r.get("domain", "")): r for r in d.get("nvtx_ranges", [])}
+bad = []
+for key, f in expect.items():
+    r = got.get(key)
+    if r is None:
+        bad.append("%s missing" % key[0]); continue
+    for field, want in (("count", "count"), ("peak_allocated_bytes", "peak"),
+                        ("net_growth_bytes", "net"), ("alloc_count", "allocs")):
+        if int(r.get(field, 0)) != int(f[want]):
+            bad.append("%s %s=%s want %s" % (key[0], field, r.get(field, 0), f[want]))
+sites = d.get("top_sites", [])
+named = any("main" in fr or "Alloc" in fr for s in sites for fr in s.get("frames", []))
+print("%d %d %d %s" % (len(expect), len(expect) - len({b.split()[0] for b in bad}), int(named),
+                       "; ".join(bad) if bad else "-"))
+PY
+)
+read -r n_expect n_match sites_named nvtx_bad <<<"$nvtx_check"
+echo "nvtx_phases: ${n_match:-?} of ${n_expect:-?} ranges exact; sites named: ${sites_named:-?}; mismatches: ${nvtx_bad:-$nvtx_check}"
+head -3 "$logs/nvtx_phases.folded" 2>/dev/null
+verdict="ok"
+if [ $st -ne 0 ]; then verdict="FAIL status $st"
+elif [ "${n_expect:-0}" -eq 0 ] || [ "$n_match" != "$n_expect" ]; then verdict="FAIL ${nvtx_bad:-no figures}"
+fi
+row "NVTX per-range figures (phases)" "${n_expect:-?} ranges expected" "${n_match:-?} exact" "$verdict"
+verdict="ok"
+{ [ "${sites_named:-0}" = 1 ] && [ -s "$logs/nvtx_phases.folded" ]; } || verdict="FAIL sites not resolved (see $logs/nvtx_phases.json)"
+row "allocation sites (--stacks)" "-" "$(wc -l <"$logs/nvtx_phases.folded" 2>/dev/null || echo 0) folded stacks" "$verdict"
+PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.nvtx "$bin/vramscope" run --json "$logs/torch.nvtx.json" -- "$python" tests/gpu/torch_gpt2.py 6 --nvtx
+st=$?
+torch_ranges=$("$python" - "$logs/torch.nvtx.json" <<'PY' 2>&1
+import json, sys
+d = json.load(open(sys.argv[1]))["devices"][0]
+got = {r["name"]: r for r in d.get("nvtx_ranges", [])}
+out = []
+for name in ("forward", "backward", "optimizer"):
+    r = got.get(name, {})
+    out.append("%s:%s:%s" % (name, r.get("count", 0), r.get("peak_allocated_bytes", 0)))
+print(" ".join(out))
+PY
+)
+echo "torch GPT-2 NVTX ranges (name:count:peak): $torch_ranges"
+verdict="ok"
+[ $st -eq 0 ] || verdict="FAIL status $st"
+for r in $torch_ranges; do
+  IFS=: read -r name count peak <<<"$r"
+  if [ "$count" != 6 ] || [ "${peak:-0}" -le 0 ] 2>/dev/null; then verdict="FAIL $r"; fi
+done
+row "torch NVTX ranges (6 steps)" "-" "$torch_ranges" "$verdict"
+
 echo
 echo "== summary (logs in $logs)"
 printf '%-34s | %-24s | %-24s | %s\n' "check" "without shim" "with shim" "verdict"

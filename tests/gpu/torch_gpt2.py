@@ -56,7 +56,13 @@ class GPT(nn.Module):
 
 
 def main():
-    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    steps = int(args[0]) if args else 8
+    # --nvtx: torch.cuda.nvtx ranges around forward, backward and the optimizer (for vramscope's
+    # per-range figures); off by default so timings stay comparable.
+    nvtx = "--nvtx" in sys.argv[1:]
+    push = torch.cuda.nvtx.range_push if nvtx else (lambda name: None)
+    pop = torch.cuda.nvtx.range_pop if nvtx else (lambda: None)
     torch.manual_seed(0)
     dev = torch.device("cuda")
     model = GPT().to(dev)
@@ -68,12 +74,18 @@ def main():
         idx = torch.randint(0, 50257, (8, 512), device=dev, generator=gen)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        push("forward")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(idx[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1))
+        pop()
+        push("backward")
         loss.backward()
+        pop()
+        push("optimizer")
         opt.step()
         opt.zero_grad(set_to_none=True)
+        pop()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
     timed = times[2:] if len(times) > 2 else times

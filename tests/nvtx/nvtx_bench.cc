@@ -31,7 +31,9 @@ bool InitOnce() {
         cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
       return false;
     }
-    // The shim opened its ring at its first hook: map its header to play the reader.
+    // The shim opens its ring at its first memory hook: map its header to play the reader.
+    CUdeviceptr p = 0;
+    if (cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS || cuMemFree_v2(p) != CUDA_SUCCESS) return false;
     DIR* dir = opendir(g_ring_dir.c_str());
     if (dir == nullptr) return false;
     std::string path;
