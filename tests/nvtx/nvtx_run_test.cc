@@ -76,11 +76,8 @@ const vramscope::v1::DeviceReport* Device0(const vramscope::v1::Report& report) 
   return nullptr;
 }
 
-TEST_F(NvtxRunTest, PerRangePeakNetGrowthAndCountsAreExact) {
-  vramscope::v1::Report report;
-  ASSERT_EQ(Run("--trace " + Path("trace.json"), &report), 0) << stderr_;
-  const vramscope::v1::DeviceReport* device = Device0(report);
-  ASSERT_NE(device, nullptr) << stderr_;
+// The figures of nvtx_app.cc's timeline, checked on `device`.
+void ExpectRanges(const vramscope::v1::DeviceReport& device) {
   struct Expected {
     std::uint64_t count;
     std::uint64_t peak;
@@ -97,12 +94,12 @@ TEST_F(NvtxRunTest, PerRangePeakNetGrowthAndCountsAreExact) {
       {{"lib_phase", ""}, {1, 64 * kKiB, 0, 1}},
   };
   std::map<std::pair<std::string, std::string>, const vramscope::v1::NvtxRangeStats*> got;
-  for (const auto& range : device->nvtx_ranges()) got[{range.name(), range.domain()}] = &range;
-  EXPECT_EQ(got.size(), expected.size()) << device->DebugString();
+  for (const auto& range : device.nvtx_ranges()) got[{range.name(), range.domain()}] = &range;
+  EXPECT_EQ(got.size(), expected.size()) << device.DebugString();
   for (const auto& [key, want] : expected) {
     auto it = got.find(key);
     ASSERT_NE(it, got.end()) << key.first << " / " << key.second << " missing\n"
-                             << device->DebugString();
+                             << device.DebugString();
     const vramscope::v1::NvtxRangeStats& range = *it->second;
     SCOPED_TRACE(key.first + " / " + key.second);
     EXPECT_EQ(range.count(), want.count);
@@ -110,6 +107,14 @@ TEST_F(NvtxRunTest, PerRangePeakNetGrowthAndCountsAreExact) {
     EXPECT_EQ(range.net_growth_bytes(), want.net);
     EXPECT_EQ(range.alloc_count(), want.allocs);
   }
+}
+
+TEST_F(NvtxRunTest, PerRangePeakNetGrowthAndCountsAreExact) {
+  vramscope::v1::Report report;
+  ASSERT_EQ(Run("--trace " + Path("trace.json"), &report), 0) << stderr_;
+  const vramscope::v1::DeviceReport* device = Device0(report);
+  ASSERT_NE(device, nullptr) << stderr_;
+  ExpectRanges(*device);
   // Stacks were not asked for: no sites.
   EXPECT_EQ(device->top_sites_size(), 0);
 
@@ -129,6 +134,29 @@ TEST_F(NvtxRunTest, PerRangePeakNetGrowthAndCountsAreExact) {
   EXPECT_EQ(slices("span"), 1u);
   EXPECT_EQ(slices("lib_phase"), 1u);
   EXPECT_NE(trace.find("\"ph\":\"X\""), std::string::npos);
+}
+
+TEST_F(NvtxRunTest, PassthroughAllocationsCarryRangesAndSites) {
+  // The passthrough path (registry.cc) names the innermost range and the site as the pool does.
+  setenv("VRAMSCOPE_MODE", "passthrough", 1);
+  vramscope::v1::Report report;
+  const int status = Run("--stacks", &report);
+  unsetenv("VRAMSCOPE_MODE");
+  ASSERT_EQ(status, 0) << stderr_;
+  EXPECT_EQ(report.mode(), "passthrough");
+  const vramscope::v1::DeviceReport* device = Device0(report);
+  ASSERT_NE(device, nullptr) << stderr_;
+  ExpectRanges(*device);
+  std::uint64_t allocs = 0;
+  for (const auto& site : device->top_sites()) {
+    allocs += site.alloc_count();
+    ASSERT_GT(site.frames_size(), 0) << site.DebugString();
+    // Every allocation is made in AllocateBlock, except lib_phase's (libnvtx_copy.so).
+    EXPECT_TRUE(site.frames(0).find("AllocateBlock") != std::string::npos ||
+                site.frames(0).find("NvtxCopyPhase (") != std::string::npos)
+        << site.DebugString();
+  }
+  EXPECT_EQ(allocs, 7u) << device->DebugString();
 }
 
 TEST_F(NvtxRunTest, UserNvtxInjectionPathIsKept) {
