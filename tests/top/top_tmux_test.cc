@@ -408,6 +408,14 @@ TEST_F(LiveTest, DashboardWhileTheCommandRunsThenTheReport) {
   tmux.Keys("?");
   EXPECT_THAT(tmux.WaitForText("vramscope top: keys"), HasSubstr("vramscope top: keys"));
   tmux.Keys("x");
+  // `q` closes the dashboard; the run goes on until the program ends.
+  tmux.Keys("q");
+  const absl::Time closed_by = absl::Now() + kDeadline;
+  while (ReadFile(err).find("dashboard closed") == std::string::npos && absl::Now() < closed_by) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_THAT(ReadFile(err), HasSubstr("vramscope run: dashboard closed; the report follows"));
+  EXPECT_TRUE(ReadFile(rc).empty());
   Stop();
   const absl::Time deadline = absl::Now() + kDeadline;
   while (ReadFile(rc).empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
