@@ -3,12 +3,13 @@
 // CUPTI_MEMORY records beside the shim's own, on the ring's clock (CLOCK_MONOTONIC ns).
 //
 // libcupti is opened with dlopen only when enabled (VRAMSCOPE_CUPTI=1; `vramscope run` sets it;
-// plain LD_PRELOAD leaves it off), from the first hook after the shim's initialisation, or from
-// InitializeInjection when the library is loaded as CUDA_INJECTION64_PATH. Where: the file in
-// VRAMSCOPE_CUPTI_LIB, else dlopen("libcupti.so.13") (the loader's path), else the toolkit's
-// lib directories. Only these CUPTI functions are used, all looked up with the real dlsym:
-// cuptiActivityEnable, cuptiActivityRegisterCallbacks, cuptiActivityFlushAll,
-// cuptiActivityGetNextRecord, cuptiActivityGetNumDroppedRecords, cuptiGetResultString and
+// plain LD_PRELOAD leaves it off) and the event ring is open (no ring, nowhere to record), from the
+// first hook after the shim's initialisation, or from InitializeInjection when the library is
+// loaded as CUDA_INJECTION64_PATH. Where: the file in VRAMSCOPE_CUPTI_LIB, else
+// dlopen("libcupti.so.13") (the loader's path), else the toolkit's lib directories. Only these
+// CUPTI functions are used, all looked up with the real dlsym: cuptiActivityEnable,
+// cuptiActivityRegisterCallbacks, cuptiActivityFlushAll, cuptiActivityGetNextRecord,
+// cuptiActivityGetNumDroppedRecords, cuptiGetResultString and
 // cuptiActivityRegisterTimestampCallback (timestamps then come from the ring's clock; without it
 // CUPTI's CLOCK_REALTIME stamps are shifted by an offset measured at start).
 //

@@ -123,8 +123,8 @@ bool Initialise(bool may_load) {
       VRAMSCOPE_LOG(kInfo, "active, mode=%s", ModeName(g_config.mode));
       OpenRingAtInit(ModeName(g_config.mode));
       // Started by the next hook entry, outside this lock (CUPTI calls the driver, and dlopen
-      // must not run under the init lock).
-      ArmCupti(g_config.cupti);
+      // must not run under the init lock). Its records go to the ring: none, no CUPTI.
+      ArmCupti(g_config.cupti && Ring() != nullptr);
       g_state.store(static_cast<int>(State::kReady), std::memory_order_release);
       ready = true;
     }

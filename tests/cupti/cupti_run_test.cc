@@ -61,12 +61,7 @@ class CuptiRunTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(pattern), nullptr);
     dir_ = pattern;
   }
-  void TearDown() override {
-    for (const char* name : {"report.json", "trace.json", "out.txt", "stderr.txt"}) {
-      unlink((dir_ + "/" + name).c_str());
-    }
-    rmdir(dir_.c_str());
-  }
+  void TearDown() override { EXPECT_EQ(system(("rm -rf '" + dir_ + "'").c_str()), 0); }
 
   // Runs `sh -c COMMAND` with stderr into stderr_; returns the exit status.
   int Shell(const std::string& command) {
@@ -175,27 +170,31 @@ TEST_F(CuptiRunTest, NoCuptiFlagTurnsItOff) {
   EXPECT_EQ(Read(Trace()).find("CUPTI"), std::string::npos);
 }
 
-TEST_F(CuptiRunTest, PlainPreloadLeavesCuptiOffUnlessAsked) {
+TEST_F(CuptiRunTest, PlainPreloadLeavesCuptiOffUnlessAskedWithARing) {
   const std::string base = "LD_PRELOAD=" + Env("VRAMSCOPE_SHIM") +
                            " VRAMSCOPE_CUPTI_LIB=/nonexistent/libcupti.so.13 " +
                            Env("VRAMSCOPE_CUPTI_APP") + " basic " + Out();
-  ASSERT_EQ(Shell(base), 0) << stderr_;
+  const std::string ring = "VRAMSCOPE_RING_DIR=" + dir_ + " ";
+  const std::string missing = "cannot open VRAMSCOPE_CUPTI_LIB=/nonexistent/libcupti.so.13";
+  ASSERT_EQ(Shell(ring + base), 0) << stderr_;
   EXPECT_EQ(stderr_.find("CUPTI"), std::string::npos) << stderr_;
+  // Asked for, but no ring to record into: not loaded either.
   ASSERT_EQ(Shell("VRAMSCOPE_CUPTI=1 " + base), 0) << stderr_;
-  EXPECT_EQ(Count(stderr_, "cannot open VRAMSCOPE_CUPTI_LIB=/nonexistent/libcupti.so.13"), 1u)
-      << stderr_;
+  EXPECT_EQ(stderr_.find("CUPTI"), std::string::npos) << stderr_;
+  ASSERT_EQ(Shell("VRAMSCOPE_CUPTI=1 " + ring + base), 0) << stderr_;
+  EXPECT_EQ(Count(stderr_, missing), 1u) << stderr_;
 }
 
 TEST_F(CuptiRunTest, InjectionEntryPointStartsCupti) {
   // No LD_PRELOAD: the (fake) driver loads the shim at cuInit and calls InitializeInjection.
-  ASSERT_EQ(Shell("CUDA_INJECTION64_PATH=" + Env("VRAMSCOPE_SHIM") +
+  ASSERT_EQ(Shell("CUDA_INJECTION64_PATH=" + Env("VRAMSCOPE_SHIM") + " VRAMSCOPE_RING_DIR=" + dir_ +
                   " VRAMSCOPE_LOG=info VRAMSCOPE_CUPTI_LIB=" + Env("VRAMSCOPE_FAKE_CUPTI") + " " +
                   Env("VRAMSCOPE_CUPTI_APP") + " basic " + Out()),
             0)
       << stderr_;
   EXPECT_EQ(Count(stderr_, "CUPTI memory activity on"), 1u) << stderr_;
   ASSERT_EQ(
-      Shell("CUDA_INJECTION64_PATH=" + Env("VRAMSCOPE_SHIM") +
+      Shell("CUDA_INJECTION64_PATH=" + Env("VRAMSCOPE_SHIM") + " VRAMSCOPE_RING_DIR=" + dir_ +
             " VRAMSCOPE_CUPTI=0 VRAMSCOPE_LOG=info VRAMSCOPE_CUPTI_LIB=" +
             Env("VRAMSCOPE_FAKE_CUPTI") + " " + Env("VRAMSCOPE_CUPTI_APP") + " basic " + Out()),
       0)
