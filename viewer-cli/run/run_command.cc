@@ -59,7 +59,7 @@ void PrintRunUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: vramscope run [--json FILE] [--trace FILE] [--max-peak SIZE] [--collector ADDR]\n"
-      "                     [--stacks] [--folded FILE] [--] CMD [ARGS...]\n"
+      "                     [--stacks] [--folded FILE] [--no-cupti] [--] CMD [ARGS...]\n"
       "\n"
       "Runs CMD with the vramscope shim preloaded (no daemon needed). CMD and every process it\n"
       "starts are traced; at exit a report per process and device goes to stderr: peak\n"
@@ -70,7 +70,8 @@ void PrintRunUsage(std::FILE* out) {
       "  --json FILE       write the report as JSON (proto field names): one process -> a\n"
       "                    vramscope.v1.Report object; otherwise {\"reports\": [Report, ...]}\n"
       "  --trace FILE      write a Chrome trace (JSON) for ui.perfetto.dev: per device counter\n"
-      "                    tracks \"cuda:N allocated/reserved/requested\", NVTX ranges as slices\n"
+      "                    tracks \"cuda:N allocated/reserved/requested\" (and \"cuda:N CUPTI\n"
+      "                    device bytes\" with CUPTI), NVTX ranges as slices\n"
       "  --max-peak SIZE   exit 1 when any process's peak RESERVED bytes on any device (what the\n"
       "                    driver held for it: the figure that runs out) exceed SIZE; SIZE is\n"
       "                    bytes or 512MiB, 4GiB, 1.5GB, 2G (K/M/G/T and KiB.. = 1024-based,\n"
