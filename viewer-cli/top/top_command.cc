@@ -133,9 +133,10 @@ std::optional<TopOptions> ParseTopArgs(int argc, char** argv, bool* help) {
   return options;
 }
 
-void PrintPlain(const TopModel& model) {
+// False when stdout is gone (a closed pipe, where SIGPIPE is ignored).
+bool PrintPlain(const TopModel& model) {
   for (const top::Row& row : model.rows()) std::printf("%s\n", model.PlainLine(row).c_str());
-  std::fflush(stdout);
+  return std::fflush(stdout) == 0 && !std::ferror(stdout);
 }
 
 int RunPlain(const TopOptions& options, top::WatchSource& source) {
@@ -153,7 +154,8 @@ int RunPlain(const TopOptions& options, top::WatchSource& source) {
       continue;
     }
     model.Update(*update);
-    PrintPlain(model);
+    // The reader went away (`vramscope top | head`): nothing more to do.
+    if (!PrintPlain(model)) return kExitOk;
     if (options.once) {
       if (model.rows().empty()) std::fprintf(stderr, "vramscope top: no traced process\n");
       return kExitOk;
@@ -207,7 +209,7 @@ class LiveView : public RunLiveView {
       last_update_ = now;
       Feed(reports(), now);
       changed = true;
-      if (!terminal_) PrintPlain(model_);
+      if (!terminal_) (void)PrintPlain(model_);
     }
     if (!terminal_) return;
     // Every key waiting, without blocking: the run's poll loop must go on.
@@ -234,7 +236,7 @@ class LiveView : public RunLiveView {
     if (terminal_) {
       dashboard_.Stop();
     } else {
-      PrintPlain(model_);
+      (void)PrintPlain(model_);
     }
   }
 
