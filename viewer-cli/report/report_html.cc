@@ -216,7 +216,8 @@ constexpr char kScript[] = R"js(
       el('text', {x: L - 6, y: yy, 'text-anchor': 'end', 'dominant-baseline': 'middle'}, grid)
           .textContent = bytes(v);
       var t = tmax * i / 4, xx = x(t);
-      el('text', {x: xx, y: H - B + 16, 'text-anchor': 'middle'}, grid).textContent = seconds(t);
+      var anchor = i === 0 ? 'start' : (i === 4 ? 'end' : 'middle');
+      el('text', {x: xx, y: H - B + 16, 'text-anchor': anchor}, grid).textContent = seconds(t);
     }
     var shading = el('g', {'class': 'nvtx'}, svg);
     ranges.forEach(function (r) {
