@@ -108,6 +108,8 @@ void ExpectAgreement(const vramscope::v1::DeviceReport& d, std::uint64_t driver_
   EXPECT_GE(d.cupti().free_count(), 1u);
   EXPECT_EQ(d.cupti().dropped_records(), 0u);
   EXPECT_EQ(d.cupti().peak_bytes_by_memory_kind().at("device"), d.cupti().peak_bytes());
+  // The stream-ordered pool, trimmed at cuStreamSynchronize: one MEMORY_POOL record.
+  EXPECT_EQ(d.cupti().pool_operations(), 1u);
   // The shim's own figures are untouched by CUPTI's.
   // (40 MiB + 1 and the 8 MiB stream-ordered block live together.)
   EXPECT_EQ(d.peak_requested_bytes(), 40 * kMiB + 1 + 8 * kMiB);
@@ -119,6 +121,7 @@ TEST_F(CuptiRunTest, DriverViewAgreesWithReservedOverVmm) {
   const std::string trace = Read(Trace());
   EXPECT_NE(trace.find("\"cuda:0 CUPTI device bytes\""), std::string::npos) << trace;
   EXPECT_NE(trace.find("\"cuda:0 reserved\""), std::string::npos);
+  EXPECT_NE(trace.find("\"CUPTI OPERATION_POOL_TRIMMED cuda:0\""), std::string::npos) << trace;
   EXPECT_EQ(stderr_.find("CUPTI is already in use"), std::string::npos) << stderr_;
   EXPECT_NE(stderr_.find("CUPTI (driver view)"), std::string::npos) << stderr_;
 }

@@ -108,6 +108,8 @@ int vramscope_fake_forked_after_init(void);
 enum {
   VRAMSCOPE_FAKE_MEMORY_ALLOCATION = 1,
   VRAMSCOPE_FAKE_MEMORY_RELEASE = 2,
+  VRAMSCOPE_FAKE_MEMORY_POOL_TRIMMED = 3,  // a stream-ordered pool gave `bytes` back to the
+                                           // device; address = the pool handle
 };
 enum {
   VRAMSCOPE_FAKE_MEMORY_DEVICE = 0,

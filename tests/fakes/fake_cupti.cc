@@ -1,6 +1,7 @@
 // A fake CUPTI (libcupti.so.13, built into its own directory tests/fakes/fake_cupti/) for CI:
 // the activity functions the shim uses (interposer/shim/cupti.h), producing MEMORY2 records for
-// the memory the fake driver hands out and takes back (vramscope_fake_set_memory_observer).
+// the memory the fake driver hands out and takes back, and MEMORY_POOL TRIMMED records when it
+// trims a stream-ordered pool (vramscope_fake_set_memory_observer).
 //
 // Implemented: cuptiActivityEnable (MEMORY2, MEMORY_POOL; others CUPTI_ERROR_NOT_SUPPORTED),
 // cuptiActivityDisable, cuptiActivityRegisterCallbacks, cuptiActivityRegisterTimestampCallback,
@@ -50,7 +51,12 @@ struct State {
   CUpti_BuffersCallbackRequestFunc request = nullptr;
   CUpti_BuffersCallbackCompleteFunc complete = nullptr;
   CUpti_TimestampCallbackFunc timestamp = nullptr;
-  std::vector<CUpti_ActivityMemory4> pending;
+  // MEMORY2 and MEMORY_POOL records, in order; pool records flagged by their kind.
+  struct Record {
+    CUpti_ActivityMemory4 memory;
+    CUpti_ActivityMemoryPool3 pool;
+  };
+  std::vector<Record> pending;
   std::uint64_t seen = 0;
   std::size_t dropped = 0;
   std::uint32_t correlation = 0;
@@ -87,14 +93,33 @@ void Observe(int operation, int device, std::uint64_t address, std::uint64_t byt
   // gone): it records nothing, as a client never flushes there.
   if (getpid() != s.owner.load()) return;
   std::lock_guard<std::mutex> lock(s.mu);
+  if (operation == VRAMSCOPE_FAKE_MEMORY_POOL_TRIMMED) {
+    if (!s.memory_pool) return;
+    State::Record r;
+    memset(&r, 0, sizeof(r));
+    CUpti_ActivityMemoryPool3& p = r.pool;
+    p.kind = CUPTI_ACTIVITY_KIND_MEMORY_POOL;
+    p.memoryPoolOperationType = CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_TRIMMED;
+    p.memoryPoolType = CUPTI_ACTIVITY_MEMORY_POOL_TYPE_LOCAL;
+    p.correlationId = ++s.correlation;
+    p.processId = static_cast<std::uint32_t>(getpid());
+    p.deviceId = static_cast<std::uint32_t>(device);
+    p.address = address;
+    p.size = bytes;
+    p.timestamp = Now(s);
+    r.memory.kind = CUPTI_ACTIVITY_KIND_MEMORY_POOL;
+    s.pending.push_back(r);
+    return;
+  }
   if (!s.memory2) return;
   ++s.seen;
   if (s.mode == Mode::kDrop && s.seen % 3 == 0) {
     ++s.dropped;
     return;
   }
-  CUpti_ActivityMemory4 m;
-  memset(&m, 0, sizeof(m));
+  State::Record r;
+  memset(&r, 0, sizeof(r));
+  CUpti_ActivityMemory4& m = r.memory;
   m.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
   m.memoryOperationType = operation == VRAMSCOPE_FAKE_MEMORY_ALLOCATION
                               ? CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION
@@ -114,7 +139,7 @@ void Observe(int operation, int device, std::uint64_t address, std::uint64_t byt
     m.memoryPoolConfig.memoryPoolType = CUPTI_ACTIVITY_MEMORY_POOL_TYPE_LOCAL;
     m.memoryPoolConfig.address = 0x7000000000ull + static_cast<std::uint64_t>(device);
   }
-  s.pending.push_back(m);
+  s.pending.push_back(r);
 }
 
 bool StartObserving() {
@@ -180,7 +205,7 @@ FAKE_CUPTI_EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind) {
     s.mode = ReadMode();
     if (s.mode == Mode::kSubscriber) return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
     if (kind == CUPTI_ACTIVITY_KIND_MEMORY_POOL) {
-      s.memory_pool = true;  // accepted; the fake driver reports no pool operations
+      s.memory_pool = true;  // TRIMMED records when the fake trims a stream-ordered pool
       return CUPTI_SUCCESS;
     }
     if (kind != CUPTI_ACTIVITY_KIND_MEMORY2) return CUPTI_ERROR_NOT_SUPPORTED;
@@ -209,7 +234,7 @@ FAKE_CUPTI_EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
     const unsigned long ms = delay != nullptr ? strtoul(delay, nullptr, 10) : 600000;
     usleep(static_cast<useconds_t>(ms * 1000));
   }
-  std::vector<CUpti_ActivityMemory4> records;
+  std::vector<State::Record> records;
   CUpti_BuffersCallbackRequestFunc request = nullptr;
   CUpti_BuffersCallbackCompleteFunc complete = nullptr;
   bool any_dropped = false;
@@ -231,17 +256,20 @@ FAKE_CUPTI_EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
     std::size_t size = 0;
     std::size_t max_records = 0;
     request(&buffer, &size, &max_records);
-    if (buffer == nullptr || size < sizeof(CUpti_ActivityMemory4)) {
+    if (buffer == nullptr || size < sizeof(State::Record)) {
       std::lock_guard<std::mutex> lock(s.mu);
       s.dropped += records.size() - next;
       break;
     }
     std::size_t used = 0;
     std::size_t count = 0;
-    while (next < records.size() && (max_records == 0 || count < max_records) &&
-           used + sizeof(CUpti_ActivityMemory4) <= size) {
-      memcpy(buffer + used, &records[next], sizeof(CUpti_ActivityMemory4));
-      used += sizeof(CUpti_ActivityMemory4);
+    while (next < records.size() && (max_records == 0 || count < max_records)) {
+      const State::Record& r = records[next];
+      const bool pool = r.memory.kind == CUPTI_ACTIVITY_KIND_MEMORY_POOL;
+      const std::size_t bytes = pool ? sizeof(r.pool) : sizeof(r.memory);
+      if (used + bytes > size) break;
+      memcpy(buffer + used, pool ? static_cast<const void*>(&r.pool) : &r.memory, bytes);
+      used += bytes;
       ++count;
       ++next;
     }

@@ -299,6 +299,8 @@ void CompleteEventLocked(State& s, CUevent_st* ev) {
 void TrimPoolLocked(State& s, CUmemPoolHandle_st* pool, size_t keep) {
   if (pool->cached <= keep) return;
   Uncharge(s, pool->device, pool->cached - keep);
+  NotifyMemory(VRAMSCOPE_FAKE_MEMORY_POOL_TRIMMED, pool->device, reinterpret_cast<uint64_t>(pool),
+               pool->cached - keep, VRAMSCOPE_FAKE_MEMORY_STREAM_ORDERED, 0);
   pool->cached = keep;
 }
 
