@@ -172,13 +172,13 @@ ba=$(grep -ho 'malloc_async_ns=[0-9.]*' "$logs/bench.base.out" | cut -d= -f2)
 bs=$(grep -ho 'malloc_free_ns=[0-9.]*' "$logs/bench.shim.out" | cut -d= -f2)
 row "cudaMalloc+cudaFree pair" "${bb} ns (async ${ba})" "${bs} ns" "$(awk -v s="$bs" 'BEGIN{print (s+0>0 && s<150) ? "ok < 150 ns" : "FAIL"}')"
 
-echo "== 6. CUPTI (the driver's view) against the shim's reserved bytes; cost of CUPTI + NVTX"
+echo "== 8. CUPTI (the driver's view) against the shim's reserved bytes; cost of CUPTI + NVTX"
 # alloc_churn under `vramscope run --json` (CUPTI on by default): the driver saw exactly the
 # pool's reservations, so CUPTI's device peak must equal the shim's peak reserved. Over cuMemAlloc
 # segments (VRAMSCOPE_VMM=0) a mismatch fails; over VMM (the default policy) it is reported only,
-# as CUPTI may not record cuMemCreate. Then the GPT-2 step under `vramscope run` with CUPTI and
-# NVTX on (the defaults) against --no-cupti with NVTX off (NVTX_INJECTION64_PATH pointing nowhere);
-# the goal is under 3%.
+# as CUPTI may not record cuMemCreate. Then the GPT-2 step with its torch.cuda.nvtx ranges
+# (--nvtx) under `vramscope run` with CUPTI and NVTX on (the defaults) against --no-cupti with NVTX
+# off (NVTX_INJECTION64_PATH pointing nowhere, so the range calls are no-ops); the goal is under 3%.
 # CUPTI's peak of memory kind "device" (cudaMalloc-like memory) is compared; its peak over every
 # device kind (module globals, managed, arrays too) is printed beside it.
 cupti_fields() {  # JSON -> "shim_peak_reserved cupti_device_peak cupti_allocs cupti_dropped cupti_all_peak"
