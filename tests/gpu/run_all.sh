@@ -206,8 +206,8 @@ for policy in segments vmm; do
   fi
   row "CUPTI vs shim reserved ($policy)" "CUPTI ${cp:-?} B" "shim ${sr:-?} B" "$verdict"
 done
-PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.cupti_off env NVTX_INJECTION64_PATH=/nonexistent/none.so "${vsrun[@]}" --no-cupti --json "$logs/torch.cupti_off.json" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 20
-PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.cupti_on "${vsrun[@]}" --json "$logs/torch.cupti_on.json" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 20
+PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.cupti_off env NVTX_INJECTION64_PATH=/nonexistent/none.so "${vsrun[@]}" --no-cupti --json "$logs/torch.cupti_off.json" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 20 --nvtx
+PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.cupti_on "${vsrun[@]}" --json "$logs/torch.cupti_on.json" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 20 --nvtx
 off=$(jfield torch.cupti_off ms_per_step)
 on=$(jfield torch.cupti_on ms_per_step)
 read -r sr cp ca cdrop call <<<"$(cupti_fields "$logs/torch.cupti_on.json")"
