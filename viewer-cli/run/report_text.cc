@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "run/size.h"
+#include "run/symbolize.h"
 
 namespace vramscope::cli {
 namespace {
@@ -106,9 +107,8 @@ std::string FormatRunReport(const v1::Report& report) {
       out += "    top allocation sites (peak live):\n";
       for (int i = 0; i < std::min(kShown, d.top_sites_size()); ++i) {
         const v1::SiteStats& s = d.top_sites(i);
-        absl::StrAppendFormat(
-            &out, "      %-10s %6d allocs  %s\n", FormatBytes(s.peak_live_bytes()), s.alloc_count(),
-            s.frames().empty() ? absl::StrFormat("site %#x", s.site()) : s.frames(0));
+        absl::StrAppendFormat(&out, "      %-10s %6d allocs  %s\n",
+                              FormatBytes(s.peak_live_bytes()), s.alloc_count(), SiteLabel(s));
       }
     }
     if (!d.leaks().empty()) {

@@ -122,7 +122,26 @@ std::string Basename(std::string_view path) {
   return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
 }
 
+bool IsCudaFrame(std::string_view frame) {
+  if (frame.substr(0, 4) == "cuda" || frame.substr(0, 6) == "__cuda") return true;
+  if (frame.size() > 2 && frame.substr(0, 2) == "cu" && absl::ascii_isupper(frame[2])) return true;
+  Frame parsed;
+  if (ParseFrame(frame, &parsed)) {
+    const std::string base = Basename(parsed.path);
+    return base.rfind("libcuda", 0) == 0;  // libcuda.so*, libcudart.so*
+  }
+  return false;
+}
+
 }  // namespace
+
+std::string SiteLabel(const v1::SiteStats& site) {
+  if (site.frames().empty()) return absl::StrFormat("site %#x", site.site());
+  for (const std::string& frame : site.frames()) {
+    if (!IsCudaFrame(frame)) return frame;
+  }
+  return site.frames(0);
+}
 
 SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports, const std::string& addr2line) {
   SymbolizeResult result;

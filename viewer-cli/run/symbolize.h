@@ -27,6 +27,11 @@ struct SymbolizeResult {
 SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports,
                                  const std::string& addr2line = "addr2line");
 
+// The frame that names a site in one line: the innermost frame outside the CUDA runtime and
+// driver (functions cuda*, __cuda*, cu[A-Z]*; modules libcudart*, libcuda*), which is where the
+// program asked for memory; frames(0) if every frame is CUDA's; "site 0x..." without frames.
+std::string SiteLabel(const v1::SiteStats& site);
+
 // Folded stacks for flamegraph.pl and speedscope: one line per distinct stack,
 // "outermost;...;innermost BYTES", where BYTES is the TOTAL requested bytes allocated from that
 // stack over the run (SiteStats.total_bytes, summed over processes and devices). Frames are the
