@@ -23,6 +23,9 @@
 //           start/end range "span": alloc F 8 KiB, free F, end
 //           NvtxCopyPhase (libnvtx_copy.so, its own NVTX copy): push "lib_phase", alloc G 64 KiB,
 //           free G, pop
+//   two threads at once, in a fixed order (each step waits for the one before):
+//           T1 push "t1"; T2 push "t2"; T2 alloc X 768 KiB; T1 alloc Y 1280 KiB; T1 pop;
+//           T2 pop; then X and Y freed
 // Expected per range (name, domain: count, peak allocated, net growth, allocations inside):
 //   phase_a, "":            1, 3 MiB,   +1 MiB,   1
 //   step, vs.outer:         2, 3 MiB,    0,       2
@@ -30,10 +33,14 @@
 //   inner_ü, vs.inner:      1, 4.5 MiB, +512 KiB, 1
 //   span, "":               1, 8 KiB,    0,       1
 //   lib_phase, "":          1, 64 KiB,   0,       1
+//   t1, "":                 1, 2 MiB,   +2 MiB,   1  (Y; X is T2's, innermost there: t2)
+//   t2, "":                 1, 2 MiB,   +2 MiB,   1
 // Exits 0, or 1 with a message when a CUDA or NVTX call fails.
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include <cuda.h>
@@ -108,6 +115,49 @@ void Worker() {
   nvtxDomainRangePop(inner);
 }
 
+// A fixed interleaving of two threads: Turn(n) waits until step n, Next() starts the next.
+std::mutex g_mu;
+std::condition_variable g_cv;
+int g_step = 0;
+
+void Turn(int step) {
+  std::unique_lock<std::mutex> lock(g_mu);
+  g_cv.wait(lock, [step] { return g_step == step; });
+}
+
+void Next() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++g_step;
+  g_cv.notify_all();
+}
+
+CUdeviceptr g_x = 0;
+CUdeviceptr g_y = 0;
+
+void ThreadOne() {
+  if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) Fail("cuCtxSetCurrent (t1)");
+  Turn(0);
+  nvtxRangePushA("t1");
+  Next();
+  Turn(3);
+  g_y = AllocateBlock(1280 * 1024);
+  nvtxRangePop();
+  Next();
+}
+
+void ThreadTwo() {
+  if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) Fail("cuCtxSetCurrent (t2)");
+  Turn(1);
+  nvtxRangePushA("t2");
+  Next();
+  Turn(2);
+  g_x = AllocateBlock(768 * 1024);
+  Next();
+  Turn(4);
+  nvtxRangePop();
+  Next();
+}
+
 }  // namespace
 
 int main() {
@@ -134,5 +184,12 @@ int main() {
   nvtxRangeEnd(span);
 
   if (NvtxCopyPhase(64 * 1024) != 0) Fail("NvtxCopyPhase");
+
+  std::thread one(ThreadOne);
+  std::thread two(ThreadTwo);
+  one.join();
+  two.join();
+  Free(g_x);
+  Free(g_y);
   return 0;
 }

@@ -92,6 +92,8 @@ void ExpectRanges(const vramscope::v1::DeviceReport& device) {
       {{"inner_\u00fc", "vs.inner"}, {1, 4 * kMiB + 512 * kKiB, 512 * kKiB, 1}},
       {{"span", ""}, {1, 8 * kKiB, 0, 1}},
       {{"lib_phase", ""}, {1, 64 * kKiB, 0, 1}},
+      {{"t1", ""}, {1, 2 * kMiB, static_cast<std::int64_t>(2 * kMiB), 1}},
+      {{"t2", ""}, {1, 2 * kMiB, static_cast<std::int64_t>(2 * kMiB), 1}},
   };
   std::map<std::pair<std::string, std::string>, const vramscope::v1::NvtxRangeStats*> got;
   for (const auto& range : device.nvtx_ranges()) got[{range.name(), range.domain()}] = &range;
@@ -156,7 +158,7 @@ TEST_F(NvtxRunTest, PassthroughAllocationsCarryRangesAndSites) {
                 site.frames(0).find("NvtxCopyPhase (") != std::string::npos)
         << site.DebugString();
   }
-  EXPECT_EQ(allocs, 7u) << device->DebugString();
+  EXPECT_EQ(allocs, 9u) << device->DebugString();
 }
 
 TEST_F(NvtxRunTest, UserNvtxInjectionPathIsKept) {
@@ -201,9 +203,10 @@ TEST_F(NvtxRunTest, StacksGiveResolvedSitesAndFoldedFile) {
     total += site.total_bytes();
     allocs += site.alloc_count();
   }
-  // A, B, C, D, E, F, G: every allocation has a site.
-  EXPECT_EQ(allocs, 7u);
-  EXPECT_EQ(total, 1 * kMiB + 2 * kMiB + 4 * kMiB + 512 * kKiB + 256 * kKiB + 8 * kKiB + 64 * kKiB);
+  // A, B, C, D, E, F, G, X, Y: every allocation has a site.
+  EXPECT_EQ(allocs, 9u);
+  EXPECT_EQ(total, 1 * kMiB + 2 * kMiB + 4 * kMiB + 512 * kKiB + 256 * kKiB + 8 * kKiB + 64 * kKiB +
+                       2 * kMiB);
 
   // Folded: outermost first, weight = total bytes, frames are functions (so the worker's two
   // call sites, C and D, are one stack of 4.5 MiB ending in AllocateInWorker;AllocateBlock).
