@@ -219,7 +219,7 @@ verdict=$(awk -v s="$sr" -v c="$cp" 'BEGIN{ if (s+0<=0 || c+0<=0) {print "FAIL m
   d=(c-s)/s; if (d<0) d=-d; printf "%s %.2f%% apart", (d <= 0.01) ? "ok" : "MISMATCH", 100*d}')
 row "torch CUPTI vs shim reserved" "CUPTI ${cp:-?} B" "shim ${sr:-?} B" "$verdict"
 
-echo "== 7. NVTX ranges and allocation sites"
+echo "== 9. NVTX ranges and allocation sites"
 # nvtx_phases prints every range's figures (peak allocated while open, net growth, count,
 # allocations), known in advance; `vramscope run --stacks`'s report must match them exactly, and
 # its top allocation sites must name nvtx_phases' own functions (addr2line). Then the GPT-2 step
