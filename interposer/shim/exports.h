@@ -88,6 +88,7 @@ CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGra
   X(cuStreamEndCapture)                  \
   X(cuStreamEndCapture_ptsz)             \
   X(cuCtxSynchronize)                    \
+  X(cuCtxSynchronize_v2)                 \
   X(cuDevicePrimaryCtxReset_v2)          \
   X(cuDevicePrimaryCtxReset)             \
   X(cuDevicePrimaryCtxRelease_v2)        \

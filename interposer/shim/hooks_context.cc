@@ -88,6 +88,23 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxSynchronize() {
   return result;
 }
 
+// CUDA 13's variant names the context (NULL: the current one); cudaDeviceSynchronize of a
+// CUDA 13 runtime arrives here (cuGetProcAddress at 13000). Same rule as above for that context.
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
+  VRAMSCOPE_PROLOGUE(cuCtxSynchronize_v2);
+  Slot* slot = nullptr;
+  if (Active()) {
+    CUcontext target = ctx;
+    if (target == nullptr && real.cuCtxGetCurrent(&target) != CUDA_SUCCESS) target = nullptr;
+    if (target != nullptr) slot = ExistingSlot(target);
+  }
+  if (slot == nullptr || slot->pool == nullptr) return real.cuCtxSynchronize_v2(ctx);
+  const std::uint64_t epoch = slot->fences.BeginUserSync();
+  const CUresult result = real.cuCtxSynchronize_v2(ctx);
+  slot->fences.EndUserSync(epoch, result);
+  return result;
+}
+
 namespace vramscope::interposer {
 namespace {
 

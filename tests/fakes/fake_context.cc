@@ -393,6 +393,25 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuCtxSynchronize(void) {
   return CUDA_SUCCESS;
 }
 
+// CUDA 13: the context to wait for is named (NULL: the current one). The runtime's
+// cudaDeviceSynchronize reaches this variant through cuGetProcAddress at version 13000.
+VRAMSCOPE_FAKE_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  Call call("cuCtxSynchronize_v2");
+  CUctx_st* target = nullptr;
+  if (ctx == nullptr) {
+    if (CUresult r = call.RequireContext(&target); r != CUDA_SUCCESS) return r;
+  } else {
+    if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
+    target = vramscope::fake::ValidContext(call.state(), ctx);
+    if (target == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  if (CUresult r = vramscope::fake::CheckCaptureUnsafeLocked(call.state()); r != CUDA_SUCCESS) {
+    return r;
+  }
+  vramscope::fake::WaitContextLocked(call, target);
+  return CUDA_SUCCESS;
+}
+
 VRAMSCOPE_FAKE_EXPORT CUresult cuGetErrorString(CUresult error, const char** pStr) {
   Call call("cuGetErrorString");
   if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;

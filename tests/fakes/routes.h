@@ -74,6 +74,8 @@ namespace vramscope::fake {
     PFN_cuCtxPopCurrent_v4000)                                                                     \
   X(cuCtxSynchronize, cuCtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize", 2000, 0,           \
     PFN_cuCtxSynchronize_v2000)                                                                    \
+  X(cuCtxSynchronize_v2, cuCtxSynchronize_v2, "cuCtxSynchronize_v2", "cuCtxSynchronize", 13000, 0, \
+    PFN_cuCtxSynchronize_v13000)                                                                   \
   X(cuGetErrorString, cuGetErrorString, "cuGetErrorString", "cuGetErrorString", 6000, 0,           \
     PFN_cuGetErrorString_v6000)                                                                    \
   X(cuGetErrorName, cuGetErrorName, "cuGetErrorName", "cuGetErrorName", 6000, 0,                   \

@@ -170,6 +170,40 @@ TEST_F(ShimTest, FreedBlockIsNotReusedWhileItsFenceIsPending) {
 //                                cuMemFree_v2(a) -> shim's cuCtxSynchronize blocks
 //   sees the sync call arrive
 //   completes the event   ---->  sync returns, free returns: no event pending any more
+// cudaDeviceSynchronize of a CUDA 13 runtime calls cuCtxSynchronize_v2(ctx) (fetched at 13000):
+// it waits for the whole context as well, so it completes every fence issued before it and the
+// freed block is reused at once, without a synchronisation of the shim's own.
+TEST_F(ShimTest, ContextSynchronizeV2CompletesFences) {
+  if (!Pooled() || Strict()) GTEST_SKIP() << "pool mode only: its frees leave fences pending";
+  using SyncV2 = CUresult (*)(CUcontext);
+  const auto sync_v2 = reinterpret_cast<SyncV2>(dlsym(RTLD_DEFAULT, "cuCtxSynchronize_v2"));
+  ASSERT_NE(sync_v2, nullptr);
+  ASSERT_NE(ModuleOf(reinterpret_cast<void*>(sync_v2)).find("libvramscope"), std::string::npos);
+  vramscope_fake_set_manual_events(1);
+  CUstream stream = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUevent work = nullptr;
+  ASSERT_EQ(api_.cuEventCreate(&work, 0), CUDA_SUCCESS);
+  CUdeviceptr a = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&a, 3 * kMiB), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuEventRecord(work, stream), CUDA_SUCCESS);  // work on a, in flight
+  ASSERT_EQ(api_.cuMemFree_v2(a), CUDA_SUCCESS);
+  vramscope_fake_complete_all_events();  // the work finishes; the application then waits
+  const std::uint64_t shim_syncs = Syncs();
+  ASSERT_EQ(sync_v2(ctx_), CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_call_count("cuCtxSynchronize_v2"), 1u);
+  EXPECT_EQ(sync_v2(reinterpret_cast<CUcontext>(0x1)), CUDA_ERROR_INVALID_CONTEXT);
+  const std::uint64_t allocs = DriverAllocs();
+  CUdeviceptr b = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&b, 3 * kMiB), CUDA_SUCCESS);
+  EXPECT_EQ(b, a);  // the fence was completed by the application's synchronisation
+  EXPECT_EQ(DriverAllocs(), allocs);
+  EXPECT_EQ(Syncs(), shim_syncs);
+  EXPECT_EQ(api_.cuMemFree_v2(b), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuEventDestroy_v2(work), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuStreamDestroy_v2(stream), CUDA_SUCCESS);
+}
+
 TEST_F(ShimTest, FenceWaitBlocksUntilQueuedWorkCompletes) {
   if (!Strict()) GTEST_SKIP() << "strict mode synchronises on every free";
   vramscope_fake_set_manual_events(1);
