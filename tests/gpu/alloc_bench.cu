@@ -1,13 +1,51 @@
 // alloc_bench: cost of one cudaMalloc + cudaFree pair of a size the program uses over and over
-// (the pool's hot path once it is warm), and of cudaMallocAsync + cudaFreeAsync for reference.
+// (the pool's hot path once it is warm), of the same pair made with the driver's cuMemAlloc_v2 +
+// cuMemFree_v2 (fetched with cudaGetDriverEntryPointByVersion, as libraries do: without the
+// runtime's own per-call work, so under the shim it is the hook and the pool alone), and of
+// cudaMallocAsync + cudaFreeAsync for reference.
 //
 // Usage: alloc_bench [PAIRS] [BYTES]
-// Prints "alloc_bench: malloc_free_ns=... malloc_async_ns=..." (nanoseconds per pair).
+// Prints "alloc_bench: ... malloc_free_ns=... driver_pair_ns=... malloc_async_ns=..."
+// (nanoseconds per pair).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
+#include <cuda.h>
 #include <cuda_runtime.h>
+
+using MemAllocFn = CUresult (*)(CUdeviceptr*, size_t);
+using MemFreeFn = CUresult (*)(CUdeviceptr);
+
+// The driver pair: warm-up as below, then PAIRS timed pairs; -1 if the entry points are missing.
+static double DriverNsPerPair(int pairs, size_t bytes) {
+  void* alloc = nullptr;
+  void* release = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuMemAlloc", &alloc, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess ||
+      cudaGetDriverEntryPointByVersion("cuMemFree", &release, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    return -1;
+  }
+  const auto mem_alloc = reinterpret_cast<MemAllocFn>(alloc);
+  const auto mem_free = reinterpret_cast<MemFreeFn>(release);
+  CUdeviceptr p = 0;
+  for (int i = 0; i < 16; ++i) {
+    mem_alloc(&p, bytes);
+    mem_free(p);
+  }
+  cudaDeviceSynchronize();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < pairs; ++i) {
+    if (mem_alloc(&p, bytes) != CUDA_SUCCESS || mem_free(p) != CUDA_SUCCESS) return -1;
+  }
+  const auto end = std::chrono::steady_clock::now();
+  cudaDeviceSynchronize();
+  return std::chrono::duration<double, std::nano>(end - start).count() / pairs;
+}
 
 static double NsPerPair(int pairs, size_t bytes, bool async) {
   void* p = nullptr;
@@ -42,8 +80,11 @@ int main(int argc, char** argv) {
   const size_t bytes = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (1u << 20);
   cudaFree(nullptr);
   const double sync_ns = NsPerPair(pairs, bytes, false);
+  const double driver_ns = DriverNsPerPair(pairs, bytes);
   const double async_ns = NsPerPair(pairs, bytes, true);
-  std::printf("alloc_bench: bytes=%zu pairs=%d malloc_free_ns=%.1f malloc_async_ns=%.1f\n", bytes,
-              pairs, sync_ns, async_ns);
+  std::printf(
+      "alloc_bench: bytes=%zu pairs=%d malloc_free_ns=%.1f driver_pair_ns=%.1f "
+      "malloc_async_ns=%.1f\n",
+      bytes, pairs, sync_ns, driver_ns, async_ns);
   return 0;
 }

@@ -93,6 +93,9 @@ def main():
         "ms_per_step": sum(timed) / len(timed),
         "loss": round(float(loss.detach()), 4),
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
+        "max_memory_reserved": torch.cuda.max_memory_reserved(),
+        # PyTorch's own peak of the sizes asked for (before its 512-byte rounding).
+        "peak_requested_bytes": torch.cuda.memory_stats().get("requested_bytes.all.peak", 0),
         "caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1",
     }))
 
