@@ -194,14 +194,13 @@ void MarkDead(Slot* slot, bool context_alive) {
 // than the request itself. So while one size is allocated and freed in a loop the pool holds at
 // most 256 MiB (at least 4 MiB) more than without the amortisation, as cache that a pressure
 // synchronisation turns back into free memory; blocks over 1 MiB get fewer blocks per
-// synchronisation, which their size amortises instead.
-bool ReuseSyncDue(std::uint64_t pending_bytes, std::uint64_t bytes) {
+// synchronisation, which their size amortises instead. At half of it the helper thread is asked
+// to synchronise in the background, so in a steady loop the allocating thread never waits.
+std::uint64_t ReuseSyncThreshold(std::uint64_t bytes) {
   constexpr std::uint64_t kBlocksPerSync = 256;
   constexpr std::uint64_t kFloor = std::uint64_t{4} << 20;
   constexpr std::uint64_t kCap = std::uint64_t{256} << 20;
-  const std::uint64_t threshold =
-      std::max(bytes, std::min(std::max(kBlocksPerSync * bytes, kFloor), kCap));
-  return pending_bytes >= threshold;
+  return std::max(bytes, std::min(std::max(kBlocksPerSync * bytes, kFloor), kCap));
 }
 
 namespace {
@@ -647,14 +646,19 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   // many blocks, instead of growing. A program that runs far ahead of the GPU (expensive
   // synchronisations) grows instead of stalling. Lock-free checks only: this is the hot path.
   pool::BlockSizes sizes;
-  if (ReuseSyncDue(slot->pool->PendingBytesRelaxed(), bytes) &&
+  const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
+  const std::uint64_t threshold = ReuseSyncThreshold(bytes);
+  if (pending >= threshold / 2 &&
       slot->fences.frees_since_sync.load(std::memory_order_relaxed) != 0 &&
       slot->fences.SyncIsCheap() && Cfg().mode == Mode::kPool && !AnyCaptureLive()) {
-    if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk) {
+    if (pending < threshold) {
+      if (!slot->sync_requested.load(std::memory_order_relaxed)) (void)RequestBackgroundSync(slot);
+    } else if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk) {
       RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);
       return ShimStatus::kOk;
+    } else {
+      (void)slot->fences.Sync();  // the background synchronisation has not kept up
     }
-    (void)slot->fences.Sync();
   }
   switch (slot->pool->AllocateSized(bytes, address, &sizes)) {
     case pool::PoolStatus::kOk:
