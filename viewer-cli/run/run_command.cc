@@ -59,7 +59,7 @@ void PrintRunUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: vramscope run [--json FILE] [--trace FILE] [--max-peak SIZE] [--collector ADDR]\n"
-      "                     [--stacks] [--folded FILE] [--no-cupti] [--] CMD [ARGS...]\n"
+      "                     [--live] [--stacks] [--folded FILE] [--no-cupti] [--] CMD [ARGS...]\n"
       "\n"
       "Runs CMD with the vramscope shim preloaded (no daemon needed). CMD and every process it\n"
       "starts are traced; at exit a report per process and device goes to stderr: peak\n"
