@@ -486,11 +486,14 @@ void FillFragmentation(bool has_state, const v1::PoolStateEvent& state, std::uin
     out->set_largest_free_block_bytes(state.largest_free_block_bytes());
     out->set_unreleasable_free_bytes(state.unreleasable_free_bytes());
     out->set_largest_allocatable_bytes(state.largest_free_block_bytes());
+    // Freed blocks still waiting for their fence are not fragmentation (they become one free
+    // run again once it completes): the ratio is over the free bytes usable now.
+    const std::uint64_t usable = SubtractSaturating(state.free_bytes(), state.pending_bytes());
     out->set_external_fragmentation(
-        state.free_bytes() == 0 ? 0.0
-                                : 1.0 - static_cast<double>(std::min(
-                                            state.largest_free_block_bytes(), state.free_bytes())) /
-                                            static_cast<double>(state.free_bytes()));
+        usable == 0
+            ? 0.0
+            : 1.0 - static_cast<double>(std::min(state.largest_free_block_bytes(), usable)) /
+                        static_cast<double>(usable));
   } else {
     // No pool snapshot (passthrough, or none recorded yet): only what the totals say.
     out->set_free_bytes(SubtractSaturating(reserved, allocated));

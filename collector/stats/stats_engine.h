@@ -66,7 +66,10 @@ class ProcessStatsEngine {
   ProcessStatsEngine(const ProcessStatsEngine&) = delete;
   ProcessStatsEngine& operator=(const ProcessStatsEngine&) = delete;
 
-  void SetProcessKey(const v1::ProcessKey& key) { key_ = key; }
+  void SetProcessKey(const v1::ProcessKey& key) {
+    key_ = key;
+    has_key_ = true;
+  }
   void Add(const v1::Event& event);
   // Events and counters of one batch (the batch's process key is taken if none was set).
   void AddBatch(const v1::EventBatch& batch);

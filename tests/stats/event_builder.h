@@ -54,11 +54,12 @@ class EventStream {
     return *this;
   }
   EventStream& PoolState(std::uint64_t free, std::uint64_t largest, std::uint64_t unreleasable,
-                         std::uint32_t device = 0) {
+                         std::uint32_t device = 0, std::uint64_t pending = 0) {
     v1::PoolStateEvent* s = Next(device).mutable_pool_state();
     s->set_free_bytes(free);
     s->set_largest_free_block_bytes(largest);
     s->set_unreleasable_free_bytes(unreleasable);
+    s->set_pending_bytes(pending);
     return *this;
   }
   EventStream& Oom(std::uint64_t requested, std::uint64_t free, std::uint64_t largest,

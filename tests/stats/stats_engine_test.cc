@@ -245,6 +245,18 @@ TEST(StatsEngineTest, FragmentationNowAndAtPeak) {
   EXPECT_EQ(d.fragmentation_at_peak().largest_free_block_bytes(), 850u);
 }
 
+TEST(StatsEngineTest, BlocksWaitingForTheirFenceAreNotFragmentation) {
+  EventStream s;
+  s.Reserve(1000).Alloc(0x1, 400, 400).Free(0x1);
+  // Everything freed still waits for its fence: no usable free memory, nothing fragmented.
+  s.PoolState(/*free=*/1000, /*largest=*/0, 0, 0, /*pending=*/1000);
+  EXPECT_DOUBLE_EQ(Compute(s).devices(0).fragmentation().external_fragmentation(), 0.0);
+  EXPECT_EQ(Compute(s).devices(0).fragmentation().free_bytes(), 1000u);
+  // 600 usable in two runs of 300 (400 pending): half of the usable memory is out of reach.
+  s.PoolState(/*free=*/1000, /*largest=*/300, 0, 0, /*pending=*/400);
+  EXPECT_DOUBLE_EQ(Compute(s).devices(0).fragmentation().external_fragmentation(), 0.5);
+}
+
 TEST(StatsEngineTest, OomVerdicts) {
   EventStream s;
   s.Oom(100, 500, 50)                                // enough free, no block: fragmentation
