@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "check/atomic_file.h"
 #include "check/check_output.h"
 #include "check/compare.h"
@@ -89,24 +90,12 @@ std::optional<double> ParseTolerance(std::string text) {
 // Returns nullopt after printing the problem (usage error) or for --help (help set).
 std::optional<CheckOptions> ParseArgs(int argc, char** argv, bool* help) {
   CheckOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    std::string flag(arg), value;
-    bool has_value = false;
-    if (const std::size_t eq = arg.find('='); arg.substr(0, 2) == "--" && eq != arg.npos) {
-      flag = std::string(arg.substr(0, eq));
-      value = std::string(arg.substr(eq + 1));
-      has_value = true;
-    }
-    auto take = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "vramscope check: %s needs a value\n", flag.c_str());
-        return false;
-      }
-      value = argv[++i];
-      return true;
-    };
+  ArgReader args("check", argc, argv);
+  while (args.Next()) {
+    const std::string_view arg = args.arg();
+    const std::string& flag = args.flag();
+    std::string value;
+    auto take = [&]() -> bool { return args.Value(&value); };
     if (flag == "-h" || flag == "--help") {
       *help = true;
       return std::nullopt;
@@ -141,10 +130,10 @@ std::optional<CheckOptions> ParseArgs(int argc, char** argv, bool* help) {
         return std::nullopt;
       }
       options.compare.new_floor_bytes = *floor;
-    } else if (flag == "--update-baseline" && !has_value) {
+    } else if (flag == "--update-baseline" && !args.HasInlineValue()) {
       options.update_baseline = true;
     } else {
-      std::fprintf(stderr, "vramscope check: unknown argument '%s'\n", argv[i]);
+      std::fprintf(stderr, "vramscope check: unknown argument '%s'\n", std::string(arg).c_str());
       return std::nullopt;
     }
   }

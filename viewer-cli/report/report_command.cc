@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "args.h"
 #include "check/atomic_file.h"
 #include "check/report_file.h"
 #include "command.h"
@@ -68,24 +69,12 @@ void PrintReportUsage(std::FILE* out) {
 std::optional<ReportOptions> ParseArgs(int argc, char** argv, bool* help) {
   ReportOptions options;
   bool have_format = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    std::string flag(arg), value;
-    bool has_value = false;
-    if (const std::size_t eq = arg.find('='); arg.substr(0, 2) == "--" && eq != arg.npos) {
-      flag = std::string(arg.substr(0, eq));
-      value = std::string(arg.substr(eq + 1));
-      has_value = true;
-    }
-    auto take = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "vramscope report: %s needs a value\n", flag.c_str());
-        return false;
-      }
-      value = argv[++i];
-      return true;
-    };
+  ArgReader args("report", argc, argv);
+  while (args.Next()) {
+    const std::string_view arg = args.arg();
+    const std::string& flag = args.flag();
+    std::string value;
+    auto take = [&]() -> bool { return args.Value(&value); };
     if (flag == "-h" || flag == "--help") {
       *help = true;
       return std::nullopt;
@@ -129,13 +118,13 @@ std::optional<ReportOptions> ParseArgs(int argc, char** argv, bool* help) {
       if (!take()) return std::nullopt;
       options.host = value;
     } else if (arg.size() > 1 && arg[0] == '-') {
-      std::fprintf(stderr, "vramscope report: unknown option '%s'\n", argv[i]);
+      std::fprintf(stderr, "vramscope report: unknown option '%s'\n", std::string(arg).c_str());
       return std::nullopt;
     } else if (options.file.empty()) {
       options.file = std::string(arg);
     } else {
       std::fprintf(stderr, "vramscope report: one input file only ('%s' and '%s' given)\n",
-                   options.file.c_str(), argv[i]);
+                   options.file.c_str(), std::string(arg).c_str());
       return std::nullopt;
     }
   }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "args.h"
 #include "command.h"
 #include "top/dashboard.h"
 #include "top/top_model.h"
@@ -78,24 +79,12 @@ std::optional<absl::Duration> ParseInterval(const std::string& text) {
 // nullopt after printing the problem, or for --help (help set).
 std::optional<TopOptions> ParseTopArgs(int argc, char** argv, bool* help) {
   TopOptions options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    std::string name = arg, value;
-    bool has_value = false;
-    if (const std::size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    auto take = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "vramscope top: %s needs a value\n", name.c_str());
-        return false;
-      }
-      value = argv[++i];
-      return true;
-    };
+  ArgReader args("top", argc, argv);
+  while (args.Next()) {
+    const std::string arg(args.arg());
+    const std::string& name = args.flag();
+    std::string value;
+    auto take = [&]() -> bool { return args.Value(&value); };
     if (name == "-h" || name == "--help") {
       *help = true;
       return std::nullopt;
@@ -121,9 +110,9 @@ std::optional<TopOptions> ParseTopArgs(int argc, char** argv, bool* help) {
     } else if (name == "--filter") {
       if (!take()) return std::nullopt;
       options.filter = value;
-    } else if (name == "--plain" && !has_value) {
+    } else if (name == "--plain" && !args.HasInlineValue()) {
       options.plain = true;
-    } else if (name == "--once" && !has_value) {
+    } else if (name == "--once" && !args.HasInlineValue()) {
       options.once = true;
     } else {
       std::fprintf(stderr, "vramscope top: unknown argument '%s'\n", arg.c_str());
