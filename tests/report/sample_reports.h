@@ -108,6 +108,19 @@ inline v1::DeviceReport SampleDevice(std::uint32_t ordinal, std::uint64_t scale)
   instance(kHostileName, "evil\"domain", 4'000'000, 5'500'000, 1);
   (*d.mutable_peak_bytes_by_kind())["pooled"] = 3145728 * scale;
   (*d.mutable_peak_bytes_by_kind())["managed"] = 4097;
+  if (scale == 1) {  // CUPTI's view on the first device only: the other shows none
+    v1::CuptiStats* c = d.mutable_cupti();
+    c->set_current_bytes(2097152);
+    c->set_peak_bytes(6291456);
+    c->set_alloc_count(7);
+    c->set_free_count(5);
+    c->set_dropped_records(1);
+    (*c->mutable_peak_bytes_by_memory_kind())["device"] = 6291456;
+    (*c->mutable_peak_bytes_by_memory_kind())["pinned"] = 8192;
+    (*c->mutable_current_bytes_by_memory_kind())["device"] = 2097152;
+    c->set_pool_operations(2);
+    c->set_last_time_ns(9'000'000);
+  }
   return d;
 }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <utility>
 
 #include "run/size.h"
 
@@ -532,6 +533,59 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
       out_ += "</tr>\n";
     }
     out_ += "</table>\n";
+  }
+
+  if (device.has_cupti()) {
+    // The driver's own records (CUPTI), apart from the shim's figures above.
+    const v1::CuptiStats& cupti = device.cupti();
+    const std::string at = path + ".cupti.";
+    out_ +=
+        "<h4>CUPTI (the driver's view)</h4>\n<table class=\"cupti\">\n<tr><th></th><th>now</th>"
+        "<th>peak</th></tr>\n<tr><th>device memory</th>";
+    Num(at + "current_bytes", "current_bytes", Unit::kBytes, cupti.current_bytes());
+    Num(at + "peak_bytes", "peak_bytes", Unit::kBytes, cupti.peak_bytes());
+    out_ += "</tr>\n";
+    // Memory kinds sorted by name (proto maps have no order); a kind may have only one side.
+    std::map<std::string, std::pair<const std::uint64_t*, const std::uint64_t*>> kinds;
+    for (const auto& [kind, bytes] : cupti.current_bytes_by_memory_kind()) {
+      kinds[kind].first = &bytes;
+    }
+    for (const auto& [kind, bytes] : cupti.peak_bytes_by_memory_kind()) kinds[kind].second = &bytes;
+    for (const auto& [kind, values] : kinds) {
+      absl::StrAppend(&out_, "<tr><th>", HtmlEscape(kind), "</th>");
+      if (values.first != nullptr) {
+        Num(absl::StrCat(at, "current_bytes_by_memory_kind.", kind), "current_bytes_by_memory_kind",
+            Unit::kBytes, *values.first);
+      } else {
+        out_ += "<td></td>";
+      }
+      if (values.second != nullptr) {
+        Num(absl::StrCat(at, "peak_bytes_by_memory_kind.", kind), "peak_bytes_by_memory_kind",
+            Unit::kBytes, *values.second);
+      } else {
+        out_ += "<td></td>";
+      }
+      out_ += "</tr>\n";
+    }
+    out_ += "</table>\n<table class=\"cupti-counts\">\n";
+    const struct {
+      const char* label;
+      const char* field;
+      std::uint64_t value;
+    } counts[] = {
+        {"allocation records", "alloc_count", cupti.alloc_count()},
+        {"release records", "free_count", cupti.free_count()},
+        {"stream-ordered pool operations", "pool_operations", cupti.pool_operations()},
+        {"records CUPTI dropped", "dropped_records", cupti.dropped_records()},
+    };
+    for (const auto& row : counts) {
+      absl::StrAppend(&out_, "<tr><th>", row.label, "</th>");
+      Num(at + row.field, row.field, Unit::kCount, row.value);
+      out_ += "</tr>\n";
+    }
+    out_ += "<tr><th>latest record</th>";
+    Num(at + "last_time_ns", "last_time_ns", Unit::kTime, cupti.last_time_ns());
+    out_ += "</tr>\n</table>\n";
   }
 
   out_ += "<h4>Peak bytes by allocation kind</h4>\n";
