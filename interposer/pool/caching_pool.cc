@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -164,8 +165,7 @@ class CachingPool final : public Pool {
         pending_head_ = block;
       }
       pending_tail_ = block;
-      pending_bytes_ += block->size;
-      pending_relaxed_.store(pending_bytes_, std::memory_order_relaxed);
+      AddPending(static_cast<std::ptrdiff_t>(block->size));
       if (std::uint64_t* refs = fence_refs_.Find(fence)) {
         ++*refs;
       } else {
@@ -237,14 +237,14 @@ class CachingPool final : public Pool {
     s.current_reserved_bytes = reserved_;
     s.peak_reserved_bytes = peak_reserved_;
     s.free_bytes = reserved_ - s.current_allocated_bytes;
-    s.pending_bytes = pending_bytes_;
+    s.pending_bytes = pending_bytes_.load(std::memory_order_relaxed);
     s.unreleasable_free_bytes = unreleasable_;
     s.largest_free_block_bytes = LargestFree();
     return s;
   }
 
   std::size_t PendingBytesRelaxed() const override {
-    return pending_relaxed_.load(std::memory_order_relaxed);
+    return pending_bytes_.load(std::memory_order_relaxed);
   }
 
   std::string_view policy() const override { return layout_ == Layout::kVmm ? "vmm" : "segments"; }
@@ -742,6 +742,13 @@ class CachingPool final : public Pool {
     }
   }
 
+  // mu_ held: the only writer, so a plain load and store suffice.
+  void AddPending(std::ptrdiff_t delta) {
+    pending_bytes_.store(
+        pending_bytes_.load(std::memory_order_relaxed) + static_cast<std::size_t>(delta),
+        std::memory_order_relaxed);
+  }
+
   void ReleasePending(Block* b) {
     if (b->link_prev != nullptr) {
       b->link_prev->link_next = b->link_next;
@@ -753,8 +760,7 @@ class CachingPool final : public Pool {
     } else {
       pending_tail_ = b->link_prev;
     }
-    pending_bytes_ -= b->size;
-    pending_relaxed_.store(pending_bytes_, std::memory_order_relaxed);
+    AddPending(-static_cast<std::ptrdiff_t>(b->size));
     std::uint64_t* refs = fence_refs_.Find(b->fence);
     if (refs != nullptr && --*refs == 0) {
       (void)fence_refs_.Erase(b->fence);
@@ -975,8 +981,8 @@ class CachingPool final : public Pool {
   AddrMap fence_refs_;                  // fence -> pending blocks waiting on it
   Block* pending_head_ = nullptr;       // FIFO, oldest first
   Block* pending_tail_ = nullptr;
-  std::size_t pending_bytes_ = 0;
-  std::atomic<std::size_t> pending_relaxed_{0};  // pending_bytes_, for PendingBytesRelaxed
+  // Written under mu_ only; atomic so that PendingBytesRelaxed may read it without the lock.
+  std::atomic<std::size_t> pending_bytes_{0};
   std::size_t reserved_ = 0;
   std::size_t peak_reserved_ = 0;
   std::size_t unreleasable_ = 0;

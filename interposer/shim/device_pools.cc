@@ -182,12 +182,6 @@ void MarkDead(Slot* slot, bool context_alive) {
   slot->fences.MarkDead();
 }
 
-// Amortised fence after a pooled free (pool mode). One batch of frees or pending bytes asks the
-// helper thread for a synchronisation; if the helper lags so far behind that kInlineBatches
-// batches are pending, the freeing thread synchronises itself (what the driver's free always
-// does), which bounds the memory held for pending frees.
-}  // namespace
-
 // The pending bytes at which an allocation of `bytes` synchronises (when that is cheap) rather
 // than grow: enough that one synchronisation frees many blocks of this size (256), so its few
 // microseconds cost the hot path a few nanoseconds per pair, but at most 256 MiB, and never less
@@ -203,8 +197,10 @@ std::uint64_t ReuseSyncThreshold(std::uint64_t bytes) {
   return std::max(bytes, std::min(std::max(kBlocksPerSync * bytes, kFloor), kCap));
 }
 
-namespace {
-
+// Amortised fence after a pooled free (pool mode). One batch of frees or pending bytes asks the
+// helper thread for a synchronisation; if the helper lags so far behind that kInlineBatches
+// batches are pending, the freeing thread synchronises itself (what the driver's free always
+// does), which bounds the memory held for pending frees.
 void MaybeSync(Slot* slot) {
   const Config& config = Cfg();
   const std::uint64_t frees =

@@ -163,10 +163,6 @@ ShimStatus FreePooled(std::uintptr_t address, bool strict);
 ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
                           CUresult* driver_error);
 
-// The allocation-time reuse rule (device_pools.cc): the pending bytes at which an allocation of
-// `bytes` synchronises (if cheap) rather than grow the pool; half of it asks the helper thread.
-std::uint64_t ReuseSyncThreshold(std::uint64_t bytes);
-
 // Idle bytes (reserved - allocated) of every live pool on `device`.
 std::uint64_t IdleBytesOnDevice(int device);
 // Gives idle cached memory back to the driver (after a synchronisation if possible); true if

@@ -72,37 +72,41 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgr
   return result;
 }
 
-// The application waits for the whole context: every free fence issued before the call is
-// complete once it returns successfully (no synchronisation of the shim's own is needed).
-VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxSynchronize() {
-  VRAMSCOPE_PROLOGUE(cuCtxSynchronize);
-  Slot* slot = nullptr;
-  if (Active()) {
-    CUcontext ctx = nullptr;
-    if (real.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx != nullptr) slot = ExistingSlot(ctx);
-  }
-  if (slot == nullptr || slot->pool == nullptr) return real.cuCtxSynchronize();
+namespace vramscope::interposer {
+namespace {
+
+// The application waits for the whole context `ctx` (null: none, or not pooled): every free
+// fence of its pool issued before the call is complete once `sync` returns successfully, so no
+// synchronisation of the shim's own is needed.
+template <typename Sync>
+CUresult UserSync(CUcontext ctx, Sync&& sync) {
+  Slot* slot = Active() && ctx != nullptr ? ExistingSlot(ctx) : nullptr;
+  if (slot == nullptr || slot->pool == nullptr) return sync();
   const std::uint64_t epoch = slot->fences.BeginUserSync();
-  const CUresult result = real.cuCtxSynchronize();
+  const CUresult result = sync();
   slot->fences.EndUserSync(epoch, result);
   return result;
 }
 
+CUcontext CurrentContext() {
+  CUcontext ctx = nullptr;
+  return Real().cuCtxGetCurrent(&ctx) == CUDA_SUCCESS ? ctx : nullptr;
+}
+
+}  // namespace
+}  // namespace vramscope::interposer
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxSynchronize() {
+  VRAMSCOPE_PROLOGUE(cuCtxSynchronize);
+  return UserSync(Active() ? CurrentContext() : nullptr, [&] { return real.cuCtxSynchronize(); });
+}
+
 // CUDA 13's variant names the context (NULL: the current one); cudaDeviceSynchronize of a
-// CUDA 13 runtime arrives here (cuGetProcAddress at 13000). Same rule as above for that context.
+// CUDA 13 runtime arrives here (cuGetProcAddress at 13000).
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
   VRAMSCOPE_PROLOGUE(cuCtxSynchronize_v2);
-  Slot* slot = nullptr;
-  if (Active()) {
-    CUcontext target = ctx;
-    if (target == nullptr && real.cuCtxGetCurrent(&target) != CUDA_SUCCESS) target = nullptr;
-    if (target != nullptr) slot = ExistingSlot(target);
-  }
-  if (slot == nullptr || slot->pool == nullptr) return real.cuCtxSynchronize_v2(ctx);
-  const std::uint64_t epoch = slot->fences.BeginUserSync();
-  const CUresult result = real.cuCtxSynchronize_v2(ctx);
-  slot->fences.EndUserSync(epoch, result);
-  return result;
+  const CUcontext target = ctx != nullptr || !Active() ? ctx : CurrentContext();
+  return UserSync(target, [&] { return real.cuCtxSynchronize_v2(ctx); });
 }
 
 namespace vramscope::interposer {
