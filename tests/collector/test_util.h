@@ -1,4 +1,4 @@
-// Helpers shared by the collector tests: temporary directories and synthetic batches.
+// Helpers shared by the tests: temporary directories, synthetic batches, files, the environment.
 #ifndef VRAMSCOPE_TESTS_COLLECTOR_TEST_UTIL_H_
 #define VRAMSCOPE_TESTS_COLLECTOR_TEST_UTIL_H_
 
@@ -77,6 +77,12 @@ inline v1::EventBatch ExitBatch(const v1::ProcessKey& key, uint64_t sequence, in
   event->set_time_ns(sequence * 100000);
   event->mutable_process_exit()->set_exit_code(exit_code);
   return batch;
+}
+
+// The variable's value, or "" when unset (meson passes paths to the tests this way).
+inline std::string Env(const char* name) {
+  const char* value = getenv(name);
+  return value != nullptr ? value : "";
 }
 
 inline std::string ReadFile(const std::string& path) {

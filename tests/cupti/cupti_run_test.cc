@@ -16,21 +16,13 @@
 #include <sstream>
 #include <string>
 
+#include "tests/collector/test_util.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace {
 
-std::string Env(const char* name) {
-  const char* value = getenv(name);
-  return value != nullptr ? value : "";
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using vramscope::testing::Env;
+using vramscope::testing::ReadFile;
 
 std::size_t Count(const std::string& text, const std::string& needle) {
   std::size_t n = 0;
@@ -42,7 +34,7 @@ std::size_t Count(const std::string& text, const std::string& needle) {
 }
 
 std::uint64_t Figure(const std::string& path, const std::string& key) {
-  std::istringstream in(Read(path));
+  std::istringstream in(ReadFile(path));
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind(key + "=", 0) == 0) return std::stoull(line.substr(key.size() + 1));
@@ -67,7 +59,7 @@ class CuptiRunTest : public ::testing::Test {
   int Shell(const std::string& command) {
     const std::string err = dir_ + "/stderr.txt";
     const int status = system((command + " 2>" + err).c_str());
-    stderr_ = Read(err);
+    stderr_ = ReadFile(err);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
   }
   // `vramscope run` over cupti_app with the fake CUPTI; `env` and `flags` added.
@@ -82,7 +74,7 @@ class CuptiRunTest : public ::testing::Test {
 
   vramscope::v1::DeviceReport Device0() {
     vramscope::v1::Report report;
-    const std::string json = Read(Json());
+    const std::string json = ReadFile(Json());
     EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(json, &report).ok()) << json;
     for (const auto& device : report.devices()) {
       if (device.device().ordinal() == 0) return device;
@@ -118,7 +110,7 @@ void ExpectAgreement(const vramscope::v1::DeviceReport& d, std::uint64_t driver_
 TEST_F(CuptiRunTest, DriverViewAgreesWithReservedOverVmm) {
   ASSERT_EQ(Run(""), 0) << stderr_;
   ExpectAgreement(Device0(), Figure(Out(), "peak_driver_bytes"));
-  const std::string trace = Read(Trace());
+  const std::string trace = ReadFile(Trace());
   EXPECT_NE(trace.find("\"cuda:0 CUPTI device bytes\""), std::string::npos) << trace;
   EXPECT_NE(trace.find("\"cuda:0 reserved\""), std::string::npos);
   EXPECT_NE(trace.find("\"CUPTI OPERATION_POOL_TRIMMED cuda:0\""), std::string::npos) << trace;
@@ -170,7 +162,7 @@ TEST_F(CuptiRunTest, ExitDoesNotWaitForAFinalFlushThatNeverReturns) {
 TEST_F(CuptiRunTest, NoCuptiFlagTurnsItOff) {
   ASSERT_EQ(Run("", "--no-cupti"), 0) << stderr_;
   EXPECT_FALSE(Device0().has_cupti());
-  EXPECT_EQ(Read(Trace()).find("CUPTI"), std::string::npos);
+  EXPECT_EQ(ReadFile(Trace()).find("CUPTI"), std::string::npos);
 }
 
 TEST_F(CuptiRunTest, PlainPreloadLeavesCuptiOffUnlessAskedWithARing) {

@@ -127,8 +127,8 @@ mean_of() {  # mean_of NAME: mean ms_per_step of NAME1..NAMEreps; NAME1's logs b
   echo "$1 runs (ms/step):" $all >&2
   echo "$all" | awk 'NF{s+=$1; n++} END{if (n) printf "%.2f", s/n}'
 }
-pc_mean=$(mean_of torch.caching)
-ps_mean=$(mean_of torch.shim)
+pc=$(mean_of torch.caching)
+ps=$(mean_of torch.shim)
 jfield() { grep -ho "\"$2\": [0-9.]*" "$logs/$1.out" | tail -1 | awk '{print $2}'; }
 # What the driver holds for the process beyond PyTorch's own pool (library workspaces, cuBLAS
 # handles): PyTorch with its cache, the shim only recording (passthrough).
@@ -181,9 +181,7 @@ try:
 except OSError as e:
     print("no folded stacks: %s" % e)
 PY
-pc=$pc_mean
 pn=$(jfield torch.nocache ms_per_step)
-ps=$ps_mean
 maxmem=$(jfield torch.caching max_memory_allocated)
 peak=$(summary_field torch.shim peak_requested)
 verdict=$(awk -v c="$pc" -v s="$ps" 'BEGIN{ if (s+0<=0) {print "FAIL no timing"; exit}
@@ -293,11 +291,9 @@ for rep in $(seq $reps); do
   PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.cupti_off$rep env NVTX_INJECTION64_PATH=/nonexistent/none.so "${vsrun[@]}" --no-cupti --json "$logs/torch.cupti_off$rep.json" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 20 --nvtx
   PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.cupti_on$rep "${vsrun[@]}" --json "$logs/torch.cupti_on$rep.json" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 20 --nvtx
 done
-off_mean=$(mean_of torch.cupti_off)
-on_mean=$(mean_of torch.cupti_on)
+off=$(mean_of torch.cupti_off)
+on=$(mean_of torch.cupti_on)
 cp "$logs/torch.cupti_on1.json" "$logs/torch.cupti_on.json"
-off=$off_mean
-on=$on_mean
 read -r sr cp ca cdrop call <<<"$(cupti_fields "$logs/torch.cupti_on.json")"
 echo "torch GPT-2 under vramscope run: ${off:-?} ms/step without CUPTI+NVTX, ${on:-?} ms/step with; shim peak reserved ${sr:-?} B, CUPTI device peak ${cp:-?} B (all device kinds ${call:-?} B; ${ca:-?} allocation records, ${cdrop:-?} dropped)"
 verdict=$(awk -v a="$off" -v b="$on" 'BEGIN{ if (a+0<=0 || b+0<=0) {print "FAIL no timing"; exit}

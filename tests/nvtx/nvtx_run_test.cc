@@ -15,6 +15,7 @@
 #include <string>
 #include <tuple>
 
+#include "tests/collector/test_util.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace {
@@ -22,17 +23,8 @@ namespace {
 constexpr std::uint64_t kKiB = 1024;
 constexpr std::uint64_t kMiB = 1024 * kKiB;
 
-std::string Env(const char* name) {
-  const char* value = getenv(name);
-  return value != nullptr ? value : "";
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using vramscope::testing::Env;
+using vramscope::testing::ReadFile;
 
 class NvtxRunTest : public ::testing::Test {
  protected:
@@ -56,10 +48,10 @@ class NvtxRunTest : public ::testing::Test {
     const std::string command = Env("VRAMSCOPE_EXE") + " run --json " + Path("report.json") + " " +
                                 options + " -- " + Env("VRAMSCOPE_NVTX_APP") + " 2>" + err;
     const int status = system(command.c_str());
-    stderr_ = Read(err);
+    stderr_ = ReadFile(err);
     google::protobuf::util::JsonParseOptions parse;
     const auto parsed =
-        google::protobuf::util::JsonStringToMessage(Read(Path("report.json")), report, parse);
+        google::protobuf::util::JsonStringToMessage(ReadFile(Path("report.json")), report, parse);
     EXPECT_TRUE(parsed.ok()) << parsed.ToString() << "\n" << stderr_;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
   }
@@ -121,7 +113,7 @@ TEST_F(NvtxRunTest, PerRangePeakNetGrowthAndCountsAreExact) {
   EXPECT_EQ(device->top_sites_size(), 0);
 
   // The trace: every range instance is a complete slice; the worker's on another thread.
-  const std::string trace = Read(Path("trace.json"));
+  const std::string trace = ReadFile(Path("trace.json"));
   auto slices = [&](const std::string& name) {
     std::size_t n = 0;
     for (std::size_t at = trace.find("\"name\":\"" + name + "\""); at != std::string::npos;
@@ -210,7 +202,7 @@ TEST_F(NvtxRunTest, StacksGiveResolvedSitesAndFoldedFile) {
 
   // Folded: outermost first, weight = total bytes, frames are functions (so the worker's two
   // call sites, C and D, are one stack of 4.5 MiB ending in AllocateInWorker;AllocateBlock).
-  const std::string folded = Read(Path("folded.txt"));
+  const std::string folded = ReadFile(Path("folded.txt"));
   std::istringstream lines(folded);
   std::string line;
   bool found = false;

@@ -17,26 +17,18 @@
 
 #include <google/protobuf/struct.pb.h>
 
+#include "tests/collector/test_util.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace {
 
-std::string Env(const char* name) {
-  const char* value = getenv(name);
-  return value != nullptr ? value : "";
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using vramscope::testing::Env;
+using vramscope::testing::ReadFile;
 
 // ring_app's `key=value` lines.
 std::map<std::string, std::uint64_t> ReadFigures(const std::string& path) {
   std::map<std::string, std::uint64_t> figures;
-  std::istringstream in(Read(path));
+  std::istringstream in(ReadFile(path));
   std::string line;
   while (std::getline(in, line)) {
     const auto eq = line.find('=');
@@ -68,7 +60,7 @@ class RingRunTest : public ::testing::Test {
   int Shell(const std::string& command) {
     const std::string err = dir_ + "/stderr.txt";
     const int status = system((command + " 2>" + err).c_str());
-    stderr_ = Read(err);
+    stderr_ = ReadFile(err);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
   }
   int RunUnderVramscope(const std::string& mode, const std::string& extra_env = "") {
@@ -79,7 +71,7 @@ class RingRunTest : public ::testing::Test {
   std::string Out() const { return dir_ + "/out.txt"; }
 
   std::vector<vramscope::v1::Report> Reports() {
-    const std::string json = Read(Json());
+    const std::string json = ReadFile(Json());
     std::vector<vramscope::v1::Report> reports;
     if (json.find("\"reports\"") != std::string::npos) {
       // {"reports": [Report, ...]}: no message type; each element is a Report's JSON.
@@ -122,7 +114,7 @@ TEST_F(RingRunTest, PooledPeaksCountsAndLeakAreExact) {
   EXPECT_EQ(report.exit_code(), 3);
   EXPECT_EQ(report.mode(), "pool");
   const vramscope::v1::DeviceReport* d = Device0(report);
-  ASSERT_NE(d, nullptr) << Read(Json());
+  ASSERT_NE(d, nullptr) << ReadFile(Json());
   const std::uint64_t big = (std::uint64_t{1} << 20) + 1;
   EXPECT_EQ(d->peak_requested_bytes(), 1000 + 3000 + big);
   EXPECT_EQ(d->peak_allocated_bytes(), RoundUp512(1000) + RoundUp512(3000) + RoundUp512(big));
@@ -197,7 +189,7 @@ TEST_F(RingRunTest, PoolOutOfMemoryIsReportedWithItsVerdict) {
   ASSERT_EQ(reports.size(), 1u);
   const vramscope::v1::DeviceReport* d = Device0(reports[0]);
   ASSERT_NE(d, nullptr);
-  ASSERT_EQ(d->ooms_size(), 1) << Read(Json());
+  ASSERT_EQ(d->ooms_size(), 1) << ReadFile(Json());
   EXPECT_EQ(d->ooms(0).requested_bytes(), std::uint64_t{100} << 20);
   EXPECT_EQ(d->ooms(0).verdict(), vramscope::v1::OOM_VERDICT_CAPACITY);
   EXPECT_LT(d->ooms(0).free_bytes(), std::uint64_t{100} << 20);
@@ -210,12 +202,12 @@ TEST_F(RingRunTest, PoolOutOfMemoryIsReportedWithItsVerdict) {
 TEST_F(RingRunTest, ForkedChildIsReportedAsItsOwnProcess) {
   ASSERT_EQ(RunUnderVramscope("fork"), 0) << stderr_;
   const auto reports = Reports();
-  ASSERT_EQ(reports.size(), 2u) << Read(Json());
+  ASSERT_EQ(reports.size(), 2u) << ReadFile(Json());
   const vramscope::v1::Report* parent = nullptr;
   const vramscope::v1::Report* child = nullptr;
   for (const auto& report : reports) {
     const vramscope::v1::DeviceReport* d = Device0(report);
-    ASSERT_NE(d, nullptr) << Read(Json());
+    ASSERT_NE(d, nullptr) << ReadFile(Json());
     (d->alloc_count() == 2 ? child : parent) = &report;
   }
   ASSERT_NE(parent, nullptr);

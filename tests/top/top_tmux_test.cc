@@ -39,10 +39,7 @@ using ::vramscope::testing::TempDir;
 
 constexpr absl::Duration kDeadline = absl::Seconds(30);
 
-std::string Env(const char* name) {
-  const char* value = getenv(name);
-  return value != nullptr ? value : "";
-}
+using vramscope::testing::Env;
 
 // Runs `command` with /bin/sh; returns its exit status and stdout.
 int Shell(const std::string& command, std::string* out = nullptr) {
