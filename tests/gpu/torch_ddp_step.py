@@ -4,9 +4,11 @@
 
 NCCL process group, each rank on cuda:LOCAL_RANK, the GPT of torch_gpt2.py (random weights,
 synthetic tokens), bf16 autocast, AdamW, batch 4 x 512 per rank, STEPS (default 4) steps. Each
-rank prints one JSON line: rank, pid, torch.cuda.max_memory_allocated() of its device
-(meaningful with PyTorch's own allocator), the loss of its last step and ms per step (steps after
-the first two). NVLink multicast (NCCL NVLS, symmetric memory) stays off.
+rank prints one JSON line: rank, pid, the device it used, and of that device (meaningful with
+PyTorch's own allocator) torch.cuda.max_memory_allocated(), max_memory_reserved() and the peak of
+the sizes asked for (memory_stats' requested_bytes.all.peak, before PyTorch's 512-byte rounding
+and block reuse), then the loss of its last step and ms per step (steps after the first two).
+NVLink multicast (NCCL NVLS, symmetric memory) stays off.
 """
 import os
 
@@ -56,10 +58,14 @@ def main():
         torch.cuda.synchronize(dev)
         times.append((time.perf_counter() - t0) * 1000)
     timed = times[2:] if len(times) > 2 else times
+    stats = torch.cuda.memory_stats(local_rank)
     print(json.dumps({
         "rank": rank,
         "pid": os.getpid(),
+        "device": local_rank,
         "max_memory_allocated": torch.cuda.max_memory_allocated(local_rank),
+        "max_memory_reserved": torch.cuda.max_memory_reserved(local_rank),
+        "peak_requested_bytes": stats.get("requested_bytes.all.peak", 0),
         "loss": round(float(loss.detach()), 4),
         "ms_per_step": sum(timed) / len(timed),
         "caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1",
