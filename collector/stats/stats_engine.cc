@@ -10,7 +10,7 @@
 namespace vramscope::collector {
 namespace {
 
-constexpr int kKinds = 10;  // AllocationKind values 0..9
+constexpr int kKinds = v1::AllocationKind_ARRAYSIZE;  // AllocationKind values 0..10
 
 std::uint64_t SubtractSaturating(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 

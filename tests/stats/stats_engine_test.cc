@@ -80,6 +80,24 @@ TEST(StatsEngineTest, PassedThroughKindsAreReservedHostIsNotDeviceMemory) {
   EXPECT_EQ(d.alloc_count(), 3u);
 }
 
+// CUDA arrays (requested: texel bytes, allocated: the driver's size) and a device's graph memory
+// pool (one entry whose size changes by a free and an alloc) are device memory the driver holds.
+TEST(StatsEngineTest, ArrayAndGraphPoolKindsAreReservedAndNamed) {
+  constexpr std::uint64_t kPool = 0xFFFFFFFFFFFF0000ull;
+  EventStream s;
+  s.Alloc(0x10, 1000, 4096, 0, v1::ALLOCATION_KIND_ARRAY)
+      .Alloc(kPool, 5000, 5000, 0, v1::ALLOCATION_KIND_GRAPH)
+      .Free(kPool)
+      .Alloc(kPool, 7000, 7000, 0, v1::ALLOCATION_KIND_GRAPH)
+      .Free(0x10);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.peak_reserved_bytes(), 4096u + 7000u);
+  EXPECT_EQ(d.current_reserved_bytes(), 7000u);
+  EXPECT_EQ(d.peak_requested_bytes(), 1000u + 7000u);
+  EXPECT_EQ(d.peak_bytes_by_kind().at("array"), 4096u);
+  EXPECT_EQ(d.peak_bytes_by_kind().at("graph"), 7000u);
+}
+
 TEST(StatsEngineTest, FreesAreRoutedByAddressAndUnknownFreesIgnored) {
   EventStream s;
   s.Alloc(0x1, 100, 128, /*device=*/1).Free(0x1, /*device=*/0).Free(0x999);

@@ -115,7 +115,13 @@ enum vramscope_ring_kind {
  *   - every other kind passes through to the driver, which holds the memory for the process:
  *     it counts requested, allocated AND reserved;
  *   - except HOST (pinned host memory) and IPC_IMPORT (another process's memory), which count
- *     no device bytes at all (only alloc/free counts). */
+ *     no device bytes at all (only alloc/free counts).
+ *
+ * GRAPH records are one entry per device, the graph memory pool's reserved bytes
+ * (cuDeviceGetGraphMemAttribute RESERVED_MEM_CURRENT), at a fixed non-pointer address
+ * (0xFFFFFFFFFFFF0000 + device): a change of the figure is a FREE of the old size followed by an
+ * ALLOC of the new one. ARRAY (CUDA arrays, keyed by their handle) came after version 1 without
+ * changing it: a reader that does not know it skips its records as invalid (counted as drops). */
 enum vramscope_ring_alloc_kind {
   VRAMSCOPE_RING_ALLOC_UNSPECIFIED = 0,
   VRAMSCOPE_RING_ALLOC_POOLED = 1,
@@ -127,7 +133,8 @@ enum vramscope_ring_alloc_kind {
   VRAMSCOPE_RING_ALLOC_HOST = 7,
   VRAMSCOPE_RING_ALLOC_IPC_IMPORT = 8,
   VRAMSCOPE_RING_ALLOC_GRAPH = 9,
-  VRAMSCOPE_RING_ALLOC_LIMIT = 10
+  VRAMSCOPE_RING_ALLOC_ARRAY = 10,
+  VRAMSCOPE_RING_ALLOC_LIMIT = 11
 };
 
 /* The byte-accounting rule above, shared by the writer's counters and (re-stated on the proto
