@@ -29,6 +29,10 @@ const char* KindName(Kind kind) {
       return "vmm_reserved";
     case Kind::kIpcImport:
       return "ipc_import";
+    case Kind::kArray:
+      return "array";
+    case Kind::kGraph:
+      return "graph";
     case Kind::kCount:
       break;
   }
@@ -37,7 +41,7 @@ const char* KindName(Kind kind) {
 
 bool IsDeviceMemory(Kind kind) {
   return kind == Kind::kDevice || kind == Kind::kPitch || kind == Kind::kAsync ||
-         kind == Kind::kVmmPhysical;
+         kind == Kind::kVmmPhysical || kind == Kind::kArray || kind == Kind::kGraph;
 }
 
 ShimCounters& Counters() { return g_counters; }

@@ -25,6 +25,8 @@ enum class Kind : int {
   kVmmMapped,       // cuMemMap until cuMemUnmap
   kVmmReserved,     // cuMemAddressReserve until cuMemAddressFree (address space only)
   kIpcImport,       // cuIpcOpenMemHandle_v2 until cuIpcCloseMemHandle (owned by another process)
+  kArray,           // cuArrayCreate_v2, cuArray3DCreate_v2, cuMipmappedArrayCreate until destroyed
+  kGraph,           // a device's graph memory pool (graph memory nodes), reserved bytes
   kCount,
 };
 
@@ -84,8 +86,8 @@ struct ShimCounters {
   std::uint32_t mode = 0;  // Mode (config.h)
   DeviceCounters device[kMaxDevices];
   KindCounters kind[static_cast<int>(Kind::kCount)];
-  // Device memory taken by passthrough calls (device, pitch, async, vmm_physical kinds): the
-  // program's own footprint in passthrough mode.
+  // Device memory taken by passthrough calls (device, pitch, async, vmm_physical, array, graph
+  // kinds): the program's own footprint in passthrough mode.
   Gauge passthrough_device_bytes;
   Counter ipc_refused;  // cuIpcGetMemHandle on a pooled sub-allocation, refused
 };

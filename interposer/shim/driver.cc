@@ -34,7 +34,11 @@ struct IdentityEntry {
   void* wrapper;
 };
 
-constexpr int kMaxIdentity = 64;
+constexpr int kMaxIdentity = 128;
+#define VRAMSCOPE_COUNT_ONE(name) +1
+static_assert(0 VRAMSCOPE_HOOKED_ENTRY_POINTS(VRAMSCOPE_COUNT_ONE) <= kMaxIdentity,
+              "every hooked entry point needs a slot in the identity table");
+#undef VRAMSCOPE_COUNT_ONE
 
 constinit RealDriver g_real{};
 constinit IdentityEntry g_identity[kMaxIdentity] = {};

@@ -18,6 +18,8 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuCtxDestroy
+#undef cuGraphInstantiate
+#undef cuGraphAddNode
 
 extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
@@ -44,6 +46,21 @@ CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGra
                                                   const CUgraphNode* dependencies,
                                                   const CUgraphEdgeData* dependencyData,
                                                   size_t numDependencies, CUstreamCaptureMode mode);
+// Graphs: the CUDA 10.0 and 11.0 ABIs of cuGraphInstantiate (cuda.h now maps the name to
+// cuGraphInstantiateWithFlags), the CUDA 12.2 ABI of cuGraphAddNode (no edge data; the name maps
+// to cuGraphAddNode_v2), and the per-thread-stream variants.
+CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph,
+                                    CUgraphNode* phErrorNode, char* logBuffer, size_t bufferSize);
+CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGraph,
+                                       CUgraphNode* phErrorNode, char* logBuffer,
+                                       size_t bufferSize);
+CUresult CUDAAPI cuGraphAddNode(CUgraphNode* phGraphNode, CUgraph hGraph,
+                                const CUgraphNode* dependencies, size_t numDependencies,
+                                CUgraphNodeParams* nodeParams);
+CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(
+    CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams);
+CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 }
 
 // Every entry point the shim exports and substitutes when cuGetProcAddress or dlsym returns the
@@ -94,7 +111,27 @@ CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGra
   X(cuDevicePrimaryCtxRelease_v2)        \
   X(cuDevicePrimaryCtxRelease)           \
   X(cuCtxDestroy_v2)                     \
-  X(cuCtxDestroy)
+  X(cuCtxDestroy)                        \
+  X(cuArrayCreate_v2)                    \
+  X(cuArray3DCreate_v2)                  \
+  X(cuMipmappedArrayCreate)              \
+  X(cuArrayDestroy)                      \
+  X(cuMipmappedArrayDestroy)             \
+  X(cuGraphAddMemAllocNode)              \
+  X(cuGraphAddNode)                      \
+  X(cuGraphAddNode_v2)                   \
+  X(cuGraphInstantiate)                  \
+  X(cuGraphInstantiate_v2)               \
+  X(cuGraphInstantiateWithFlags)         \
+  X(cuGraphInstantiateWithParams)        \
+  X(cuGraphInstantiateWithParams_ptsz)   \
+  X(cuGraphUpload)                       \
+  X(cuGraphUpload_ptsz)                  \
+  X(cuGraphLaunch)                       \
+  X(cuGraphLaunch_ptsz)                  \
+  X(cuGraphExecDestroy)                  \
+  X(cuGraphDestroy)                      \
+  X(cuDeviceGraphMemTrim)
 
 // Driver functions the shim calls for its own work but does not hook. X(exact_name).
 #define VRAMSCOPE_USED_ENTRY_POINTS(X) \
@@ -114,4 +151,7 @@ CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGra
   X(cuMemGetAllocationGranularity)     \
   X(cuStreamIsCapturing)               \
   X(cuStreamIsCapturing_ptsz)          \
-  X(cuThreadExchangeStreamCaptureMode)
+  X(cuThreadExchangeStreamCaptureMode) \
+  X(cuDeviceGetGraphMemAttribute)      \
+  X(cuArrayGetMemoryRequirements)      \
+  X(cuMipmappedArrayGetMemoryRequirements)

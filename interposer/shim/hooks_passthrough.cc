@@ -2,14 +2,27 @@
 // kind (counters.h), so the shim's totals equal what the driver holds for the process. A driver
 // OOM on these calls gives the pools' idle memory back and retries once.
 //
-// Graph memory: cuMemAllocAsync on a capturing stream creates graph-owned memory (allocated
-// when the graph launches, owned by the graph); it is passed through and not recorded.
-// cuGraphAddMemAllocNode and arrays (cuArrayCreate/cuArray3DCreate) are not hooked yet.
+// Graph memory: cuMemAllocAsync on a capturing stream creates graph-owned memory (mapped when
+// the graph is instantiated/uploaded/launched, from the device's graph memory pool); it is passed
+// through without a record of its own, and marks its device so that the graph pool is recorded
+// (hooks_graph.cc, graph_memory.h: one GRAPH entry per device, the driver's reserved bytes).
+//
+// CUDA arrays (cuArrayCreate_v2, cuArray3DCreate_v2, cuMipmappedArrayCreate until
+// cuArrayDestroy / cuMipmappedArrayDestroy): recorded by handle (RegistryId::kArrays). Allocated
+// bytes are the driver's (cuArrayGetMemoryRequirements / cuMipmappedArrayGetMemoryRequirements);
+// the driver documents those for CUDA_ARRAY3D_DEFERRED_MAPPING arrays only, so for the others
+// they usually fail and the size comes from the descriptor (ArrayDescriptorBytes: texels x bytes
+// per texel, summed over mip levels, no tiling or alignment: a lower bound). Requested bytes are
+// always the descriptor's. Sparse and deferred-mapping arrays own no memory (their backing is
+// cuMemCreate memory mapped with cuMemMapArrayAsync, recorded as VMM) and are not recorded.
+// The 32-bit legacy cuArrayCreate/cuArray3DCreate ABIs are returned unwrapped.
 #include "capture.h"
 #include "counters.h"
 #include "device_pools.h"
+#include "graph_memory.h"
 #include "hooks.h"
 #include "registry.h"
+#include "ring_events.h"
 
 using namespace vramscope::interposer;
 
@@ -52,6 +65,7 @@ bool GraphOwned(decltype(&::cuStreamIsCapturing) is_capturing, CUstream stream) 
 }
 
 void RecordAsync(CUresult result, CUdeviceptr* dptr, size_t bytes, bool graph, CUstream stream) {
+  if (result == CUDA_SUCCESS && graph) NoteGraphMemAllocNode(-1);  // a captured mem-alloc node
   if (result == CUDA_SUCCESS && dptr != nullptr && Recording() && !graph) {
     AllocOrigin origin;
     origin.stream = reinterpret_cast<std::uintptr_t>(stream);
@@ -68,6 +82,115 @@ void RecordGauge(Kind kind, std::int64_t bytes) {
     counters.bytes.Sub(static_cast<std::uint64_t>(-bytes));
     counters.frees.Add(1);
   }
+}
+
+// Bits per texel of an array format (block-compressed and planar YUV formats averaged over a
+// block / the planes); 8 x 4 x channels for a format this table does not know.
+std::uint64_t BitsPerTexel(CUarray_format format, unsigned int channels) {
+  switch (static_cast<int>(format)) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 8ull * channels;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 16ull * channels;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+      return 32ull * channels;
+    case CU_AD_FORMAT_UNORM_INT8X1:
+    case CU_AD_FORMAT_SNORM_INT8X1:
+      return 8;
+    case CU_AD_FORMAT_UNORM_INT8X2:
+    case CU_AD_FORMAT_SNORM_INT8X2:
+    case CU_AD_FORMAT_UNORM_INT16X1:
+    case CU_AD_FORMAT_SNORM_INT16X1:
+    case CU_AD_FORMAT_YUY2:
+    case CU_AD_FORMAT_NV16:
+      return 16;
+    case CU_AD_FORMAT_UNORM_INT8X4:
+    case CU_AD_FORMAT_SNORM_INT8X4:
+    case CU_AD_FORMAT_UNORM_INT16X2:
+    case CU_AD_FORMAT_SNORM_INT16X2:
+    case CU_AD_FORMAT_UNORM_INT_101010_2:
+    case CU_AD_FORMAT_Y210:
+    case CU_AD_FORMAT_Y216:
+    case CU_AD_FORMAT_AYUV:
+    case CU_AD_FORMAT_Y410:
+    case CU_AD_FORMAT_P210:
+    case CU_AD_FORMAT_P216:
+      return 32;
+    case CU_AD_FORMAT_UNORM_INT16X4:
+    case CU_AD_FORMAT_SNORM_INT16X4:
+    case CU_AD_FORMAT_Y416:
+      return 64;
+    case CU_AD_FORMAT_NV12:
+      return 12;
+    case CU_AD_FORMAT_P010:
+    case CU_AD_FORMAT_P016:
+      return 24;
+    case CU_AD_FORMAT_Y444_PLANAR8:
+    case CU_AD_FORMAT_YUV444_8bit_SemiPlanar:
+      return 24;
+    case CU_AD_FORMAT_Y444_PLANAR10:
+    case CU_AD_FORMAT_YUV444_16bit_SemiPlanar:
+      return 48;
+    case CU_AD_FORMAT_BC1_UNORM:
+    case CU_AD_FORMAT_BC1_UNORM_SRGB:
+    case CU_AD_FORMAT_BC4_UNORM:
+    case CU_AD_FORMAT_BC4_SNORM:
+      return 4;  // 8 bytes per 4x4 block
+    case CU_AD_FORMAT_BC2_UNORM:
+    case CU_AD_FORMAT_BC2_UNORM_SRGB:
+    case CU_AD_FORMAT_BC3_UNORM:
+    case CU_AD_FORMAT_BC3_UNORM_SRGB:
+    case CU_AD_FORMAT_BC5_UNORM:
+    case CU_AD_FORMAT_BC5_SNORM:
+    case CU_AD_FORMAT_BC6H_UF16:
+    case CU_AD_FORMAT_BC6H_SF16:
+    case CU_AD_FORMAT_BC7_UNORM:
+    case CU_AD_FORMAT_BC7_UNORM_SRGB:
+      return 8;  // 16 bytes per 4x4 block
+    default:
+      return 32ull * (channels == 0 ? 1 : channels);
+  }
+}
+
+// Bytes of an array's texels from its descriptor: width x height x depth (0 counts as 1; a
+// layered or cubemap array's depth is its layer count) x bits per texel, summed over `levels`
+// mip levels (each halves width, height and, unless layered or cubemap, depth, to at least 1).
+std::uint64_t ArrayDescriptorBytes(const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned int levels) {
+  const bool layers = (desc.Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+  const std::uint64_t bits = BitsPerTexel(desc.Format, desc.NumChannels);
+  std::uint64_t w = desc.Width == 0 ? 1 : desc.Width;
+  std::uint64_t h = desc.Height == 0 ? 1 : desc.Height;
+  std::uint64_t d = desc.Depth == 0 ? 1 : desc.Depth;
+  std::uint64_t total_bits = 0;
+  for (unsigned int level = 0; level < (levels == 0 ? 1 : levels); ++level) {
+    total_bits += w * h * d * bits;
+    w = w > 1 ? w / 2 : 1;
+    h = h > 1 ? h / 2 : 1;
+    if (!layers) d = d > 1 ? d / 2 : 1;
+  }
+  return (total_bits + 7) / 8;
+}
+
+// Records an array the driver just created. `requirements` asks the driver for its size.
+template <typename Requirements>
+void RecordArray(std::uintptr_t handle, const CUDA_ARRAY3D_DESCRIPTOR& desc, unsigned int levels,
+                 Requirements&& requirements) {
+  if ((desc.Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) != 0) return;
+  const int device = CurrentDeviceOrZero();
+  AllocOrigin origin;
+  origin.device = device;
+  origin.requested = ArrayDescriptorBytes(desc, levels);
+  CUDA_ARRAY_MEMORY_REQUIREMENTS needs{};
+  const std::uint64_t size =
+      requirements(&needs, static_cast<CUdevice>(device)) == CUDA_SUCCESS && needs.size != 0
+          ? needs.size
+          : origin.requested;
+  RecordAlloc(RegistryId::kArrays, handle, size, Kind::kArray, origin);
 }
 
 }  // namespace
@@ -285,5 +408,81 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
   VRAMSCOPE_PROLOGUE(cuIpcCloseMemHandle);
   const CUresult result = real.cuIpcCloseMemHandle(dptr);
   if (result == CUDA_SUCCESS && Recording()) (void)RecordFree(RegistryId::kDevicePointers, dptr);
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuArrayCreate_v2(CUarray* pHandle,
+                                                   const CUDA_ARRAY_DESCRIPTOR* pAllocateArray) {
+  VRAMSCOPE_PROLOGUE(cuArrayCreate_v2);
+  const CUresult result =
+      WithOomRetry([&] { return real.cuArrayCreate_v2(pHandle, pAllocateArray); });
+  if (result == CUDA_SUCCESS && Recording() && pHandle != nullptr && pAllocateArray != nullptr) {
+    CUDA_ARRAY3D_DESCRIPTOR desc{};
+    desc.Width = pAllocateArray->Width;
+    desc.Height = pAllocateArray->Height;
+    desc.Format = pAllocateArray->Format;
+    desc.NumChannels = pAllocateArray->NumChannels;
+    const CUarray array = *pHandle;
+    RecordArray(reinterpret_cast<std::uintptr_t>(array), desc, 1,
+                [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* needs, CUdevice device) {
+                  return real.cuArrayGetMemoryRequirements == nullptr
+                             ? CUDA_ERROR_NOT_FOUND
+                             : real.cuArrayGetMemoryRequirements(needs, array, device);
+                });
+  }
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI
+cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray) {
+  VRAMSCOPE_PROLOGUE(cuArray3DCreate_v2);
+  const CUresult result =
+      WithOomRetry([&] { return real.cuArray3DCreate_v2(pHandle, pAllocateArray); });
+  if (result == CUDA_SUCCESS && Recording() && pHandle != nullptr && pAllocateArray != nullptr) {
+    const CUarray array = *pHandle;
+    RecordArray(reinterpret_cast<std::uintptr_t>(array), *pAllocateArray, 1,
+                [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* needs, CUdevice device) {
+                  return real.cuArrayGetMemoryRequirements == nullptr
+                             ? CUDA_ERROR_NOT_FOUND
+                             : real.cuArrayGetMemoryRequirements(needs, array, device);
+                });
+  }
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(
+    CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc,
+    unsigned int numMipmapLevels) {
+  VRAMSCOPE_PROLOGUE(cuMipmappedArrayCreate);
+  const CUresult result = WithOomRetry(
+      [&] { return real.cuMipmappedArrayCreate(pHandle, pMipmappedArrayDesc, numMipmapLevels); });
+  if (result == CUDA_SUCCESS && Recording() && pHandle != nullptr &&
+      pMipmappedArrayDesc != nullptr) {
+    const CUmipmappedArray array = *pHandle;
+    RecordArray(reinterpret_cast<std::uintptr_t>(array), *pMipmappedArrayDesc, numMipmapLevels,
+                [&](CUDA_ARRAY_MEMORY_REQUIREMENTS* needs, CUdevice device) {
+                  return real.cuMipmappedArrayGetMemoryRequirements == nullptr
+                             ? CUDA_ERROR_NOT_FOUND
+                             : real.cuMipmappedArrayGetMemoryRequirements(needs, array, device);
+                });
+  }
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray hArray) {
+  VRAMSCOPE_PROLOGUE(cuArrayDestroy);
+  const CUresult result = real.cuArrayDestroy(hArray);
+  if (result == CUDA_SUCCESS && Recording()) {
+    (void)RecordFree(RegistryId::kArrays, reinterpret_cast<std::uintptr_t>(hArray));
+  }
+  return result;
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+  VRAMSCOPE_PROLOGUE(cuMipmappedArrayDestroy);
+  const CUresult result = real.cuMipmappedArrayDestroy(hMipmappedArray);
+  if (result == CUDA_SUCCESS && Recording()) {
+    (void)RecordFree(RegistryId::kArrays, reinterpret_cast<std::uintptr_t>(hMipmappedArray));
+  }
   return result;
 }

@@ -1,5 +1,5 @@
 // Sizes of the allocations the shim passes through, so that their frees can be counted: a map
-// from key (device pointer, host pointer or VMM handle) to size and kind.
+// from key (device pointer, host pointer, VMM handle, array handle, graph pool) to size and kind.
 //
 // Thread safety: sharded, one mutex per shard; LockAll/UnlockAll bracket fork() so the child
 // inherits consistent shards. Allocation: std::unordered_map nodes from malloc, only on
@@ -12,7 +12,16 @@
 
 namespace vramscope::interposer {
 
-enum class RegistryId : int { kDevicePointers = 0, kHostPointers, kVmmHandles, kCount };
+// kArrays: CUarray and CUmipmappedArray handles; kGraphPools: one entry per device at
+// GraphPoolKey(device) (graph_memory.h).
+enum class RegistryId : int {
+  kDevicePointers = 0,
+  kHostPointers,
+  kVmmHandles,
+  kArrays,
+  kGraphPools,
+  kCount
+};
 
 struct RegistryEntry {
   std::uint64_t size = 0;

@@ -144,6 +144,10 @@ std::uint8_t RingAllocKind(Kind kind) {
       return VRAMSCOPE_RING_ALLOC_VMM;
     case Kind::kIpcImport:
       return VRAMSCOPE_RING_ALLOC_IPC_IMPORT;
+    case Kind::kArray:
+      return VRAMSCOPE_RING_ALLOC_ARRAY;
+    case Kind::kGraph:
+      return VRAMSCOPE_RING_ALLOC_GRAPH;
     case Kind::kVmmMapped:
     case Kind::kVmmReserved:
     case Kind::kCount:

@@ -16,6 +16,7 @@
 #include "device_pools.h"
 #include "driver.h"
 #include "fence_worker.h"
+#include "graph_memory.h"
 #include "log.h"
 #include "registry.h"
 #include "ring_events.h"
@@ -51,6 +52,7 @@ void OnExitStatus(int status, void* /*arg*/) { MarkRingExited(status); }
 void ForkPrepare() {
   pthread_mutex_lock(&g_init_mu);
   LockSlotsForFork();
+  LockGraphMemoryForFork();  // before the registries: RefreshGraphMemory's order
   LockRegistriesForFork();
   LockFenceWorkerForFork();
 }
@@ -58,6 +60,7 @@ void ForkPrepare() {
 void ForkParent() {
   UnlockFenceWorkerAfterFork();
   UnlockRegistriesAfterFork();
+  UnlockGraphMemoryAfterFork();
   UnlockSlotsAfterFork();
   pthread_mutex_unlock(&g_init_mu);
 }
@@ -71,6 +74,7 @@ void ForkChild() {
   // mapping of libcuda is inherited); the driver itself decides what works in a child.
   ForgetSlotsInChild();
   ClearRegistriesInChild();
+  ResetGraphMemoryInChild();
   ResetCapturesAfterFork();
   ShimCounters& counters = Counters();
   counters.~ShimCounters();
