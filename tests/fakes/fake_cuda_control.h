@@ -12,6 +12,9 @@
 //   VRAMSCOPE_FAKE_CAPACITY=<bytes>   per-device memory capacity (default 16 GiB)
 //   VRAMSCOPE_FAKE_DEVICES=1|2        number of devices (default 2)
 //   VRAMSCOPE_FAKE_MANUAL_EVENTS=1    start in manual event completion mode
+//   VRAMSCOPE_FAKE_ARRAY_REQUIREMENTS=deferred  array memory requirements only for
+//                                     deferred-mapping arrays
+//                                     (vramscope_fake_set_array_requirements)
 #ifndef VRAMSCOPE_TESTS_FAKES_FAKE_CUDA_CONTROL_H_
 #define VRAMSCOPE_TESTS_FAKES_FAKE_CUDA_CONTROL_H_
 
@@ -84,6 +87,19 @@ int vramscope_fake_live_host_allocations(void);
 
 // Bytes cached in the device's default stream-ordered pool (freed but not yet trimmed).
 size_t vramscope_fake_pool_cached_bytes(int device);
+
+// Bytes the device's graph memory pool holds (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), and the
+// number of instantiated graphs (fake_graph.cc).
+size_t vramscope_fake_graph_reserved_bytes(int device);
+int vramscope_fake_live_graph_execs(void);
+
+// Bytes charged for the device's live CUDA arrays, and the number of live arrays and mipmapped
+// arrays (fake_array.cc). set_array_requirements(0): cuArrayGetMemoryRequirements and
+// cuMipmappedArrayGetMemoryRequirements answer only for deferred-mapping arrays, as the driver
+// documents (CUDA_ERROR_INVALID_VALUE otherwise); 1 (default): for every array.
+size_t vramscope_fake_array_bytes(int device);
+int vramscope_fake_live_arrays(void);
+void vramscope_fake_set_array_requirements(int for_all);
 
 // Number of live VA reservations (cuMemAddressReserve) and of live mappings (cuMemMap).
 int vramscope_fake_live_reservations(void);

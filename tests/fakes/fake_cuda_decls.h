@@ -91,6 +91,23 @@ CUresult CUDAAPI vramscope_fake_cuEventElapsedTime_v2000(
 CUresult CUDAAPI vramscope_fake_cuStreamDestroy_v2000(CUstream hStream) __asm__("cuStreamDestroy");
 CUresult CUDAAPI vramscope_fake_cuEventDestroy_v2000(CUevent hEvent) __asm__("cuEventDestroy");
 
+// Graphs: the CUDA 10.0 and 11.0 ABIs of cuGraphInstantiate (cuda.h maps the name to
+// cuGraphInstantiateWithFlags), the CUDA 12.2 ABI of cuGraphAddNode (the name maps to
+// cuGraphAddNode_v2), and the per-thread-stream variants.
+CUresult CUDAAPI vramscope_fake_cuGraphInstantiate_v10000(
+    CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode, char* logBuffer,
+    size_t bufferSize) __asm__("cuGraphInstantiate");
+CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGraph,
+                                       CUgraphNode* phErrorNode, char* logBuffer,
+                                       size_t bufferSize);
+CUresult CUDAAPI vramscope_fake_cuGraphAddNode_v12020(
+    CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
+    size_t numDependencies, CUgraphNodeParams* nodeParams) __asm__("cuGraphAddNode");
+CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(
+    CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams);
+CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif

@@ -217,7 +217,9 @@ TEST_F(FakeDriverTest, EveryRouteYieldsTheSamePointers) {
   // Asked at the runtime's own version, every entry that no newer ABI superseded is the same.
   for (const EntryPoint& e : EntryPoints()) {
     if (strcmp(e.member, "cuGetProcAddress_v11030") == 0 ||
-        strcmp(e.member, "cuCtxSynchronize") == 0 ||  // cuCtxSynchronize_v2 at 13000
+        strcmp(e.member, "cuCtxSynchronize") == 0 ||           // cuCtxSynchronize_v2 at 13000
+        strcmp(e.member, "cuGraphAddNode_v12020") == 0 ||      // cuGraphAddNode_v2 at 12030
+        strcmp(e.member, "cuGraphInstantiate_v10000") == 0 ||  // cuGraphInstantiate_v2 at 11000
         strncmp(e.member, "cuStreamGetCaptureInfo_v2", 25) == 0) {
       continue;
     }
@@ -227,13 +229,13 @@ TEST_F(FakeDriverTest, EveryRouteYieldsTheSamePointers) {
     EXPECT_EQ(fn, Sym(e.exported)) << e.member;
   }
   // LoadByProcAddress: the probe, cuGetProcAddress twice, one lookup per other entry; then the
-  // loop above: one lookup per entry not skipped (cuGetProcAddress_v11030, cuCtxSynchronize and
-  // the cuStreamGetCaptureInfo_v2 pair).
+  // loop above: one lookup per entry not skipped (cuGetProcAddress_v11030, cuCtxSynchronize, the
+  // two superseded graph ABIs and the cuStreamGetCaptureInfo_v2 pair).
   const size_t n = EntryPoints().size();
   EXPECT_EQ(vramscope_fake_lookup_count(""), 1u);
   EXPECT_EQ(vramscope_fake_lookup_count("cuGetProcAddress"), 2u + 1u);
   EXPECT_EQ(vramscope_fake_lookup_count("cuMemAllocAsync"), 2u + 2u);  // legacy + ptsz, twice
-  EXPECT_EQ(vramscope_fake_call_count("cuGetProcAddress_v2"), (1 + 2 + (n - 2)) + (n - 4));
+  EXPECT_EQ(vramscope_fake_call_count("cuGetProcAddress_v2"), (1 + 2 + (n - 2)) + (n - 6));
 }
 
 TEST_F(FakeDriverTest, ControlApiIsReachableByDlsym) {

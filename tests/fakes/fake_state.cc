@@ -32,6 +32,8 @@ void ConfigureFromEnv(State& s) {
       (devices >= 1 && devices <= kMaxDevices) ? static_cast<int>(devices) : kMaxDevices;
   s.manual_events = EnvSize("VRAMSCOPE_FAKE_MANUAL_EVENTS", 0) != 0;
   s.blocking_sync = false;
+  const char* requirements = getenv("VRAMSCOPE_FAKE_ARRAY_REQUIREMENTS");
+  s.array_requirements_for_all = requirements == nullptr || strcmp(requirements, "deferred") != 0;
 }
 
 // fork(): the real driver cannot be used in the child of a process that initialised it
@@ -86,6 +88,7 @@ void ResetLocked(State& s) {
   s.streams.clear();
   for (CUevent_st* ev : s.events) delete ev;
   s.events.clear();
+  ResetGraphsAndArraysLocked(s);
   for (CUgraph_st* g : s.graphs) delete g;
   s.graphs.clear();
   s.captures.clear();
@@ -246,6 +249,7 @@ void DestroyContextResourcesLocked(State& s, CUctx_st* ctx) {
     }
     it = next;
   }
+  DestroyContextGraphsAndArraysLocked(s, ctx);
   CUmemPoolHandle_st& pool = s.devices[ctx->device].default_pool;
   TrimPoolLocked(s, &pool, 0);
   s.cv.notify_all();

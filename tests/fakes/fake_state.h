@@ -25,6 +25,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda.h>
@@ -65,8 +66,37 @@ struct CUstream_st {
   int priority = 0;
 };
 
-// cuStreamEndCapture's result. The fake records no nodes; the graph only has to be destroyable.
-struct CUgraph_st {};
+// Graph nodes: the fake keeps only mem-alloc nodes' figures (device >= 0); other nodes are empty.
+struct CUgraphNode_st {
+  int device = -1;  // mem-alloc node: the device its memory lives on; -1 for any other node
+  size_t bytes = 0;
+};
+
+// A graph (cuGraphCreate, cuStreamEndCapture). Owns its nodes.
+struct CUgraph_st {
+  std::vector<CUgraphNode_st*> nodes;
+  ~CUgraph_st() {
+    for (CUgraphNode_st* node : nodes) delete node;
+  }
+};
+
+// An instantiated graph: the bytes its mem-alloc nodes take from each device's graph memory
+// pool, and whether they are mapped now (instantiate, upload and launch map; a trim unmaps).
+struct CUgraphExec_st {
+  CUctx_st* ctx = nullptr;
+  size_t need[2] = {0, 0};  // per device (kMaxDevices)
+  bool mapped[2] = {false, false};
+};
+
+// A CUDA array or mipmapped array (cuArrayCreate_v2, cuArray3DCreate_v2, cuMipmappedArrayCreate).
+struct CUarray_st {
+  CUctx_st* ctx = nullptr;
+  int device = 0;
+  size_t size = 0;     // what cuArrayGetMemoryRequirements reports
+  size_t charged = 0;  // charged to the device (0 for sparse and deferred-mapping arrays)
+  bool deferred = false;
+};
+struct CUmipmappedArray_st : CUarray_st {};
 
 struct CUevent_st {
   enum class Status { kNeverRecorded, kPending, kComplete };
@@ -106,6 +136,7 @@ struct Capture {
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   uint64_t thread = 0;  // ThreadId() of the thread that began it
   bool invalidated = false;
+  std::vector<std::pair<int, size_t>> alloc_nodes;  // captured cuMemAllocAsync: device, bytes
 };
 
 // VMM physical allocation (cuMemCreate): a memfd, so every mapping aliases the same pages and
@@ -131,6 +162,12 @@ struct Device {
   int live_allocations = 0;
   CUctx_st primary;
   CUmemPoolHandle_st default_pool;
+  // The graph memory pool: bytes reserved (charged) and mapped by instantiated graphs, and the
+  // high-water marks of cuDeviceGetGraphMemAttribute.
+  size_t graph_reserved = 0;
+  size_t graph_used = 0;
+  size_t graph_reserved_high = 0;
+  size_t graph_used_high = 0;
 };
 
 struct State {
@@ -151,6 +188,12 @@ struct State {
   std::set<CUstream_st*> streams;
   std::set<CUevent_st*> events;
   std::set<CUgraph_st*> graphs;
+  std::set<CUgraphExec_st*> graph_execs;
+  std::set<CUarray_st*> arrays;  // arrays and mipmapped arrays
+  // cuArrayGetMemoryRequirements answers for every array (default), or, as the driver documents,
+  // only for deferred-mapping ones (vramscope_fake_set_array_requirements(0),
+  // VRAMSCOPE_FAKE_ARRAY_REQUIREMENTS=deferred).
+  bool array_requirements_for_all = true;
   uint64_t next_record_seq = 1;
   uint64_t next_buffer_id = 1;
   uint64_t next_capture_id = 1;
@@ -265,6 +308,12 @@ void WaitStreamLocked(Call& call, uintptr_t key, int device);
 void WaitContextLocked(Call& call, CUctx_st* ctx);
 void CompleteEventLocked(State& s, CUevent_st* ev);
 void TrimPoolLocked(State& s, CUmemPoolHandle_st* pool, size_t keep);
+
+// Graph execs and graph pools (fake_graph.cc), arrays (fake_array.cc): everything freed (reset),
+// or what a destroyed context owned (its arrays and graph execs; the device's graph pool when
+// it is a primary context). Caller holds mu.
+void ResetGraphsAndArraysLocked(State& s);
+void DestroyContextGraphsAndArraysLocked(State& s, CUctx_st* ctx);
 
 }  // namespace vramscope::fake
 

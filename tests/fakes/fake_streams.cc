@@ -201,12 +201,19 @@ CUresult EndCapture(Call& call, CUstream h, CUgraph* graph, bool per_thread) {
     return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
   }
   bool invalidated = it->second.invalidated;
+  const std::vector<std::pair<int, size_t>> alloc_nodes = std::move(it->second.alloc_nodes);
   s.captures.erase(it);
   if (invalidated) {
     *graph = nullptr;
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   }
   auto* g = new CUgraph_st;
+  for (const auto& [device, bytes] : alloc_nodes) {
+    auto* node = new CUgraphNode_st;
+    node->device = device;
+    node->bytes = bytes;
+    g->nodes.push_back(node);
+  }
   s.graphs.insert(g);
   *graph = g;
   return CUDA_SUCCESS;
@@ -275,7 +282,10 @@ CUresult AllocAsync(Call& call, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool
   a.buffer_id = s.next_buffer_id++;
   a.storage = p;
   if (capturing) {
+    // A mem-alloc node of the graph being captured: memory comes from the graph pool when the
+    // graph is instantiated (fake_graph.cc).
     a.kind = AllocKind::kGraph;
+    s.captures[key].alloc_nodes.emplace_back(pool->device, bytesize);
   } else {
     a.kind = AllocKind::kAsync;
     a.charged = bytesize;
@@ -547,17 +557,6 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCapture
   CUstreamCaptureMode previous = current;
   current = *mode;
   *mode = previous;
-  return CUDA_SUCCESS;
-}
-
-VRAMSCOPE_FAKE_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
-  Call call("cuGraphDestroy");
-  if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
-  State& s = call.state();
-  auto it = s.graphs.find(hGraph);
-  if (it == s.graphs.end()) return CUDA_ERROR_INVALID_VALUE;
-  delete *it;
-  s.graphs.erase(it);
   return CUDA_SUCCESS;
 }
 

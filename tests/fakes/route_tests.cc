@@ -49,6 +49,26 @@ const char* const kDefaultExpectedSymbols[] = {
     "cuCtxDestroy_v2",
     "cuMemHostRegister_v2",
     "cuMemHostUnregister",
+    "cuArrayCreate_v2",
+    "cuArray3DCreate_v2",
+    "cuMipmappedArrayCreate",
+    "cuArrayDestroy",
+    "cuMipmappedArrayDestroy",
+    "cuGraphAddMemAllocNode",
+    "cuGraphAddNode_v12020",
+    "cuGraphAddNode_v2",
+    "cuGraphInstantiate_v10000",
+    "cuGraphInstantiate_v2",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphInstantiateWithParams",
+    "cuGraphInstantiateWithParams_ptsz",
+    "cuGraphUpload",
+    "cuGraphUpload_ptsz",
+    "cuGraphLaunch",
+    "cuGraphLaunch_ptsz",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
+    "cuDeviceGraphMemTrim",
 };
 
 std::vector<std::string> ExpectedSymbols() {
@@ -477,6 +497,145 @@ TEST_F(RouteTest, RelaxedModeAllowsAllocationDuringCapture) {
   EXPECT_EQ(api_.cuGraphDestroy(graph), CUDA_SUCCESS);
   EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
   EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+std::uint64_t GraphReserved(const DriverApi& api, CUdevice device) {
+  cuuint64_t value = 0;
+  EXPECT_EQ(
+      api.cuDeviceGetGraphMemAttribute(device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &value),
+      CUDA_SUCCESS);
+  return value;
+}
+
+CUDA_MEM_ALLOC_NODE_PARAMS MemAllocParams(int device, size_t bytes) {
+  CUDA_MEM_ALLOC_NODE_PARAMS params{};
+  params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  params.poolProps.location.id = device;
+  params.bytesize = bytes;
+  return params;
+}
+
+// Graph memory comes from the device's graph pool when a graph with mem-alloc nodes is
+// instantiated (fake model: each exec maps the sum of its nodes); destroying the exec keeps it
+// cached, cuDeviceGraphMemTrim gives it back; launch and upload map again after a trim.
+TEST_F(RouteTest, GraphMemoryNodesUseTheGraphPool) {
+  const size_t free0 = FreeBytes();
+  CUgraph graph = nullptr;
+  ASSERT_EQ(api_.cuGraphCreate(&graph, 0), CUDA_SUCCESS);
+  CUgraphNode node = nullptr;
+  CUDA_MEM_ALLOC_NODE_PARAMS a = MemAllocParams(0, 4 * kMiB);
+  ASSERT_EQ(api_.cuGraphAddMemAllocNode(&node, graph, nullptr, 0, &a), CUDA_SUCCESS);
+  EXPECT_NE(a.dptr, 0u);
+  CUgraphNodeParams b{};
+  b.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+  b.alloc.poolProps = MemAllocParams(0, 0).poolProps;
+  b.alloc.bytesize = 2 * kMiB;
+  ASSERT_EQ(api_.cuGraphAddNode_v2(&node, graph, nullptr, nullptr, 0, &b), CUDA_SUCCESS);
+  b.alloc.bytesize = kMiB;
+  ASSERT_EQ(api_.cuGraphAddNode_v12020(&node, graph, nullptr, 0, &b), CUDA_SUCCESS);
+  CUgraphNodeParams empty{};
+  empty.type = CU_GRAPH_NODE_TYPE_EMPTY;
+  ASSERT_EQ(api_.cuGraphAddNode_v2(&node, graph, nullptr, nullptr, 0, &empty), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 0u);  // nothing until instantiation
+  EXPECT_EQ(FreeBytes(), free0);
+
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(api_.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 7 * kMiB);
+  EXPECT_EQ(FreeBytes(), free0 - 7 * kMiB);
+  CUstream s = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuGraphLaunch(exec, s), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuGraphLaunch_ptsz(exec, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuGraphUpload(exec, s), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuGraphUpload_ptsz(exec, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 7 * kMiB);
+  // Trim while instantiated: released, and mapped again by the next launch.
+  EXPECT_EQ(api_.cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 0u);
+  EXPECT_EQ(api_.cuGraphLaunch(exec, s), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 7 * kMiB);
+  // A destroyed exec's memory stays cached for the next one.
+  EXPECT_EQ(api_.cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 7 * kMiB);
+  CUgraphExec execs[4] = {};
+  ASSERT_EQ(api_.cuGraphInstantiate_v10000(&execs[0], graph, nullptr, nullptr, 0), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 7 * kMiB);
+  ASSERT_EQ(api_.cuGraphInstantiate_v2(&execs[1], graph, nullptr, nullptr, 0), CUDA_SUCCESS);
+  CUDA_GRAPH_INSTANTIATE_PARAMS params{};
+  ASSERT_EQ(api_.cuGraphInstantiateWithParams(&execs[2], graph, &params), CUDA_SUCCESS);
+  EXPECT_EQ(params.result_out, CUDA_GRAPH_INSTANTIATE_SUCCESS);
+  ASSERT_EQ(api_.cuGraphInstantiateWithParams_ptsz(&execs[3], graph, &params), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 28 * kMiB);
+  for (CUgraphExec e : execs) EXPECT_EQ(api_.cuGraphExecDestroy(e), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 0u);
+  EXPECT_EQ(FreeBytes(), free0);
+
+  // Errors come back as the driver's.
+  EXPECT_EQ(api_.cuGraphLaunch(execs[0], s), CUDA_ERROR_INVALID_VALUE);  // destroyed
+  EXPECT_EQ(api_.cuGraphExecDestroy(execs[0]), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(api_.cuDeviceGraphMemTrim(7), CUDA_ERROR_INVALID_DEVICE);
+  ASSERT_EQ(api_.cuGraphCreate(&graph, 0), CUDA_SUCCESS);
+  CUDA_MEM_ALLOC_NODE_PARAMS zero = MemAllocParams(0, 0);
+  EXPECT_EQ(api_.cuGraphAddMemAllocNode(&node, graph, nullptr, 0, &zero), CUDA_ERROR_INVALID_VALUE);
+  CUgraphNodeParams kernel{};
+  kernel.type = CU_GRAPH_NODE_TYPE_KERNEL;
+  EXPECT_EQ(api_.cuGraphAddNode_v2(&node, graph, nullptr, nullptr, 0, &kernel),
+            CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_EQ(api_.cuGraphDestroy(graph), CUDA_SUCCESS);
+
+  // cuMemAllocAsync on a capturing stream makes a mem-alloc node of the captured graph.
+  ASSERT_EQ(api_.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUdeviceptr g = 0;
+  ASSERT_EQ(api_.cuMemAllocAsync(&g, 3 * kMiB, s), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemFreeAsync(g, s), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  EXPECT_EQ(GraphReserved(api_, 0), 3 * kMiB);
+  EXPECT_EQ(api_.cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), free0);
+  EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+TEST_F(RouteTest, ArraysTakeDeviceMemoryUntilDestroyed) {
+  const size_t free0 = FreeBytes();
+  CUDA_ARRAY_DESCRIPTOR desc{};
+  desc.Width = 1000;
+  desc.Height = 100;
+  desc.Format = CU_AD_FORMAT_FLOAT;
+  desc.NumChannels = 1;
+  CUarray a2d = nullptr;
+  ASSERT_EQ(api_.cuArrayCreate_v2(&a2d, &desc), CUDA_SUCCESS);
+  CUDA_ARRAY_MEMORY_REQUIREMENTS needs{};
+  ASSERT_EQ(api_.cuArrayGetMemoryRequirements(&needs, a2d, 0), CUDA_SUCCESS);
+  EXPECT_GE(needs.size, 1000u * 100 * 4);
+  EXPECT_EQ(FreeBytes(), free0 - needs.size);
+  CUDA_ARRAY3D_DESCRIPTOR desc3{};
+  desc3.Width = 64;
+  desc3.Height = 64;
+  desc3.Depth = 64;
+  desc3.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+  desc3.NumChannels = 4;
+  CUarray a3d = nullptr;
+  ASSERT_EQ(api_.cuArray3DCreate_v2(&a3d, &desc3), CUDA_SUCCESS);
+  CUmipmappedArray mip = nullptr;
+  ASSERT_EQ(api_.cuMipmappedArrayCreate(&mip, &desc3, 4), CUDA_SUCCESS);
+  EXPECT_LT(FreeBytes(), free0 - needs.size - 64 * 64 * 64 * 4);
+  EXPECT_EQ(api_.cuArrayDestroy(a2d), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuArrayDestroy(a3d), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuMipmappedArrayDestroy(mip), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), free0);
+  // Errors come back as the driver's: a destroyed handle, a bad descriptor.
+  EXPECT_EQ(api_.cuArrayDestroy(a2d), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(api_.cuMipmappedArrayDestroy(mip), CUDA_ERROR_INVALID_HANDLE);
+  desc.Width = 0;
+  EXPECT_EQ(api_.cuArrayCreate_v2(&a2d, &desc), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(FreeBytes(), free0);
 }
 
 TEST_F(RouteTest, VirtualMemoryManagement) {

@@ -34,6 +34,15 @@
 
 namespace vramscope::fake {
 
+// ABIs cudaTypedefs.h declares only under __CUDA_API_VERSION_INTERNAL (cuGraphInstantiate of
+// CUDA 10.0 and 11.0, before the name became cuGraphInstantiateWithFlags).
+typedef CUresult(CUDAAPI* PFN_vramscope_cuGraphInstantiate_v10000)(CUgraphExec* phGraphExec,
+                                                                   CUgraph hGraph,
+                                                                   CUgraphNode* phErrorNode,
+                                                                   char* logBuffer,
+                                                                   size_t bufferSize);
+typedef PFN_vramscope_cuGraphInstantiate_v10000 PFN_vramscope_cuGraphInstantiate_v11000;
+
 // X(member, direct_expression, "exported name", "cuGetProcAddress symbol", version,
 //   per_thread, PFN type). `per_thread` entries are fetched with
 // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM; `version` is the CUDA version of that ABI.
@@ -220,7 +229,52 @@ namespace vramscope::fake {
     "cuStreamGetCaptureInfo", 11030, 0, PFN_cuStreamGetCaptureInfo_v11030)                         \
   X(cuStreamGetCaptureInfo_v2_ptsz, cuStreamGetCaptureInfo_v2_ptsz,                                \
     "cuStreamGetCaptureInfo_v2_ptsz", "cuStreamGetCaptureInfo", 11030, 1,                          \
-    PFN_cuStreamGetCaptureInfo_v11030_ptsz)
+    PFN_cuStreamGetCaptureInfo_v11030_ptsz)                                                        \
+  X(cuArrayCreate_v2, cuArrayCreate_v2, "cuArrayCreate_v2", "cuArrayCreate", 3020, 0,              \
+    PFN_cuArrayCreate_v3020)                                                                       \
+  X(cuArray3DCreate_v2, cuArray3DCreate_v2, "cuArray3DCreate_v2", "cuArray3DCreate", 3020, 0,      \
+    PFN_cuArray3DCreate_v3020)                                                                     \
+  X(cuMipmappedArrayCreate, cuMipmappedArrayCreate, "cuMipmappedArrayCreate",                      \
+    "cuMipmappedArrayCreate", 5000, 0, PFN_cuMipmappedArrayCreate_v5000)                           \
+  X(cuArrayDestroy, cuArrayDestroy, "cuArrayDestroy", "cuArrayDestroy", 2000, 0,                   \
+    PFN_cuArrayDestroy_v2000)                                                                      \
+  X(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy",                   \
+    "cuMipmappedArrayDestroy", 5000, 0, PFN_cuMipmappedArrayDestroy_v5000)                         \
+  X(cuArrayGetMemoryRequirements, cuArrayGetMemoryRequirements, "cuArrayGetMemoryRequirements",    \
+    "cuArrayGetMemoryRequirements", 11060, 0, PFN_cuArrayGetMemoryRequirements_v11060)             \
+  X(cuGraphCreate, cuGraphCreate, "cuGraphCreate", "cuGraphCreate", 10000, 0,                      \
+    PFN_cuGraphCreate_v10000)                                                                      \
+  X(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode",                      \
+    "cuGraphAddMemAllocNode", 11040, 0, PFN_cuGraphAddMemAllocNode_v11040)                         \
+  X(cuGraphAddNode_v12020, vramscope_fake_cuGraphAddNode_v12020, "cuGraphAddNode",                 \
+    "cuGraphAddNode", 12020, 0, PFN_cuGraphAddNode_v12020)                                         \
+  X(cuGraphAddNode_v2, cuGraphAddNode_v2, "cuGraphAddNode_v2", "cuGraphAddNode", 12030, 0,         \
+    PFN_cuGraphAddNode_v12030)                                                                     \
+  X(cuGraphInstantiate_v10000, vramscope_fake_cuGraphInstantiate_v10000, "cuGraphInstantiate",     \
+    "cuGraphInstantiate", 10000, 0, PFN_vramscope_cuGraphInstantiate_v10000)                       \
+  X(cuGraphInstantiate_v2, cuGraphInstantiate_v2, "cuGraphInstantiate_v2", "cuGraphInstantiate",   \
+    11000, 0, PFN_vramscope_cuGraphInstantiate_v11000)                                             \
+  X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags",       \
+    "cuGraphInstantiateWithFlags", 11040, 0, PFN_cuGraphInstantiateWithFlags_v11040)               \
+  X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams",    \
+    "cuGraphInstantiateWithParams", 12000, 0, PFN_cuGraphInstantiateWithParams_v12000)             \
+  X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams_ptsz,                          \
+    "cuGraphInstantiateWithParams_ptsz", "cuGraphInstantiateWithParams", 12000, 1,                 \
+    PFN_cuGraphInstantiateWithParams_v12000_ptsz)                                                  \
+  X(cuGraphUpload, cuGraphUpload, "cuGraphUpload", "cuGraphUpload", 11010, 0,                      \
+    PFN_cuGraphUpload_v11010)                                                                      \
+  X(cuGraphUpload_ptsz, cuGraphUpload_ptsz, "cuGraphUpload_ptsz", "cuGraphUpload", 11010, 1,       \
+    PFN_cuGraphUpload_v11010_ptsz)                                                                 \
+  X(cuGraphLaunch, cuGraphLaunch, "cuGraphLaunch", "cuGraphLaunch", 10000, 0,                      \
+    PFN_cuGraphLaunch_v10000)                                                                      \
+  X(cuGraphLaunch_ptsz, cuGraphLaunch_ptsz, "cuGraphLaunch_ptsz", "cuGraphLaunch", 10000, 1,       \
+    PFN_cuGraphLaunch_v10000_ptsz)                                                                 \
+  X(cuGraphExecDestroy, cuGraphExecDestroy, "cuGraphExecDestroy", "cuGraphExecDestroy", 10000, 0,  \
+    PFN_cuGraphExecDestroy_v10000)                                                                 \
+  X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim",    \
+    11040, 0, PFN_cuDeviceGraphMemTrim_v11040)                                                     \
+  X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute",    \
+    "cuDeviceGetGraphMemAttribute", 11040, 0, PFN_cuDeviceGetGraphMemAttribute_v11040)
 
 struct DriverApi {
 #define VRAMSCOPE_FAKE_MEMBER(member, direct, exported, symbol, version, per_thread, pfn) \

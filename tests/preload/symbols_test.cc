@@ -62,12 +62,44 @@ TEST(ShimSymbolsTest, ExportsOnlyHooks) {
     EXPECT_TRUE(std::regex_match(name, hook))
         << "unexpected export " << name << " (" << type << ")";
   }
-  for (const char* name :
-       {"dlsym", "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc_v2", "cuMemFree_v2",
-        "cuMemGetInfo_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemFreeAsync_ptsz",
-        "cuMemAllocFromPoolAsync_ptsz", "cuMemCreate", "cuMemMap", "cuIpcGetMemHandle",
-        "cuCtxSynchronize", "cuDevicePrimaryCtxReset_v2", "cuStreamBeginCapture_v2_ptsz",
-        "InitializeInjectionNvtx2", "InitializeInjection"}) {
+  for (const char* name : {"dlsym",
+                           "cuGetProcAddress",
+                           "cuGetProcAddress_v2",
+                           "cuMemAlloc_v2",
+                           "cuMemFree_v2",
+                           "cuMemGetInfo_v2",
+                           "cuMemAllocAsync",
+                           "cuMemAllocAsync_ptsz",
+                           "cuMemFreeAsync_ptsz",
+                           "cuMemAllocFromPoolAsync_ptsz",
+                           "cuMemCreate",
+                           "cuMemMap",
+                           "cuIpcGetMemHandle",
+                           "cuCtxSynchronize",
+                           "cuDevicePrimaryCtxReset_v2",
+                           "cuStreamBeginCapture_v2_ptsz",
+                           "InitializeInjectionNvtx2",
+                           "InitializeInjection",
+                           "cuArrayCreate_v2",
+                           "cuArray3DCreate_v2",
+                           "cuMipmappedArrayCreate",
+                           "cuArrayDestroy",
+                           "cuMipmappedArrayDestroy",
+                           "cuGraphAddMemAllocNode",
+                           "cuGraphAddNode",
+                           "cuGraphAddNode_v2",
+                           "cuGraphInstantiate",
+                           "cuGraphInstantiate_v2",
+                           "cuGraphInstantiateWithFlags",
+                           "cuGraphInstantiateWithParams",
+                           "cuGraphInstantiateWithParams_ptsz",
+                           "cuGraphUpload",
+                           "cuGraphUpload_ptsz",
+                           "cuGraphLaunch",
+                           "cuGraphLaunch_ptsz",
+                           "cuGraphExecDestroy",
+                           "cuGraphDestroy",
+                           "cuDeviceGraphMemTrim"}) {
     EXPECT_EQ(exported.count(name), 1u) << name << " is not exported";
   }
 }

@@ -6,6 +6,9 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "run/size.h"
 #include "run/symbolize.h"
@@ -61,6 +64,18 @@ std::string FormatRunReport(const v1::Report& report) {
         Percent(f.external_fragmentation()), FormatBytes(f.free_bytes()),
         FormatBytes(f.largest_free_block_bytes()), FormatBytes(f.unreleasable_free_bytes()),
         FormatBytes(f.rounding_waste_bytes()));
+    // Peak bytes by how they were obtained, when anything but the pool served the program
+    // (graph: the device's graph memory pool; array: CUDA arrays).
+    if (d.peak_bytes_by_kind_size() > 1 ||
+        (d.peak_bytes_by_kind_size() == 1 && d.peak_bytes_by_kind().count("pooled") == 0)) {
+      const std::map<std::string, std::uint64_t> kinds(d.peak_bytes_by_kind().begin(),
+                                                       d.peak_bytes_by_kind().end());
+      std::vector<std::string> parts;
+      for (const auto& [kind, bytes] : kinds) {
+        parts.push_back(absl::StrCat(kind, " ", FormatBytes(bytes)));
+      }
+      absl::StrAppend(&out, "    peak by kind: ", absl::StrJoin(parts, ", "), "\n");
+    }
     absl::StrAppendFormat(&out,
                           "    allocations %d (%.0f/s), frees %d, pool reserves %d, releases %d\n",
                           d.alloc_count(), d.allocs_per_second(), d.free_count(),
