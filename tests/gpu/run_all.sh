@@ -371,6 +371,41 @@ for r in $torch_ranges; do
 done
 row "torch NVTX ranges (6 steps)" "-" "$torch_ranges" "$verdict"
 
+echo "== 10. CUDA arrays and graph memory nodes: the shim's array= and graph= against the driver"
+# graph_array prints the driver's own figures: cudaMemGetInfo drops and the graph pool's reserved
+# bytes (cudaDeviceGetGraphMemAttribute). The shim's graph peak must equal the pool's high-water
+# mark and its current the pool after the trim. Its array peak must be the driver's requirement
+# sizes when cudaArrayGetMemoryRequirements answers, else the texel bytes (a lower bound); how
+# close that is to the driver's cudaMemGetInfo drop is reported. Driver figures must not change
+# under the shim.
+if [ ! -x "$bin/graph_array" ]; then
+  "$nvcc" "${nvflags[@]}" -o "$bin/graph_array" tests/gpu/graph_array.cu || { echo "nvcc failed for graph_array"; failed=1; }
+fi
+run graph.base "$bin/graph_array"
+st_base=$?
+run graph.shim "${under_shim[@]}" "$bin/graph_array"
+st=$?
+gfield() { grep -h "^$2=" "$logs/$1.out" | cut -d= -f2; }
+kind_of() { grep -h '^vramscope: mode=' "$logs/$1.err" | tail -1 | grep -o " $2=[0-9/]*" | cut -d= -f2; }
+IFS=/ read -r gcur gpeak _ <<<"$(kind_of graph.shim graph)"
+IFS=/ read -r acur apeak _ <<<"$(kind_of graph.shim array)"
+ghigh=$(gfield graph.shim graph_reserved_high); gtrim=$(gfield graph.shim graph_reserved_after_trim)
+adelta=$(gfield graph.shim array_driver_delta); areq=$(gfield graph.shim array_requirements_bytes)
+aexpect=$(gfield graph.shim array_texel_bytes); [ "${areq:-0}" -gt 0 ] 2>/dev/null && aexpect=$areq
+cat "$logs/graph.shim.out"
+echo "shim summary: graph=$(kind_of graph.shim graph) array=$(kind_of graph.shim array)"
+same=$(diff -q <(grep -v delta "$logs/graph.base.out") <(grep -v delta "$logs/graph.shim.out") >/dev/null && echo same || echo differs)
+verdict="ok ($same)"
+if [ $st -ne 0 ] || [ $st_base -ne 0 ]; then verdict="FAIL status $st_base/$st"
+elif [ "${gpeak:-x}" != "${ghigh:-y}" ] || [ "${gcur:-x}" != "${gtrim:-y}" ] || [ "$same" != same ]; then verdict="FAIL ($same)"
+fi
+row "graph pool peak / after trim" "driver ${ghigh:-?} / ${gtrim:-?}" "shim ${gpeak:-?} / ${gcur:-?}" "$verdict"
+verdict=$(awk -v s="${apeak:-0}" -v e="${aexpect:-x}" -v c="${acur:-x}" -v d="${adelta:-0}" 'BEGIN{
+  if (s != e || c != 0) { printf "FAIL want %s", e; exit }
+  printf "%s %.1f%% of the drop", (s >= 0.95*d && s <= 1.05*d) ? "ok" : "LOWER BOUND", (d > 0) ? 100*s/d : 0 }')
+[ $st -eq 0 ] || verdict="FAIL status $st"
+row "arrays peak (2 x 64 MiB)" "driver drop ${adelta:-?} B" "shim ${apeak:-?} B" "$verdict"
+
 echo
 echo "== summary (logs in $logs)"
 printf '%-34s | %-24s | %-24s | %s\n' "check" "without shim" "with shim" "verdict"
