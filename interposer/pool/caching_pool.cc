@@ -7,6 +7,14 @@
 //    20 MiB segments (or exact 2 MiB-rounded segments above 10 MiB); whole free segments go back.
 //
 // Both share the blocks, the best-fit FreeIndex, the pending-fence FIFO and the statistics.
+//
+// Quick reuse (the hot path): a block freed with a fence goes, once the fence completed and
+// unmerged, into a bin of its exact size, and the next request of that size takes it back as it
+// is: no merge, no best fit, no split. (A free with no fence merges at once, as before: what a
+// replay measures.) A program that frees and allocates the same sizes over and over (thrust's
+// temporaries, a training step) lives there. Bins are merged back into the free index before
+// the pool would ask the upstream for more, before it gives memory back, and under pressure, so
+// they never make it hold more than best fit over merged blocks would.
 // Everything runs under one mutex; no operation touches the heap on the cached path (SlotPool and
 // AddrMap reserve ahead with new(std::nothrow)), and nothing throws.
 #include <algorithm>
@@ -42,6 +50,7 @@ class CachingPool final : public Pool {
       : upstream_(upstream),
         fences_(fences),
         in_order_(fences != nullptr && fences->CompletesInOrder()),
+        retire_(fences == nullptr || fences->NeedsRetire()),
         layout_(layout),
         tuning_(tuning),
         capacity_(options.capacity_bytes),
@@ -108,19 +117,23 @@ class CachingPool final : public Pool {
     }
     const std::size_t rounded = RoundUp(size, kRoundBytes);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!ReserveScratch() || !live_.Reserve(1)) return FailOom(rounded);
-    Block* block = nullptr;
-    std::uintptr_t position = 0;
-    if (may_grow) {
-      const PoolStatus status = FindOrGrow(rounded, &block, &position);
-      if (status != PoolStatus::kOk) return status;
-    } else if (!FindCached(rounded, &block, &position)) {
-      return PoolStatus::kOutOfMemory;  // not recorded: the caller goes on to AllocateSized
+    if (!live_.Reserve(1)) return FailOom(rounded);
+    if (pending_head_ != nullptr) PollPending(tuning_.poll_fences_per_allocate);
+    Block* block = quick_blocks_ != 0 ? TakeQuick(rounded) : nullptr;
+    if (block == nullptr) {
+      if (!ReserveScratch()) return FailOom(rounded);
+      std::uintptr_t position = 0;
+      if (may_grow) {
+        const PoolStatus status = FindOrGrow(rounded, &block, &position);
+        if (status != PoolStatus::kOk) return status;
+      } else if (!FindCached(rounded, &block, &position)) {
+        return PoolStatus::kOutOfMemory;  // not recorded: the caller goes on to AllocateSized
+      }
+      block = Carve(block, position, rounded);
+      BusyInc(block->region);
     }
-    block = Carve(block, position, rounded);
     block->state = BlockState::kLive;
     block->requested = size;
-    BusyInc(block->region);
     live_.Insert(block->addr, reinterpret_cast<std::uintptr_t>(block));
     ++stats_.alloc_count;
     ++stats_.live_blocks;
@@ -154,7 +167,7 @@ class CachingPool final : public Pool {
     // Merging may insert into the ordered index; a failed reservation here only means the host
     // heap is gone, and SlotAllocator then stops the process rather than throw.
     (void)ReserveScratch();
-    if (fence != 0 && fence_refs_.Reserve(1)) {
+    if (fence != 0 && (!retire_ || fence_refs_.Reserve(1))) {
       block->state = BlockState::kPending;
       block->fence = fence;
       block->link_next = nullptr;
@@ -166,6 +179,7 @@ class CachingPool final : public Pool {
       }
       pending_tail_ = block;
       AddPending(static_cast<std::ptrdiff_t>(block->size));
+      if (!retire_) return PoolStatus::kOk;
       if (std::uint64_t* refs = fence_refs_.Find(fence)) {
         ++*refs;
       } else {
@@ -177,7 +191,7 @@ class CachingPool final : public Pool {
       // No room to remember the fence: honour it now instead.
       fences_->Wait(fence);
       ++stats_.fence_waits;
-      fences_->Retire(fence);
+      if (retire_) fences_->Retire(fence);
     }
     BusyDec(block->region);
     MakeFree(block);
@@ -221,7 +235,9 @@ class CachingPool final : public Pool {
   std::size_t ReleaseIdle() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ReserveScratch()) return 0;
-    if (pending_head_ != nullptr) PollPending(std::numeric_limits<std::size_t>::max());
+    if (pending_head_ != nullptr) {
+      PollPending(std::numeric_limits<std::size_t>::max(), /*to_quick=*/false);
+    }
     return ReleaseIdleLocked(std::numeric_limits<std::size_t>::max());
   }
 
@@ -238,7 +254,8 @@ class CachingPool final : public Pool {
     s.peak_reserved_bytes = peak_reserved_;
     s.free_bytes = reserved_ - s.current_allocated_bytes;
     s.pending_bytes = pending_bytes_.load(std::memory_order_relaxed);
-    s.unreleasable_free_bytes = unreleasable_;
+    // Binned blocks cannot go back to the upstream before they are merged.
+    s.unreleasable_free_bytes = unreleasable_ + quick_bytes_;
     s.largest_free_block_bytes = LargestFree();
     return s;
   }
@@ -261,12 +278,16 @@ class CachingPool final : public Pool {
   // needed; on failure records the OOM.
   // A free block for `rounded` bytes among what the pool holds, after polling fences; no
   // upstream call.
+  // (The caller polled the oldest fences and tried the quick bin of the size.)
   bool FindCached(std::size_t rounded, Block** block, std::uintptr_t* position) {
     FreeIndex& heap = heaps_[HeapFor(rounded)];
-    if (pending_head_ != nullptr) PollPending(tuning_.poll_fences_per_allocate);
     *block = heap.BestFit(rounded);
-    if (*block == nullptr && pending_head_ != nullptr) {
-      PollPending(std::numeric_limits<std::size_t>::max());
+    if (*block == nullptr && (pending_head_ != nullptr || quick_blocks_ != 0)) {
+      // Before growing: every completed block, binned ones included, merged and indexed.
+      FlushQuick();
+      if (pending_head_ != nullptr) {
+        PollPending(std::numeric_limits<std::size_t>::max(), /*to_quick=*/false);
+      }
       *block = heap.BestFit(rounded);
     }
     if (*block == nullptr) return false;
@@ -701,14 +722,74 @@ class CachingPool final : public Pool {
   }
 
   std::size_t ReleaseIdleLocked(std::size_t want) {
+    FlushQuick();
     return layout_ == Layout::kVmm ? UnmapFreeGranules(want) : ReleaseSegments();
+  }
+
+  // --- Quick bins ----------------------------------------------------------------------------
+
+  // Direct-mapped by size: a size that finds its bin taken by another goes the merged way.
+  static std::size_t QuickIndex(std::size_t rounded) {
+    return static_cast<std::size_t>(((rounded / kRoundBytes) * 0x9E3779B97F4A7C15ull) >>
+                                    (64 - kQuickBinBits));
+  }
+
+  // A block whose fence completed: into the bin of its size if there is room, else merged.
+  void ReleaseToQuick(Block* b) {
+    QuickBin& bin = quick_[QuickIndex(b->size)];
+    if (bin.count != 0 && (bin.size != b->size || bin.count == kQuickDepth)) {
+      BusyDec(b->region);
+      MakeFree(b);
+      return;
+    }
+    bin.size = b->size;
+    b->state = BlockState::kQuick;
+    b->link_next = bin.head;
+    bin.head = b;
+    ++bin.count;
+    ++quick_blocks_;
+    quick_bytes_ += b->size;
+  }
+
+  // The most recently binned block of exactly `rounded` bytes, out of its bin; null if none.
+  // It keeps its region's busy count (see ReleaseToQuick), so the caller does not add one.
+  Block* TakeQuick(std::size_t rounded) {
+    QuickBin& bin = quick_[QuickIndex(rounded)];
+    if (bin.count == 0 || bin.size != rounded) return nullptr;
+    Block* b = bin.head;
+    bin.head = b->link_next;
+    b->link_next = nullptr;
+    --bin.count;
+    --quick_blocks_;
+    quick_bytes_ -= b->size;
+    return b;
+  }
+
+  // Every binned block merged with its free neighbours and indexed.
+  void FlushQuick() {
+    if (quick_blocks_ == 0) return;
+    for (QuickBin& bin : quick_) {
+      while (bin.head != nullptr) {
+        Block* b = bin.head;
+        bin.head = b->link_next;
+        b->link_next = nullptr;
+        (void)ReserveScratch();
+        BusyDec(b->region);
+        MakeFree(b);
+      }
+      bin.count = 0;
+    }
+    quick_blocks_ = 0;
+    quick_bytes_ = 0;
   }
 
   // --- Fences --------------------------------------------------------------------------------
 
   // Asks the tracker about at most `max_fences` fences, oldest first, and frees every pending
   // block whose fence completed. Consecutive frees usually share a fence: asked once.
-  void PollPending(std::size_t max_fences) {
+  // `to_quick`: completed blocks go to the quick bins (the allocation path), or merged straight
+  // into the index (before growing or releasing).
+  void PollPending(std::size_t max_fences, bool to_quick = true) {
     std::uint64_t fence = 0;
     bool complete = false;
     std::size_t asked = 0;
@@ -726,7 +807,7 @@ class CachingPool final : public Pool {
         // walk the rest of a batch that shares it (the hot path's bounded poll).
         if (!complete && bounded && in_order_) break;
       }
-      if (complete) ReleasePending(b);
+      if (complete) ReleasePending(b, to_quick);
       b = next;
     }
   }
@@ -737,7 +818,7 @@ class CachingPool final : public Pool {
     ++stats_.fence_waits;
     for (Block* b = pending_head_; b != nullptr;) {
       Block* next = b->link_next;
-      if (b->fence == fence) ReleasePending(b);
+      if (b->fence == fence) ReleasePending(b, /*to_quick=*/false);
       b = next;
     }
   }
@@ -749,7 +830,7 @@ class CachingPool final : public Pool {
         std::memory_order_relaxed);
   }
 
-  void ReleasePending(Block* b) {
+  void ReleasePending(Block* b, bool to_quick) {
     if (b->link_prev != nullptr) {
       b->link_prev->link_next = b->link_next;
     } else {
@@ -761,12 +842,18 @@ class CachingPool final : public Pool {
       pending_tail_ = b->link_prev;
     }
     AddPending(-static_cast<std::ptrdiff_t>(b->size));
-    std::uint64_t* refs = fence_refs_.Find(b->fence);
-    if (refs != nullptr && --*refs == 0) {
-      (void)fence_refs_.Erase(b->fence);
-      fences_->Retire(b->fence);
+    if (retire_) {
+      std::uint64_t* refs = fence_refs_.Find(b->fence);
+      if (refs != nullptr && --*refs == 0) {
+        (void)fence_refs_.Erase(b->fence);
+        fences_->Retire(b->fence);
+      }
     }
     b->fence = 0;
+    if (to_quick) {
+      ReleaseToQuick(b);
+      return;
+    }
     BusyDec(b->region);
     MakeFree(b);
   }
@@ -924,9 +1011,33 @@ class CachingPool final : public Pool {
     peak_reserved_ = std::max(peak_reserved_, reserved_);
   }
 
+  // The largest request served with no upstream call: the largest indexed block, or a run of
+  // binned and free neighbours that merging the bins (FindCached does) would make.
   std::size_t LargestFree() const {
     const std::size_t small = std::min(heaps_[0].Largest(), tuning_.small_max_bytes);
-    return std::max(small, heaps_[1].Largest());
+    std::size_t largest = std::max(small, heaps_[1].Largest());
+    if (quick_blocks_ == 0) return largest;
+    for (const QuickBin& bin : quick_) {
+      for (const Block* b = bin.head; b != nullptr; b = b->link_next) {
+        // Counted once, from the run's first binned block.
+        if (b->prev != nullptr && b->prev->state == BlockState::kQuick) continue;
+        const Block* first = b;
+        while (first->prev != nullptr && first->prev->state == BlockState::kFree) {
+          first = first->prev;
+        }
+        std::size_t run = 0;
+        const Block* x = first;
+        for (; x != nullptr && (x->state == BlockState::kFree || x->state == BlockState::kQuick);
+             x = x->next) {
+          run += x->size;
+        }
+        const std::size_t usable = (layout_ == Layout::kSegments && b->heap == 0)
+                                       ? std::min(run, tuning_.small_max_bytes)
+                                       : run;
+        largest = std::max(largest, usable);
+      }
+    }
+    return largest;
   }
 
   static Block* FirstBlock(Region* region) { return region->pages[0]; }
@@ -960,6 +1071,7 @@ class CachingPool final : public Pool {
   Upstream* const upstream_;
   FenceTracker* const fences_;
   const bool in_order_;  // fences_->CompletesInOrder()
+  const bool retire_;    // fences_->NeedsRetire(): fence_refs_ is kept
   const Layout layout_;
   const Tuning tuning_;
   const std::size_t capacity_;
@@ -979,7 +1091,17 @@ class CachingPool final : public Pool {
   BlockSet unmapped_[2];                // virtual memory: unmapped holes by (size, address)
   AddrMap live_;                        // address -> Block*
   AddrMap fence_refs_;                  // fence -> pending blocks waiting on it
-  Block* pending_head_ = nullptr;       // FIFO, oldest first
+  struct QuickBin {
+    std::size_t size = 0;   // of every block in the bin (when count != 0)
+    Block* head = nullptr;  // last in, first out, through link_next
+    std::uint32_t count = 0;
+  };
+  static constexpr unsigned kQuickBinBits = 6;
+  static constexpr std::uint32_t kQuickDepth = 4096;
+  QuickBin quick_[std::size_t{1} << kQuickBinBits];
+  std::size_t quick_blocks_ = 0;
+  std::size_t quick_bytes_ = 0;
+  Block* pending_head_ = nullptr;  // FIFO, oldest first
   Block* pending_tail_ = nullptr;
   // Written under mu_ only; atomic so that PendingBytesRelaxed may read it without the lock.
   std::atomic<std::size_t> pending_bytes_{0};

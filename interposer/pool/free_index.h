@@ -28,7 +28,8 @@ inline constexpr std::size_t kRoundBytes = 512;
 inline constexpr std::size_t kBinCount = 2048;  // exact bins for 512 B .. 1 MiB
 inline constexpr std::size_t kMaxBinBytes = kBinCount * kRoundBytes;
 
-enum class BlockState : std::uint8_t { kFree, kLive, kPending, kUnmapped };
+// kQuick: freed, fence complete, waiting unmerged in an exact-size bin of the caching pool.
+enum class BlockState : std::uint8_t { kFree, kLive, kPending, kUnmapped, kQuick };
 
 struct Block;
 struct Region;
@@ -52,7 +53,7 @@ struct Block {
   std::size_t size = 0;
   Block* prev = nullptr;  // address neighbours inside the region
   Block* next = nullptr;
-  Block* link_prev = nullptr;  // bin list or pending FIFO
+  Block* link_prev = nullptr;  // bin list, pending FIFO or quick bin
   Block* link_next = nullptr;
   BlockSet::iterator where{};  // free and large: its node in the ordered index
   Region* region = nullptr;

@@ -5,6 +5,7 @@
 // BM_AllocFreePair is the goal figure: one cached Allocate + Free(fence 0), < 100 ns per pair.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -20,6 +21,20 @@ class NoFences final : public FenceTracker {
  public:
   bool IsComplete(std::uint64_t /*fence*/) override { return true; }
   void Wait(std::uint64_t /*fence*/) override {}
+};
+
+// The shim's fence scheme: frees are stamped with the current epoch, a synchronisation
+// completes every epoch before it, in order, and nothing needs retiring.
+class Epochs final : public FenceTracker {
+ public:
+  bool IsComplete(std::uint64_t fence) override { return fence <= completed; }
+  void Wait(std::uint64_t fence) override { completed = std::max(completed, fence); }
+  bool CompletesInOrder() const override { return true; }
+  bool NeedsRetire() const override { return false; }
+  // A synchronisation: every free made so far becomes reusable.
+  void Sync() { completed = epoch++; }
+  std::uint64_t epoch = 1;
+  std::uint64_t completed = 0;
 };
 
 struct Fixture {
@@ -57,6 +72,35 @@ void BM_AllocFreePair(benchmark::State& state) {
 BENCHMARK(BM_AllocFreePair)
     ->ArgsProduct({{0, 1}, {256, 64 << 10, 8 << 20}})
     ->ArgNames({"policy", "size"});
+
+// The shim's hot path: each free waits for a device-wide fence (the current epoch), and a
+// synchronisation completes the epochs every `batch` pairs, as the shim's helper thread does. The
+// block freed is reusable only after that, so the pool cycles through `batch` blocks of the size.
+void BM_FencedPair(benchmark::State& state) {
+  VirtualUpstream upstream;
+  Epochs fences;
+  PoolOptions options;
+  options.policy = PolicyArg(state);
+  std::unique_ptr<Pool> pool = MakePool(&upstream, &fences, options);
+  const auto size = static_cast<std::size_t>(state.range(1));
+  constexpr int kBatch = 128;
+  std::vector<std::uintptr_t> keep(64);
+  for (auto& a : keep) (void)pool->Allocate(size, &a);
+  int since_sync = 0;
+  std::uintptr_t address = 0;
+  for (auto _ : state) {
+    if (pool->Allocate(size, &address) != PoolStatus::kOk) state.SkipWithError("allocate");
+    if (pool->Free(address, fences.epoch) != PoolStatus::kOk) state.SkipWithError("free");
+    if (++since_sync == kBatch) {
+      since_sync = 0;
+      fences.Sync();
+    }
+  }
+  state.SetLabel(PolicyArg(state));
+  state.counters["reserved_blocks"] =
+      static_cast<double>(pool->Stats().peak_reserved_bytes) / static_cast<double>(size);
+}
+BENCHMARK(BM_FencedPair)->ArgsProduct({{0, 1}, {4096, 1 << 20}})->ArgNames({"policy", "size"});
 
 // Many live blocks of random sizes: each iteration frees a random one and allocates a new one.
 void BM_RandomChurn(benchmark::State& state) {

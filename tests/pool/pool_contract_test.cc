@@ -203,6 +203,76 @@ TEST_P(PoolContractTest, BlockIsNotReusedBeforeItsFenceCompletes) {
   ExpectConsistent(*pool, upstream);
 }
 
+// Quick reuse: a fenced block whose fence completed waits unmerged in a bin of its size. It is
+// free memory, not a live block, and the next request of its size gets it back.
+TEST_P(PoolContractTest, BinnedBlocksAreFreeMemoryAndServeTheirSizeFirst) {
+  VirtualUpstream upstream(UpstreamOptions());
+  FakeFences fences;
+  auto pool = Make(&upstream, &fences);
+  std::uintptr_t a = 0;
+  std::uintptr_t b = 0;
+  std::uintptr_t c = 0;
+  ASSERT_EQ(pool->Allocate(64 << 10, &a), PoolStatus::kOk);
+  ASSERT_EQ(pool->Allocate(64 << 10, &b), PoolStatus::kOk);
+  ASSERT_EQ(pool->Free(a, 3), PoolStatus::kOk);
+  fences.Complete(3);
+  ASSERT_EQ(pool->Allocate(4096, &c), PoolStatus::kOk);  // polls: `a` goes to its bin
+  EXPECT_NE(c, a);                                       // another size: not from the bin
+  PoolStats s = pool->Stats();
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_EQ(s.current_allocated_bytes, (64u << 10) + 4096u);
+  EXPECT_GE(s.unreleasable_free_bytes, 64u << 10);  // binned: not given back before merging
+  BlockInfo info;
+  EXPECT_EQ(pool->Lookup(a, &info), PoolStatus::kInvalidAddress);
+  EXPECT_EQ(pool->Free(a, 0), PoolStatus::kInvalidAddress);  // a double free stays refused
+  ExpectConsistent(*pool, upstream);
+  std::uintptr_t d = 0;
+  ASSERT_EQ(pool->Allocate(64 << 10, &d), PoolStatus::kOk);
+  EXPECT_EQ(d, a);
+  EXPECT_EQ(pool->Lookup(a + 100, &info), PoolStatus::kOk);
+  EXPECT_EQ(info.requested, 64u << 10);
+  for (std::uintptr_t x : {b, c, d}) ASSERT_EQ(pool->Free(x, 0), PoolStatus::kOk);
+  ExpectConsistent(*pool, upstream);
+}
+
+// Binned blocks never make the pool grow: a request no bin and no indexed block serves merges
+// the bins first, and the largest free block counts runs of binned neighbours.
+TEST_P(PoolContractTest, BinsAreMergedBeforeThePoolGrowsOrReleases) {
+  VirtualUpstream upstream(UpstreamOptions());
+  FakeFences fences;
+  fences.in_order = true;
+  fences.needs_retire = false;
+  auto pool = Make(&upstream, &fences);
+  std::vector<std::uintptr_t> blocks(40);
+  for (auto& a : blocks) ASSERT_EQ(pool->Allocate(2 << 20, &a), PoolStatus::kOk);
+  std::uintptr_t keep = 0;
+  ASSERT_EQ(pool->Allocate(512, &keep), PoolStatus::kOk);
+  for (std::uintptr_t a : blocks) ASSERT_EQ(pool->Free(a, 1), PoolStatus::kOk);
+  fences.Complete(1);
+  std::uintptr_t small = 0;
+  ASSERT_EQ(pool->Allocate(512, &small), PoolStatus::kOk);  // polls: the 2 MiB blocks are binned
+  PoolStats s = pool->Stats();
+  EXPECT_EQ(s.pending_bytes, 0u);
+  EXPECT_GE(s.largest_free_block_bytes, 20u << 20);  // a run of binned neighbours
+  const std::uint64_t grows = s.upstream_grow_calls;
+  std::uintptr_t big = 0;
+  ASSERT_EQ(pool->Allocate(s.largest_free_block_bytes, &big), PoolStatus::kOk);
+  EXPECT_EQ(pool->Stats().upstream_grow_calls, grows);
+  EXPECT_TRUE(fences.retired.empty());  // this tracker needs no Retire
+  ExpectConsistent(*pool, upstream);
+  // Binned memory goes back on ReleaseIdle like any free memory.
+  ASSERT_EQ(pool->Free(big, 2), PoolStatus::kOk);
+  fences.Complete(2);
+  std::uintptr_t other = 0;
+  ASSERT_EQ(pool->Allocate(512, &other), PoolStatus::kOk);
+  for (std::uintptr_t x : {keep, small, other}) ASSERT_EQ(pool->Free(x, 0), PoolStatus::kOk);
+  pool->ReleaseIdle();
+  s = pool->Stats();
+  EXPECT_EQ(s.current_reserved_bytes, 0u);
+  EXPECT_EQ(s.unreleasable_free_bytes, 0u);
+  ExpectConsistent(*pool, upstream);
+}
+
 TEST_P(PoolContractTest, PendingFencesArePolledInBatchesOldestFirst) {
   VirtualUpstream upstream(UpstreamOptions());
   FakeFences fences;

@@ -34,8 +34,10 @@ class FakeFences final : public FenceTracker {
 
   void Complete(std::uint64_t fence) { complete.insert(fence); }
   bool CompletesInOrder() const override { return in_order; }
+  bool NeedsRetire() const override { return needs_retire; }
 
   bool in_order = false;  // claim in-order completion (the test then completes in order)
+  bool needs_retire = true;
   std::set<std::uint64_t> complete;
   std::vector<std::uint64_t> waited;
   std::vector<std::uint64_t> retired;

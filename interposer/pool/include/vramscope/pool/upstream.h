@@ -82,6 +82,9 @@ class FenceTracker {
   // True if fences complete in the order they were issued (an epoch counter): once one is
   // found incomplete, every later one is too, so a poll may stop there.
   virtual bool CompletesInOrder() const { return false; }
+  // False if Retire does nothing (an epoch counter has nothing to recycle): the pool then keeps
+  // no per-fence reference counts.
+  virtual bool NeedsRetire() const { return true; }
 };
 
 }  // namespace vramscope::pool
