@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+
 #include "log.h"
 
 namespace vramscope::interposer {
@@ -81,6 +83,9 @@ Config ReadConfig() {
   if (ReadU64("VRAMSCOPE_FENCE_BATCH_BYTES", &value)) config.fence_batch_bytes = value;
   if (ReadU64("VRAMSCOPE_VMM", &value)) config.use_vmm = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_ASYNC", &value)) config.fence_async = value != 0;
+  if (ReadU64("VRAMSCOPE_FENCE_SPIN_US", &value)) {
+    config.fence_spin_us = std::min<std::uint64_t>(value, 10000);
+  }
   if (ReadU64("VRAMSCOPE_STACKS", &value)) config.stacks = value != 0;
   if (ReadU64("VRAMSCOPE_CUPTI", &value)) config.cupti = value != 0;
   return config;

@@ -32,6 +32,10 @@ struct Config {
   // VRAMSCOPE_FENCE_ASYNC=0: the free that fills a batch synchronises itself instead of asking
   // the helper thread.
   bool fence_async = true;
+  // VRAMSCOPE_FENCE_SPIN_US: after a synchronisation the helper thread watches for the next
+  // request this long before it sleeps, so a program that frees in a tight loop asks with one
+  // store instead of waking a sleeping thread (a futex call per batch). 0 = always sleep.
+  std::uint64_t fence_spin_us = 50;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
   // VRAMSCOPE_STACKS=1: allocation sites (call stacks) in the ALLOC records (stacks.h).
   bool stacks = false;

@@ -203,8 +203,10 @@ std::uint64_t ReuseSyncThreshold(std::uint64_t bytes) {
 // does), which bounds the memory held for pending frees.
 void MaybeSync(Slot* slot) {
   const Config& config = Cfg();
-  const std::uint64_t frees =
-      slot->fences.frees_since_sync.fetch_add(1, std::memory_order_relaxed) + 1;
+  // A count for a heuristic: a plain load and store (an increment lost to a racing thread only
+  // delays the batch by one free), not a locked read-modify-write on every free.
+  const std::uint64_t frees = slot->fences.frees_since_sync.load(std::memory_order_relaxed) + 1;
+  slot->fences.frees_since_sync.store(frees, std::memory_order_relaxed);
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
   const std::uint64_t batch_bytes = slot->fences.batch_bytes;
   constexpr std::uint64_t kInlineBatches = 4;
@@ -572,9 +574,11 @@ constexpr std::uint32_t kRingStateEveryFrees = 256;
 void MaybeRecordPoolState(Slot* slot, bool after_free) {
   if (Ring() == nullptr) return;
   bool due = slot->upstream.TakeStateDue();
-  if (after_free &&
-      slot->ring_frees.fetch_add(1, std::memory_order_relaxed) + 1 >= kRingStateEveryFrees) {
-    due = true;
+  if (after_free) {
+    // Approximate under concurrency (a plain load and store), which a periodic record allows.
+    const std::uint32_t frees = slot->ring_frees.load(std::memory_order_relaxed) + 1;
+    slot->ring_frees.store(frees, std::memory_order_relaxed);
+    if (frees >= kRingStateEveryFrees) due = true;
   }
   if (!due) return;
   slot->ring_frees.store(0, std::memory_order_relaxed);

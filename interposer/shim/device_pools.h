@@ -111,6 +111,7 @@ class EpochFences final : public pool::FenceTracker {
     return completed_.load(std::memory_order_acquire) >= fence;
   }
   bool CompletesInOrder() const override { return true; }
+  bool NeedsRetire() const override { return false; }
   // Synchronises even while a capture is live (in relaxed mode: the pool relies on Wait to
   // complete the fence, and reusing a block early would be silent corruption). Returns with
   // the fence pending only if the synchronisation fails or exit began.

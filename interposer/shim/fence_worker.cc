@@ -5,7 +5,9 @@
 #include <time.h>
 
 #include <atomic>
+#include <cstdint>
 
+#include "config.h"
 #include "device_pools.h"
 #include "log.h"
 #include "shim.h"
@@ -16,6 +18,13 @@ namespace {
 constexpr int kQueue = 64;
 
 struct Worker {
+  // Requests reach the helper two ways. Sleeping: queued under `mu` with a signal on `wake`.
+  // Watching (`watching` true, for Config::fence_spin_us after each synchronisation): the
+  // requester only sets `hint`, and the helper finds the slot by its sync_requested flag. Both
+  // sides store their flag, then load the other's (sequentially consistent), so a request made
+  // as the helper stops watching is seen by one of the two.
+  std::atomic<bool> watching{false};
+  std::atomic<bool> hint{false};
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
   pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
@@ -29,22 +38,81 @@ struct Worker {
 
 constinit Worker g_worker{};
 
+std::uint64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// With w.mu held: marks the helper busy, synchronises `slot` without the lock, takes it back.
+void SyncLocked(Worker& w, Slot* slot) {
+  w.busy = true;
+  pthread_mutex_unlock(&w.mu);
+  // Sync skips a dead pool, a live capture and exit on its own.
+  (void)slot->fences.Sync();
+  slot->sync_requested.store(false, std::memory_order_release);
+  pthread_mutex_lock(&w.mu);
+  w.busy = false;
+  pthread_cond_broadcast(&w.idle);
+}
+
+// Requests made by hint: every live slot whose flag is set and that no queued entry covers
+// (a queued slot is synchronised from the queue). With w.mu held.
+void ServeHintsLocked(Worker& w) {
+  Slot* slots[64];
+  const int count = LiveSlots(slots, 64);
+  for (int i = 0; i < count; ++i) {
+    Slot* slot = slots[i];
+    if (!slot->sync_requested.load(std::memory_order_acquire)) continue;
+    bool queued = false;
+    for (int k = 0; k < w.count && !queued; ++k) queued = w.queue[(w.head + k) % kQueue] == slot;
+    if (!queued) SyncLocked(w, slot);
+  }
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Watches for a hint for up to `spin_ns`; true if one came (the helper is still watching).
+bool WatchForHint(Worker& w, std::uint64_t spin_ns) {
+  if (spin_ns == 0) return false;
+  const std::uint64_t until = NowNs() + spin_ns;
+  for (unsigned i = 0;; ++i) {
+    if (w.hint.load(std::memory_order_relaxed)) return true;
+    if ((i & 63) == 63 && NowNs() >= until) return false;
+    CpuRelax();
+  }
+}
+
 void* WorkerMain(void*) {
   Worker& w = g_worker;
+  const std::uint64_t spin_ns = Cfg().fence_spin_us * 1000;
   pthread_mutex_lock(&w.mu);
   for (;;) {
-    while (w.count == 0) pthread_cond_wait(&w.wake, &w.mu);
+    while (w.count == 0) {
+      if (w.hint.exchange(false, std::memory_order_seq_cst)) {
+        ServeHintsLocked(w);
+        continue;
+      }
+      // Watch a while without the lock (requesters then only set the hint), then sleep.
+      w.watching.store(true, std::memory_order_seq_cst);
+      pthread_mutex_unlock(&w.mu);
+      const bool hinted = !Exiting() && WatchForHint(w, spin_ns);
+      pthread_mutex_lock(&w.mu);
+      w.watching.store(false, std::memory_order_seq_cst);
+      if (hinted || w.hint.load(std::memory_order_seq_cst) || w.count != 0) continue;
+      pthread_cond_wait(&w.wake, &w.mu);
+    }
     Slot* slot = w.queue[w.head];
     w.head = (w.head + 1) % kQueue;
     --w.count;
-    w.busy = true;
-    pthread_mutex_unlock(&w.mu);
-    // Sync skips a dead pool, a live capture and exit on its own.
-    (void)slot->fences.Sync();
-    slot->sync_requested.store(false, std::memory_order_release);
-    pthread_mutex_lock(&w.mu);
-    w.busy = false;
-    pthread_cond_broadcast(&w.idle);
+    SyncLocked(w, slot);
   }
   return nullptr;
 }
@@ -80,6 +148,9 @@ bool StartLocked(Worker& w) {
 bool RequestBackgroundSync(Slot* slot) {
   if (slot->sync_requested.exchange(true, std::memory_order_acq_rel)) return true;
   Worker& w = g_worker;
+  // The helper is watching: the hint is enough (it then finds the slot by its flag).
+  w.hint.store(true, std::memory_order_seq_cst);
+  if (w.watching.load(std::memory_order_seq_cst)) return true;
   pthread_mutex_lock(&w.mu);
   const bool ok = StartLocked(w) && w.count < kQueue;
   if (ok) {
@@ -123,6 +194,8 @@ void ResetFenceWorkerInChild() {
   w.started = false;
   w.failed = false;
   w.busy = false;
+  w.watching.store(false, std::memory_order_relaxed);
+  w.hint.store(false, std::memory_order_relaxed);
   w.head = 0;
   w.count = 0;
 }
