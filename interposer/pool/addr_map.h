@@ -60,12 +60,19 @@ class AddrMap {
   }
 
   bool Erase(std::uint64_t key) {
+    std::uint64_t value = 0;
+    return Take(key, &value);
+  }
+
+  // Erase that hands back the value: one probe where Find then Erase would take two.
+  bool Take(std::uint64_t key, std::uint64_t* value) {
     if (slots_ == nullptr || key == 0) return false;
     std::size_t i = Hash(key) & mask_;
     while (slots_[i].key != key) {
       if (slots_[i].key == 0) return false;
       i = (i + 1) & mask_;
     }
+    *value = slots_[i].value;
     // Backward shift: pull later entries of the probe run into the hole when their home slot
     // does not lie cyclically in (hole, j].
     for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {

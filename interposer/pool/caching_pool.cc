@@ -154,10 +154,9 @@ class CachingPool final : public Pool {
 
   PoolStatus FreeSized(std::uintptr_t address, std::uint64_t fence, BlockSizes* sizes) override {
     std::lock_guard<std::mutex> lock(mu_);
-    const std::uint64_t* found = live_.Find(address);
-    if (found == nullptr) return PoolStatus::kInvalidAddress;
-    Block* block = reinterpret_cast<Block*>(static_cast<std::uintptr_t>(*found));
-    (void)live_.Erase(address);
+    std::uint64_t found = 0;
+    if (!live_.Take(address, &found)) return PoolStatus::kInvalidAddress;
+    Block* block = reinterpret_cast<Block*>(static_cast<std::uintptr_t>(found));
     if (sizes != nullptr) *sizes = {block->requested, block->size};
     ++stats_.free_count;
     --stats_.live_blocks;
