@@ -4,12 +4,15 @@
 // runtime's own per-call work, so under the shim it is the hook and the pool alone), and of
 // cudaMallocAsync + cudaFreeAsync for reference.
 //
-// Usage: alloc_bench [PAIRS] [BYTES]
-// Prints "alloc_bench: ... malloc_free_ns=... driver_pair_ns=... malloc_async_ns=..."
-// (nanoseconds per pair).
+// Usage: alloc_bench [PAIRS] [BYTES] [REPS]
+// Each figure is measured REPS times (default 7) over PAIRS pairs. Prints "alloc_bench: ...
+// malloc_free_ns=... driver_pair_ns=... malloc_async_ns=..." (nanoseconds per pair, the best of
+// the REPS runs) and the same figures' medians (..._median_ns).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -93,17 +96,31 @@ static double CtxGetCurrentNs(int calls) {
   return std::chrono::duration<double, std::nano>(end - start).count() / calls;
 }
 
+// Best and median of `reps` measurements: the GPU machine is a VM whose timings swing by up to
+// 2x between identical runs (neighbours), so one run is not a figure.
+template <typename Measure>
+static void Repeat(int reps, Measure&& measure, double* best, double* median) {
+  std::vector<double> v;
+  for (int i = 0; i < reps; ++i) v.push_back(measure());
+  std::sort(v.begin(), v.end());
+  *best = v.front();
+  *median = v[v.size() / 2];
+}
+
 int main(int argc, char** argv) {
   const int pairs = argc > 1 ? std::atoi(argv[1]) : 200000;
   const size_t bytes = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : (1u << 20);
+  const int reps = argc > 3 ? std::max(1, std::atoi(argv[3])) : 7;
   cudaFree(nullptr);
-  const double sync_ns = NsPerPair(pairs, bytes, false);
-  const double driver_ns = DriverNsPerPair(pairs, bytes);
-  const double async_ns = NsPerPair(pairs, bytes, true);
-  const double ctx_ns = CtxGetCurrentNs(pairs);
+  double sync_ns, sync_med, driver_ns, driver_med, async_ns, async_med, ctx_ns, ctx_med;
+  Repeat(reps, [&] { return NsPerPair(pairs, bytes, false); }, &sync_ns, &sync_med);
+  Repeat(reps, [&] { return DriverNsPerPair(pairs, bytes); }, &driver_ns, &driver_med);
+  Repeat(reps, [&] { return NsPerPair(pairs, bytes, true); }, &async_ns, &async_med);
+  Repeat(reps, [&] { return CtxGetCurrentNs(pairs); }, &ctx_ns, &ctx_med);
   std::printf(
-      "alloc_bench: bytes=%zu pairs=%d malloc_free_ns=%.1f driver_pair_ns=%.1f "
-      "malloc_async_ns=%.1f ctx_get_current_ns=%.1f\n",
-      bytes, pairs, sync_ns, driver_ns, async_ns, ctx_ns);
+      "alloc_bench: bytes=%zu pairs=%d reps=%d malloc_free_ns=%.1f driver_pair_ns=%.1f "
+      "malloc_async_ns=%.1f ctx_get_current_ns=%.1f malloc_free_median_ns=%.1f "
+      "driver_pair_median_ns=%.1f malloc_async_median_ns=%.1f\n",
+      bytes, pairs, reps, sync_ns, driver_ns, async_ns, ctx_ns, sync_med, driver_med, async_med);
   return 0;
 }
