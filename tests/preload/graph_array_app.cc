@@ -1,7 +1,8 @@
 // A CUDA program for graph_array_test: CUDA arrays and graph memory nodes over the fake driver,
 // through one route to the driver, writing what the fake holds to a file as `key=value` lines.
 //
-//   graph_array_app ROUTE OUT     ROUTE: direct | dlsym | procaddress (tests/fakes/routes.h)
+//   graph_array_app ROUTE OUT [threads]   ROUTE: direct | dlsym | procaddress
+//   (tests/fakes/routes.h)
 //
 // Arrays on device 0: a 2D float array, a 3D RGBA8 array and a 4-level mipmapped array; the 2D
 // and the mipmapped ones are destroyed, the 3D one stays live. Graphs: on device 0, graph G1 with
@@ -20,8 +21,11 @@
 #include <string.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <cuda.h>
 
@@ -91,9 +95,57 @@ bool Load(const std::string& route, DriverApi* api) {
 
 }  // namespace
 
+// `threads` mode: four threads instantiate, launch and destroy graphs of their own on device 0
+// while one of them trims the pool now and then; the last figure the shim records must be the
+// pool's final one.
+int Threads(const DriverApi& api, CUcontext ctx, const char* out_path) {
+  std::atomic<int> failures{0};
+  CUgraphExec live[2] = {nullptr, nullptr};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      CUgraph graph = nullptr;
+      CUgraphNode node = nullptr;
+      CUDA_MEM_ALLOC_NODE_PARAMS params = MemAllocParams(0, (t + 1) * kMiB);
+      if (api.cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+          api.cuGraphCreate(&graph, 0) != CUDA_SUCCESS ||
+          api.cuGraphAddMemAllocNode(&node, graph, nullptr, 0, &params) != CUDA_SUCCESS) {
+        ++failures;
+        return;
+      }
+      for (int i = 0; i < 200; ++i) {
+        CUgraphExec exec = nullptr;
+        if (api.cuGraphInstantiateWithFlags(&exec, graph, 0) != CUDA_SUCCESS ||
+            api.cuGraphLaunch(exec, nullptr) != CUDA_SUCCESS ||
+            api.cuGraphExecDestroy(exec) != CUDA_SUCCESS) {
+          ++failures;
+        }
+        if (t == 0 && i % 16 == 0 && api.cuDeviceGraphMemTrim(0) != CUDA_SUCCESS) ++failures;
+      }
+      // Threads 2 and 3 leave one exec live.
+      if (t >= 2 && api.cuGraphInstantiateWithFlags(&live[t - 2], graph, 0) != CUDA_SUCCESS) {
+        ++failures;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  // A known end: everything trimmed, then the two live execs mapped again (3 + 4 MiB).
+  if (failures != 0 || api.cuDeviceGraphMemTrim(0) != CUDA_SUCCESS ||
+      api.cuGraphLaunch(live[0], nullptr) != CUDA_SUCCESS ||
+      api.cuGraphLaunch(live[1], nullptr) != CUDA_SUCCESS) {
+    return 2;
+  }
+  FILE* out = fopen(out_path, "w");
+  if (out == nullptr) return 3;
+  fprintf(out, "graph_final_dev0=%zu\nlive_final_dev0=%zu\n",
+          vramscope_fake_graph_reserved_bytes(0), vramscope_fake_live_bytes(0));
+  fclose(out);
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: graph_array_app direct|dlsym|procaddress OUT\n");
+  if (argc != 3 && !(argc == 4 && strcmp(argv[3], "threads") == 0)) {
+    fprintf(stderr, "usage: graph_array_app direct|dlsym|procaddress OUT [threads]\n");
     return 1;
   }
   DriverApi api;
@@ -105,6 +157,7 @@ int main(int argc, char** argv) {
   CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx0, 0));
   CHECK_OK(api.cuDevicePrimaryCtxRetain(&ctx1, 1));
   CHECK_OK(api.cuCtxSetCurrent(ctx0));
+  if (argc == 4) return Threads(api, ctx0, argv[2]);
 
   // Arrays.
   CUDA_ARRAY_DESCRIPTOR desc2{};

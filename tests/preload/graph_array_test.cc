@@ -124,6 +124,20 @@ TEST_F(GraphArrayTest, SummaryEqualsWhatTheDriverHoldsByEveryRoute) {
   }
 }
 
+// Graph launches, destroys and trims from four threads at once (graph_array_app threads): each
+// refresh reads the pool under its device's lock, so the last figure recorded is the pool's last.
+TEST_F(GraphArrayTest, ConcurrentLaunchesAndTrimsEndOnTheDriversFigure) {
+  const int status = Shell("LD_PRELOAD=" + Env("VRAMSCOPE_SHIM") + " VRAMSCOPE_SUMMARY=1 " +
+                           Env("VRAMSCOPE_GRAPH_APP") + " direct " + Out() + " threads");
+  ASSERT_EQ(status, 0) << stderr_;
+  const auto fake = ReadFigures(Out());
+  KindFigures graph;
+  ASSERT_TRUE(SummaryKind(stderr_, "graph", &graph)) << stderr_;
+  EXPECT_EQ(fake.at("graph_final_dev0"), 7 * kMiB);  // threads 2 and 3: 3 + 4 MiB live
+  EXPECT_EQ(graph.current, fake.at("graph_final_dev0")) << stderr_;
+  EXPECT_GE(graph.peak, graph.current);
+}
+
 // When the driver answers array memory requirements only for deferred-mapping arrays (as it
 // documents), the size comes from the descriptor: texels x bytes per texel over mip levels.
 TEST_F(GraphArrayTest, ArraySizeFallsBackToTheDescriptor) {

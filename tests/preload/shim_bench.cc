@@ -39,6 +39,43 @@ void BM_AllocFree(benchmark::State& state) {
 BENCHMARK(BM_AllocFree)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20);
 BENCHMARK(BM_AllocFree)->Arg(1 << 20)->Threads(4);
 
+// A graph launch through the shim: without any mem-alloc node in the process (Arg 0, runs
+// first: the hook adds one relaxed load) and after one was made (Arg 1: the graph pool of the
+// device is re-read after each launch). Without LD_PRELOAD: the fake driver alone.
+void BM_GraphLaunch(benchmark::State& state) {
+  if (!InitOnce()) {
+    state.SkipWithError("no driver");
+    return;
+  }
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  CUstream stream = nullptr;
+  CUgraphNode node = nullptr;
+  CUDA_MEM_ALLOC_NODE_PARAMS params{};
+  params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  params.bytesize = 1 << 20;
+  if (cuGraphCreate(&graph, 0) != CUDA_SUCCESS ||
+      (state.range(0) != 0 &&
+       cuGraphAddMemAllocNode(&node, graph, nullptr, 0, &params) != CUDA_SUCCESS) ||
+      cuGraphInstantiate(&exec, graph, 0) != CUDA_SUCCESS ||
+      cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    state.SkipWithError("graph setup failed");
+    return;
+  }
+  for (auto _ : state) {
+    if (cuGraphLaunch(exec, stream) != CUDA_SUCCESS) {
+      state.SkipWithError("launch failed");
+      break;
+    }
+  }
+  cuGraphExecDestroy(exec);
+  cuGraphDestroy(graph);
+  cuDeviceGraphMemTrim(0);
+  cuStreamDestroy(stream);
+}
+BENCHMARK(BM_GraphLaunch)->Arg(0)->Arg(1);
+
 }  // namespace
 
 BENCHMARK_MAIN();
