@@ -7,7 +7,8 @@
 // cuGraphLaunch(_ptsz), cuGraphExecDestroy, cuGraphDestroy, cuDeviceGraphMemTrim) then re-read
 // CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT of the marked devices after the driver returns,
 // whatever it returned (a failed launch may still have mapped memory). Before the first node
-// that is one relaxed load per call.
+// that is one relaxed load per call. Instantiation, upload and launch map graph memory: a driver
+// OOM there gives the pools' idle memory back and retries once, as for every passthrough call.
 #include "graph_memory.h"
 #include "hooks.h"
 
@@ -75,56 +76,61 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* phGraphExec, C
                                                      CUgraphNode* phErrorNode, char* logBuffer,
                                                      size_t bufferSize) {
   VRAMSCOPE_PROLOGUE(cuGraphInstantiate);
-  return AfterGraphCall(
-      real.cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize));
+  return AfterGraphCall(WithOomRetry([&] {
+    return real.cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+  }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGraph,
                                                         CUgraphNode* phErrorNode, char* logBuffer,
                                                         size_t bufferSize) {
   VRAMSCOPE_PROLOGUE(cuGraphInstantiate_v2);
-  return AfterGraphCall(
-      real.cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize));
+  return AfterGraphCall(WithOomRetry([&] {
+    return real.cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+  }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec,
                                                               CUgraph hGraph,
                                                               unsigned long long flags) {
   VRAMSCOPE_PROLOGUE(cuGraphInstantiateWithFlags);
-  return AfterGraphCall(real.cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags));
+  return AfterGraphCall(
+      WithOomRetry([&] { return real.cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(
     CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
   VRAMSCOPE_PROLOGUE(cuGraphInstantiateWithParams);
-  return AfterGraphCall(real.cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams));
+  return AfterGraphCall(WithOomRetry(
+      [&] { return real.cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(
     CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
   VRAMSCOPE_PROLOGUE(cuGraphInstantiateWithParams_ptsz);
-  return AfterGraphCall(
-      real.cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, instantiateParams));
+  return AfterGraphCall(WithOomRetry([&] {
+    return real.cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, instantiateParams);
+  }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphUpload);
-  return AfterGraphCall(real.cuGraphUpload(hGraphExec, hStream));
+  return AfterGraphCall(WithOomRetry([&] { return real.cuGraphUpload(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphUpload_ptsz);
-  return AfterGraphCall(real.cuGraphUpload_ptsz(hGraphExec, hStream));
+  return AfterGraphCall(WithOomRetry([&] { return real.cuGraphUpload_ptsz(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphLaunch);
-  return AfterGraphCall(real.cuGraphLaunch(hGraphExec, hStream));
+  return AfterGraphCall(WithOomRetry([&] { return real.cuGraphLaunch(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphLaunch_ptsz);
-  return AfterGraphCall(real.cuGraphLaunch_ptsz(hGraphExec, hStream));
+  return AfterGraphCall(WithOomRetry([&] { return real.cuGraphLaunch_ptsz(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec) {

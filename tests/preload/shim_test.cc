@@ -276,6 +276,44 @@ TEST_F(ShimTest, OutOfMemoryFlushesTheCacheAndRetries) {
   EXPECT_EQ(api_.cuMemAlloc_v2(&b, 65 * kMiB), CUDA_ERROR_OUT_OF_MEMORY);
 }
 
+// Graph memory and arrays are passthrough kinds too: when the driver runs out of memory mapping a
+// graph's memory or making an array while the pool holds idle memory, the shim gives it back and
+// the call is retried.
+TEST_F(ShimTest, GraphAndArrayOutOfMemoryFlushesTheCacheAndRetries) {
+  ASSERT_EQ(vramscope_fake_set_capacity(0, 64 * kMiB), 0);
+  CUdeviceptr a = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&a, 40 * kMiB), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemFree_v2(a), CUDA_SUCCESS);  // cached (and its fence pending) in pool mode
+  CUgraph graph = nullptr;
+  ASSERT_EQ(cuGraphCreate(&graph, 0), CUDA_SUCCESS);
+  CUgraphNode node = nullptr;
+  CUDA_MEM_ALLOC_NODE_PARAMS params{};
+  params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  params.bytesize = 40 * kMiB;
+  ASSERT_EQ(cuGraphAddMemAllocNode(&node, graph, nullptr, 0, &params), CUDA_SUCCESS);
+  CUgraphExec exec = nullptr;
+  EXPECT_EQ(cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_graph_reserved_bytes(0), 40 * kMiB);
+  EXPECT_EQ(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(cuDeviceGraphMemTrim(0), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemAlloc_v2(&a, 40 * kMiB), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemFree_v2(a), CUDA_SUCCESS);
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  desc.Width = 2560;  // 2560 x 1024 x 4 floats: 40 MiB
+  desc.Height = 1024;
+  desc.Depth = 4;
+  desc.Format = CU_AD_FORMAT_FLOAT;
+  desc.NumChannels = 1;
+  CUarray array = nullptr;
+  EXPECT_EQ(cuArray3DCreate_v2(&array, &desc), CUDA_SUCCESS);
+  EXPECT_EQ(cuArrayDestroy(array), CUDA_SUCCESS);
+  // Beyond capacity: the driver's error.
+  desc.Depth = 8;
+  EXPECT_EQ(cuArray3DCreate_v2(&array, &desc), CUDA_ERROR_OUT_OF_MEMORY);
+}
+
 TEST_F(ShimTest, ForkChildStartsClean) {
   CUdeviceptr p = 0;
   ASSERT_EQ(api_.cuMemAlloc_v2(&p, kMiB), CUDA_SUCCESS);
