@@ -281,6 +281,13 @@ class CachingPool final : public Pool {
   bool FindCached(std::size_t rounded, Block** block, std::uintptr_t* position) {
     FreeIndex& heap = heaps_[HeapFor(rounded)];
     *block = heap.BestFit(rounded);
+    // Binned blocks only ever serve their own size. Any other request sees them merged, as if
+    // there were no bins: unless an indexed block fits exactly, the bins are merged first (so a
+    // request never splits a larger block, or grows the pool, that merged bins would spare).
+    if (*block != nullptr && (*block)->size != rounded && quick_blocks_ != 0) {
+      FlushQuick();
+      *block = heap.BestFit(rounded);
+    }
     if (*block == nullptr && (pending_head_ != nullptr || quick_blocks_ != 0)) {
       // Before growing: every completed block, binned ones included, merged and indexed.
       FlushQuick();
@@ -736,7 +743,7 @@ class CachingPool final : public Pool {
   // A block whose fence completed: into the bin of its size if there is room, else merged.
   void ReleaseToQuick(Block* b) {
     QuickBin& bin = quick_[QuickIndex(b->size)];
-    if (bin.count != 0 && (bin.size != b->size || bin.count == kQuickDepth)) {
+    if (bin.count >= tuning_.quick_depth || (bin.count != 0 && bin.size != b->size)) {
       BusyDec(b->region);
       MakeFree(b);
       return;
@@ -1096,7 +1103,6 @@ class CachingPool final : public Pool {
     std::uint32_t count = 0;
   };
   static constexpr unsigned kQuickBinBits = 6;
-  static constexpr std::uint32_t kQuickDepth = 4096;
   QuickBin quick_[std::size_t{1} << kQuickBinBits];
   std::size_t quick_blocks_ = 0;
   std::size_t quick_bytes_ = 0;

@@ -32,6 +32,9 @@ struct Tuning {
   // --- Fences ---
   std::size_t poll_fences_per_allocate = 4;  // IsComplete calls per Allocate, oldest first
   std::size_t poll_blocks_per_allocate = 64;
+  // --- Quick bins (fenced frees) ---
+  // Blocks held unmerged in the bin of one size; 0 turns the bins off.
+  std::uint32_t quick_depth = 4096;
 };
 
 std::unique_ptr<Pool> MakeCachingPool(Upstream* upstream, FenceTracker* fences,

@@ -113,10 +113,14 @@ int main(int argc, char** argv) {
   const int reps = argc > 3 ? std::max(1, std::atoi(argv[3])) : 7;
   cudaFree(nullptr);
   double sync_ns, sync_med, driver_ns, driver_med, async_ns, async_med, ctx_ns, ctx_med;
-  Repeat(reps, [&] { return NsPerPair(pairs, bytes, false); }, &sync_ns, &sync_med);
-  Repeat(reps, [&] { return DriverNsPerPair(pairs, bytes); }, &driver_ns, &driver_med);
-  Repeat(reps, [&] { return NsPerPair(pairs, bytes, true); }, &async_ns, &async_med);
-  Repeat(reps, [&] { return CtxGetCurrentNs(pairs); }, &ctx_ns, &ctx_med);
+  Repeat(
+      reps, [&] { return NsPerPair(pairs, bytes, false); }, &sync_ns, &sync_med);
+  Repeat(
+      reps, [&] { return DriverNsPerPair(pairs, bytes); }, &driver_ns, &driver_med);
+  Repeat(
+      reps, [&] { return NsPerPair(pairs, bytes, true); }, &async_ns, &async_med);
+  Repeat(
+      reps, [&] { return CtxGetCurrentNs(pairs); }, &ctx_ns, &ctx_med);
   std::printf(
       "alloc_bench: bytes=%zu pairs=%d reps=%d malloc_free_ns=%.1f driver_pair_ns=%.1f "
       "malloc_async_ns=%.1f ctx_get_current_ns=%.1f malloc_free_median_ns=%.1f "

@@ -212,15 +212,19 @@ TEST_P(PoolContractTest, BinnedBlocksAreFreeMemoryAndServeTheirSizeFirst) {
   std::uintptr_t a = 0;
   std::uintptr_t b = 0;
   std::uintptr_t c = 0;
+  std::uintptr_t x[3] = {};
   ASSERT_EQ(pool->Allocate(64 << 10, &a), PoolStatus::kOk);
   ASSERT_EQ(pool->Allocate(64 << 10, &b), PoolStatus::kOk);
+  for (auto& p : x) ASSERT_EQ(pool->Allocate(4096, &p), PoolStatus::kOk);
+  ASSERT_EQ(pool->Free(x[1], 0), PoolStatus::kOk);  // an exact 4 KiB hole between live blocks
   ASSERT_EQ(pool->Free(a, 3), PoolStatus::kOk);
   fences.Complete(3);
-  ASSERT_EQ(pool->Allocate(4096, &c), PoolStatus::kOk);  // polls: `a` goes to its bin
-  EXPECT_NE(c, a);                                       // another size: not from the bin
+  // Polls (`a` goes to its bin), then another size: the exact hole, the bin left alone.
+  ASSERT_EQ(pool->Allocate(4096, &c), PoolStatus::kOk);
+  EXPECT_EQ(c, x[1]);
   PoolStats s = pool->Stats();
   EXPECT_EQ(s.pending_bytes, 0u);
-  EXPECT_EQ(s.current_allocated_bytes, (64u << 10) + 4096u);
+  EXPECT_EQ(s.current_allocated_bytes, (64u << 10) + 3 * 4096u);
   EXPECT_GE(s.unreleasable_free_bytes, 64u << 10);  // binned: not given back before merging
   BlockInfo info;
   EXPECT_EQ(pool->Lookup(a, &info), PoolStatus::kInvalidAddress);
@@ -231,7 +235,14 @@ TEST_P(PoolContractTest, BinnedBlocksAreFreeMemoryAndServeTheirSizeFirst) {
   EXPECT_EQ(d, a);
   EXPECT_EQ(pool->Lookup(a + 100, &info), PoolStatus::kOk);
   EXPECT_EQ(info.requested, 64u << 10);
-  for (std::uintptr_t x : {b, c, d}) ASSERT_EQ(pool->Free(x, 0), PoolStatus::kOk);
+  // A request of another size with no exact fit merges the bins first: the binned block is
+  // split for the 8 KiB request rather than a fresh part of the pool.
+  ASSERT_EQ(pool->Free(d, 4), PoolStatus::kOk);
+  fences.Complete(4);
+  std::uintptr_t e = 0;
+  ASSERT_EQ(pool->Allocate(8192, &e), PoolStatus::kOk);
+  EXPECT_EQ(e, a);
+  for (std::uintptr_t y : {b, c, e, x[0], x[2]}) ASSERT_EQ(pool->Free(y, 0), PoolStatus::kOk);
   ExpectConsistent(*pool, upstream);
 }
 
