@@ -648,8 +648,11 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   pool::BlockSizes sizes;
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
   const std::uint64_t threshold = ReuseSyncThreshold(bytes);
+  // Only when a good share of it was freed since the last synchronisation: right after one,
+  // the pending bytes are mostly complete already and only wait for the bounded poll to reach
+  // them, and asking again would synchronise for nothing.
   if (pending >= threshold / 2 &&
-      slot->fences.frees_since_sync.load(std::memory_order_relaxed) != 0 &&
+      slot->fences.frees_since_sync.load(std::memory_order_relaxed) * bytes >= threshold / 4 &&
       slot->fences.SyncIsCheap() && Cfg().mode == Mode::kPool && !AnyCaptureLive()) {
     if (pending < threshold) {
       if (!slot->sync_requested.load(std::memory_order_relaxed)) (void)RequestBackgroundSync(slot);
