@@ -309,6 +309,16 @@ row "torch step, CUPTI+NVTX cost" "${off:-?} ms (off)" "${on:-?} ms (on)" "$verd
 verdict=$(awk -v s="$sr" -v c="$cp" 'BEGIN{ if (s+0<=0 || c+0<=0) {print "FAIL missing"; exit}
   d=(c-s)/s; if (d<0) d=-d; printf "%s %.2f%% apart", (d <= 0.01) ? "ok" : "MISMATCH", 100*d}')
 row "torch CUPTI vs shim reserved" "CUPTI ${cp:-?} B" "shim ${sr:-?} B" "$verdict"
+# The fence helper watching for requests (VRAMSCOPE_FENCE_SPIN_US, default 50) against sleeping
+# between them (0), CUPTI and NVTX on: what watching costs or saves a real program (reported).
+for rep in 1 2; do
+  for spin in 0 50; do
+    PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 VRAMSCOPE_FENCE_SPIN_US=$spin run "torch.spin${spin}_$rep" "${vsrun[@]}" --json "$logs/torch.spin${spin}_$rep.json" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 20 --nvtx
+  done
+done
+s0=$(for r in 1 2; do grep -ho '"ms_per_step": [0-9.]*' "$logs/torch.spin0_$r.out" | awk '{print $2}'; done | awk 'NF{s+=$1; n++} END{if (n) printf "%.2f", s/n}')
+s50=$(for r in 1 2; do grep -ho '"ms_per_step": [0-9.]*' "$logs/torch.spin50_$r.out" | awk '{print $2}'; done | awk 'NF{s+=$1; n++} END{if (n) printf "%.2f", s/n}')
+row "torch step, helper sleeps/watches" "${s0:-?} ms (spin 0)" "${s50:-?} ms (spin 50 us)" "$(awk -v a="$s0" -v b="$s50" 'BEGIN{ if (a+0<=0 || b+0<=0) {print "FAIL no timing"; exit} printf "reported %+.1f%%", 100*(b-a)/a}')"
 
 echo "== 9. NVTX ranges and allocation sites"
 # nvtx_phases prints every range's figures (peak allocated while open, net growth, count,
