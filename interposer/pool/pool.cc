@@ -33,7 +33,9 @@ std::unique_ptr<Pool> MakePool(Upstream* upstream, FenceTracker* fences,
   } else {
     return nullptr;
   }
-  return internal::MakeCachingPool(upstream, fences, options, layout, internal::Tuning{});
+  internal::Tuning tuning;
+  if (!options.quick_reuse) tuning.quick_depth = 0;
+  return internal::MakeCachingPool(upstream, fences, options, layout, tuning);
 }
 
 }  // namespace vramscope::pool

@@ -37,6 +37,8 @@ struct Config {
   // store instead of waking a sleeping thread (a futex call per batch). 0 = always sleep.
   std::uint64_t fence_spin_us = 50;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
+  // VRAMSCOPE_QUICK_REUSE=0: no quick bins in the pools (pool::PoolOptions::quick_reuse).
+  bool quick_reuse = true;
   // VRAMSCOPE_STACKS=1: allocation sites (call stacks) in the ALLOC records (stacks.h).
   bool stacks = false;
   // VRAMSCOPE_CUPTI=1: CUPTI memory activity records into the ring (cupti.h); `vramscope run`

@@ -153,6 +153,7 @@ Slot* CreateSlot(CUcontext ctx, int index) {
   pool::PoolOptions options;
   options.policy = policy;
   options.capacity_bytes = config.capacity_bytes;
+  options.quick_reuse = config.quick_reuse;
   slot->pool = pool::MakePool(&slot->upstream, &slot->fences, options);
   if (slot->pool == nullptr) {
     VRAMSCOPE_LOG_ONCE(
@@ -451,6 +452,7 @@ void EpochFences::Complete(std::uint64_t epoch) {
          !completed_.compare_exchange_weak(done, epoch, std::memory_order_acq_rel)) {
   }
   frees_since_sync.store(0, std::memory_order_relaxed);
+  bytes_since_sync.store(0, std::memory_order_relaxed);
 }
 
 bool EpochFences::Sync(bool forced) {
@@ -590,6 +592,9 @@ pool::PoolStatus FreeInSlot(Slot* slot, std::uintptr_t address) {
   pool::BlockSizes sizes;
   const pool::PoolStatus status = slot->pool->FreeSized(address, slot->fences.Current(), &sizes);
   if (status == pool::PoolStatus::kOk) {
+    // Approximate under concurrency (a plain load and store), which the heuristic allows.
+    std::atomic<std::uint64_t>& freed = slot->fences.bytes_since_sync;
+    freed.store(freed.load(std::memory_order_relaxed) + sizes.allocated, std::memory_order_relaxed);
     RingPooledFree(slot, address, sizes.requested, sizes.allocated);
   }
   return status;
@@ -648,11 +653,11 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   pool::BlockSizes sizes;
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
   const std::uint64_t threshold = ReuseSyncThreshold(bytes);
-  // Only when a good share of it was freed since the last synchronisation: right after one,
+  // Only when a quarter of the threshold was freed since the last synchronisation: right after one,
   // the pending bytes are mostly complete already and only wait for the bounded poll to reach
   // them, and asking again would synchronise for nothing.
   if (pending >= threshold / 2 &&
-      slot->fences.frees_since_sync.load(std::memory_order_relaxed) * bytes >= threshold / 4 &&
+      slot->fences.bytes_since_sync.load(std::memory_order_relaxed) >= threshold / 4 &&
       slot->fences.SyncIsCheap() && Cfg().mode == Mode::kPool && !AnyCaptureLive()) {
     if (pending < threshold) {
       if (!slot->sync_requested.load(std::memory_order_relaxed)) (void)RequestBackgroundSync(slot);

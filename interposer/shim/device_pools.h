@@ -121,6 +121,7 @@ class EpochFences final : public pool::FenceTracker {
   bool SyncIsCheap() const { return sync_ns_.load(std::memory_order_relaxed) < kCheapSyncNs; }
 
   std::atomic<std::uint64_t> frees_since_sync{0};
+  std::atomic<std::uint64_t> bytes_since_sync{0};       // pooled bytes freed since the last one
   std::uint64_t batch_bytes = std::uint64_t{64} << 20;  // see Config::fence_batch_bytes
 
  private:

@@ -41,6 +41,8 @@ struct PoolOptions {
   std::string_view policy;
   // Upper bound on bytes held from the upstream (0 = unlimited, the upstream decides).
   std::size_t capacity_bytes = 0;
+  // Fenced frees of a size come back to the next request of that size unmerged (quick bins).
+  bool quick_reuse = true;
 };
 
 // Every figure is exact at the moment Stats() is called (taken under the pool's lock).
