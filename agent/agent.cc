@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <optional>
 #include <utility>
 
 #include "drain/ring_directory.h"
@@ -43,7 +44,9 @@ void Agent::OpenNewRings(const std::vector<std::string>& paths) {
       ++rings_skipped_;
       continue;
     }
-    absl::StatusOr<std::unique_ptr<RingReader>> reader = RingReader::OpenFile(path);
+    RingReader::Options reader_options;
+    reader_options.commit_in_drain = false;  // Poll commits once the outbox stored the batch
+    absl::StatusOr<std::unique_ptr<RingReader>> reader = RingReader::OpenFile(path, reader_options);
     if (!reader.ok()) {
       if (reader.status().code() == absl::StatusCode::kUnavailable ||
           reader.status().code() == absl::StatusCode::kFailedPrecondition) {
@@ -69,6 +72,7 @@ void Agent::OpenNewRings(const std::vector<std::string>& paths) {
 bool Agent::Position(Ring& ring) {
   if (ring.positioned) return true;
   RingReader& reader = *ring.reader;
+  const std::optional<Outbox::Replayed> replayed = outbox_.replayed(reader.process_key());
   absl::StatusOr<uint64_t> acked = uplink_.Probe(reader.process_key(), absl::Milliseconds(500));
   if (acked.ok()) {
     if (*acked > 0) {
@@ -77,6 +81,15 @@ bool Agent::Position(Ring& ring) {
                                            reader.path(), *acked, reader.info().pid));
     }
     outbox_.SetStart(reader.process_key(), *acked);
+    ring.positioned = true;
+  } else if (replayed) {
+    // Every batch the earlier agent numbered went to the spool first: the highest one there is
+    // the highest it numbered, whatever the collector holds.
+    Log(LogLevel::kInfo,
+        absl::StrFormat("%s: the collector cannot be asked (%s); continuing after batch %d of "
+                        "process %d, the spool's last",
+                        reader.path(), acked.status().ToString(), replayed->last_sequence,
+                        reader.info().pid));
     ring.positioned = true;
   } else if (reader.cursor() == 0) {
     ring.positioned = true;  // no reader consumed anything before us
@@ -87,7 +100,54 @@ bool Agent::Position(Ring& ring) {
                         "(%s) to say where its batches end before draining",
                         reader.path(), reader.cursor(), acked.status().ToString()));
   }
+  if (ring.positioned && replayed && replayed->ring_end > reader.cursor()) {
+    if (replayed->ring_end > reader.head()) {
+      Log(LogLevel::kWarning,
+          absl::StrFormat("%s: the spool says batch %d ended at record %d, beyond the ring's "
+                          "head %d; not skipping anything",
+                          reader.path(), replayed->last_sequence, replayed->ring_end,
+                          reader.head()));
+    } else {
+      // The earlier agent died between writing the batch to the spool and moving the tail.
+      Log(LogLevel::kInfo,
+          absl::StrFormat("%s: records %d..%d are in spooled batch %d already; skipping them",
+                          reader.path(), reader.cursor(), replayed->ring_end - 1,
+                          replayed->last_sequence));
+      ring.skip_to = replayed->ring_end;
+      ring.keep_exit = !replayed->has_exit;
+    }
+  }
   return ring.positioned;
+}
+
+absl::StatusOr<bool> Agent::Skip(Ring& ring) {
+  RingReader& reader = *ring.reader;
+  google::protobuf::RepeatedPtrField<v1::Event> skipped;
+  while (reader.cursor() < ring.skip_to) {
+    absl::StatusOr<DrainStats> stats =
+        reader.Drain(&skipped, static_cast<size_t>(ring.skip_to - reader.cursor()));
+    if (!stats.ok()) return stats.status();
+    if (stats->records == 0) break;  // a writer is still publishing one of them
+  }
+  reader.CommitTail();
+  if (reader.cursor() < ring.skip_to) return false;
+  ring.skip_to = 0;
+  if (ring.keep_exit && reader.finished()) {
+    // The writer died after the spooled batch: the drain synthesised its ProcessExit, which no
+    // batch holds yet.
+    for (v1::Event& event : skipped) {
+      if (!event.has_process_exit()) continue;
+      v1::EventBatch batch;
+      *batch.mutable_process() = reader.process_key();
+      *batch.add_events() = std::move(event);
+      for (v1::DeviceCounters& counters : reader.Counters()) {
+        *batch.add_counters() = std::move(counters);
+      }
+      outbox_.Add(std::move(batch), reader.cursor());
+      break;
+    }
+  }
+  return true;
 }
 
 absl::StatusOr<uint64_t> Agent::Poll() {
@@ -104,6 +164,19 @@ absl::StatusOr<uint64_t> Agent::Poll() {
     }
     RingReader& reader = *it->reader;
     bool drop_reader = false;
+    if (it->skip_to > 0) {
+      absl::StatusOr<bool> skipped = Skip(*it);
+      if (skipped.ok() && !*skipped) {
+        ++it;
+        continue;
+      }
+      if (!skipped.ok()) {
+        Log(LogLevel::kError,
+            absl::StrFormat("%s: %s; closed", reader.path(), skipped.status().ToString()));
+        it = readers_.erase(it);
+        continue;
+      }
+    }
     while (true) {
       v1::EventBatch batch;
       absl::StatusOr<DrainStats> stats =
@@ -120,7 +193,11 @@ absl::StatusOr<uint64_t> Agent::Poll() {
           *batch.add_counters() = std::move(counters);
         }
         events += static_cast<uint64_t>(batch.events_size());
-        outbox_.Add(std::move(batch));
+        // The tail moves past these records only once the outbox holds the batch (on disk, with
+        // a spool), and before the uplink can send it: once acknowledged, its file is deleted.
+        outbox_.Add(std::move(batch), reader.cursor(), [&reader] { reader.CommitTail(); });
+      } else {
+        reader.CommitTail();
       }
       if (stats->records < static_cast<uint64_t>(options_.batch_events)) break;
     }

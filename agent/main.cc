@@ -33,8 +33,11 @@ collector is unreachable.
   --batch-events=N           events per batch at most (default 4096)
   --poll-interval-ms=N       how often to look for new rings and records (default 50)
   --max-memory-bytes=SIZE    unacknowledged batches kept in memory (default 256M)
-  --spool-dir=DIR            spool batches here beyond that, or while the collector is
-                             unreachable (default: none)
+  --spool-dir=DIR            write every batch here before the ring lets go of its events,
+                             delete it once acknowledged; a restarted agent sends what it
+                             finds there first (default: none: unacknowledged batches are
+                             lost when the agent dies; beyond --max-memory-bytes they are
+                             dropped)
   --max-spool-bytes=SIZE     spool bound; beyond it batches are dropped, counted, logged and
                              reported to the collector as DropEvents (default 1G)
   --max-backoff-ms=N         longest wait between reconnect attempts (default 10000)
@@ -44,7 +47,8 @@ collector is unreachable.
   --help                     this text
 
 SIZE takes a K, M, G or T suffix (powers of 1024). Only rings of the agent's own user are read,
-unless it runs as root.
+unless it runs as root. Nothing is lost across a collector restart either way; across an agent
+restart (crash, SIGKILL, upgrade) only with --spool-dir, and the same directory next time.
 )";
 
 int Usage(const std::string& error) {
@@ -85,10 +89,12 @@ std::optional<uint64_t> ParseSize(absl::string_view text) {
 std::string FormatCounters(const AgentCounters& c) {
   return absl::StrFormat(
       "counters: %s, rings open %d finished %d skipped %d; batches cut %d (%d events) sent %d "
-      "acked %d resent %d spooled %d dropped %d (%d events) pending %d; reconnects %d",
+      "acked %d resent %d spooled %d replayed %d dropped %d (%d events) pending %d; unusable "
+      "spool files %d; reconnects %d",
       c.connected ? "connected" : "NOT connected", c.rings_open, c.rings_finished, c.rings_skipped,
       c.batches_cut, c.events_cut, c.batches_sent, c.batches_acked, c.batches_resent,
-      c.batches_spooled, c.batches_dropped, c.events_dropped, c.pending_batches, c.reconnects);
+      c.batches_spooled, c.batches_replayed, c.batches_dropped, c.events_dropped, c.pending_batches,
+      c.spool_files_rejected, c.reconnects);
 }
 
 int Main(int argc, char** argv) {
@@ -165,6 +171,11 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   Agent agent(options);
+  if (std::string error = agent.outbox().spool_error(); !error.empty()) {
+    std::fprintf(stderr, "vramscope-agent: --spool-dir=%s: %s\n", options.outbox.spool_dir.c_str(),
+                 error.c_str());
+    return 2;
+  }
   Log(LogLevel::kInfo, absl::StrFormat("rings in %s, collector %s%s", agent.options().ring_dir,
                                        options.uplink.collector, once ? ", once" : ""));
   agent.StartUplink();

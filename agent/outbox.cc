@@ -1,22 +1,30 @@
 #include "vramscope/agent/outbox.h"
 
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/strings/escaping.h>
 #include <absl/strings/match.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
-#include <absl/strings/str_replace.h>
+#include <absl/strings/str_split.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
+#include <map>
 #include <system_error>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "vramscope/agent/log.h"
 
@@ -25,18 +33,77 @@ namespace {
 
 std::atomic<int> g_min_level{static_cast<int>(LogLevel::kInfo)};
 
-std::string FileSafe(const std::string& text) {
-  std::string out = text.empty() ? "unknown" : text.substr(0, 64);
-  for (char& c : out) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '-';
-    if (!ok) c = '_';
-  }
-  return out;
+// A spool file: this header, then the serialized EventBatch. Host byte order (the spool never
+// leaves the node). The CRC-32 (zlib's) covers the payload; header and name must agree.
+constexpr char kSpoolMagic[8] = {'V', 'S', 'S', 'P', 'O', 'O', 'L', '1'};
+struct SpoolHeader {
+  char magic[8];
+  uint64_t sequence;
+  uint64_t ring_end;
+  uint64_t payload_bytes;
+  uint32_t crc32;
+  uint32_t reserved;
+};
+static_assert(sizeof(SpoolHeader) == 40);
+constexpr absl::string_view kBatchSuffix = ".batch";
+constexpr absl::string_view kTempSuffix = ".tmp";
+constexpr absl::string_view kCorruptSuffix = ".corrupt";
+
+uint32_t Crc32(const char* data, size_t size) {
+  return static_cast<uint32_t>(
+      crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(data), size));
 }
 
-bool WriteWholeFile(const std::string& path, const std::string& bytes, std::string* error) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+// The name says whose batch a file holds, even when its contents are damaged:
+// PID_STARTTIMENS_SEQUENCE_EVENTS_HEXHOST.batch.
+struct SpoolName {
+  v1::ProcessKey key;
+  uint64_t sequence = 0;
+  uint64_t events = 0;
+};
+
+std::string SpoolFileName(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
+  return absl::StrFormat("%d_%d_%d_%d_%s%s", key.pid(), key.start_time_ns(), sequence, events,
+                         absl::BytesToHexString(key.host()), kBatchSuffix);
+}
+
+std::optional<SpoolName> ParseSpoolName(absl::string_view file) {
+  if (!absl::ConsumeSuffix(&file, kBatchSuffix)) return std::nullopt;
+  std::vector<absl::string_view> parts = absl::StrSplit(file, '_');
+  SpoolName name;
+  uint32_t pid = 0;
+  uint64_t start = 0;
+  if (parts.size() != 5 || !absl::SimpleAtoi(parts[0], &pid) || pid == 0 ||
+      !absl::SimpleAtoi(parts[1], &start) || !absl::SimpleAtoi(parts[2], &name.sequence) ||
+      name.sequence == 0 || !absl::SimpleAtoi(parts[3], &name.events) || parts[4].size() % 2 != 0 ||
+      !std::all_of(parts[4].begin(), parts[4].end(), [](char c) { return isxdigit(c) != 0; })) {
+    return std::nullopt;
+  }
+  name.key.set_pid(pid);
+  name.key.set_start_time_ns(start);
+  name.key.set_host(absl::HexStringToBytes(parts[4]));
+  return name;
+}
+
+// Writes header + `batch` to `path` + ".tmp", then renames it to `path`: a file under its final
+// name is always complete (against the agent dying; there is no fsync, so not against the
+// machine losing power).
+bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64_t ring_end,
+                    std::string* error) {
+  std::string bytes(sizeof(SpoolHeader), '\0');
+  if (!batch.AppendToString(&bytes)) {
+    *error = "cannot serialize the batch";
+    return false;
+  }
+  SpoolHeader header{};
+  memcpy(header.magic, kSpoolMagic, sizeof(kSpoolMagic));
+  header.sequence = batch.sequence();
+  header.ring_end = ring_end;
+  header.payload_bytes = bytes.size() - sizeof(SpoolHeader);
+  header.crc32 = Crc32(bytes.data() + sizeof(SpoolHeader), header.payload_bytes);
+  memcpy(bytes.data(), &header, sizeof(header));
+  const std::string temp = absl::StrCat(path, kTempSuffix);
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) {
     *error = strerror(errno);
     return false;
@@ -48,14 +115,95 @@ bool WriteWholeFile(const std::string& path, const std::string& bytes, std::stri
     if (n <= 0) {
       *error = n < 0 ? strerror(errno) : "short write";
       ::close(fd);
-      ::unlink(path.c_str());
+      ::unlink(temp.c_str());
       return false;
     }
     done += static_cast<size_t>(n);
   }
-  ::close(fd);
+  if (::close(fd) != 0 || ::rename(temp.c_str(), path.c_str()) != 0) {
+    *error = strerror(errno);
+    ::unlink(temp.c_str());
+    return false;
+  }
   return true;
 }
+
+struct SpoolFile {
+  v1::EventBatch batch;
+  uint64_t ring_end = 0;
+  uint64_t payload_bytes = 0;
+};
+
+// Reads and validates the file `path` named `name`.
+absl::StatusOr<SpoolFile> ReadSpoolFile(const std::string& path, const SpoolName& name) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open: ", strerror(errno)));
+  std::string bytes;
+  char buffer[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat("cannot read: ", strerror(err)));
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  SpoolHeader header{};
+  if (bytes.size() < sizeof(header)) {
+    return absl::DataLossError(absl::StrFormat(
+        "truncated: %d bytes, shorter than the %d-byte header", bytes.size(), sizeof(header)));
+  }
+  memcpy(&header, bytes.data(), sizeof(header));
+  if (memcmp(header.magic, kSpoolMagic, sizeof(kSpoolMagic)) != 0) {
+    return absl::DataLossError("not a vramscope spool file (bad magic)");
+  }
+  if (header.payload_bytes != bytes.size() - sizeof(header)) {
+    return absl::DataLossError(
+        absl::StrFormat("truncated or padded: the header says %d bytes of "
+                        "batch, the file holds %d",
+                        header.payload_bytes, bytes.size() - sizeof(header)));
+  }
+  if (header.crc32 != Crc32(bytes.data() + sizeof(header), header.payload_bytes)) {
+    return absl::DataLossError("checksum mismatch (damaged contents)");
+  }
+  SpoolFile file;
+  if (!file.batch.ParseFromArray(bytes.data() + sizeof(header),
+                                 static_cast<int>(header.payload_bytes))) {
+    return absl::DataLossError("the payload is not a vramscope.v1.EventBatch");
+  }
+  if (header.sequence != name.sequence || file.batch.sequence() != name.sequence ||
+      file.batch.process().pid() != name.key.pid() ||
+      file.batch.process().start_time_ns() != name.key.start_time_ns() ||
+      file.batch.process().host() != name.key.host() ||
+      static_cast<uint64_t>(file.batch.events_size()) != name.events) {
+    return absl::DataLossError(absl::StrFormat(
+        "contents do not match the name (sequence %d, pid %d, %d events)", file.batch.sequence(),
+        file.batch.process().pid(), file.batch.events_size()));
+  }
+  file.ring_end = header.ring_end;
+  file.payload_bytes = header.payload_bytes;
+  return file;
+}
+
+// In place of a batch that is lost: its sequence, with a DropEvent for its events.
+v1::EventBatch LostBatch(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
+  v1::EventBatch batch;
+  *batch.mutable_process() = key;
+  batch.set_sequence(sequence);
+  batch.add_events()->mutable_drop()->set_dropped_records(events);
+  return batch;
+}
+
+bool HasExit(const v1::EventBatch& batch) {
+  return std::any_of(batch.events().begin(), batch.events().end(),
+                     [](const v1::Event& event) { return event.has_process_exit(); });
+}
+
+bool RateLimited(uint64_t count) { return count > 10 && count % 1000 != 0; }
 
 }  // namespace
 
@@ -81,49 +229,190 @@ std::string ProcessKeyString(const v1::ProcessKey& key) {
 
 Outbox::Outbox(OutboxOptions options) : options_(std::move(options)) {
   if (options_.spool_dir.empty()) return;
+  absl::MutexLock lock(&mu_);
   std::error_code ec;
   std::filesystem::create_directories(options_.spool_dir, ec);
   if (ec) {
-    Log(LogLevel::kError, absl::StrFormat("cannot create the spool directory %s: %s; spooling "
-                                          "will fail and overflow will be dropped",
-                                          options_.spool_dir, ec.message()));
+    spool_error_ = absl::StrFormat("cannot create the spool directory %s: %s", options_.spool_dir,
+                                   ec.message());
+    Log(LogLevel::kError, absl::StrCat(spool_error_, "; every batch will be dropped"));
     return;
   }
-  // Batches spooled by an earlier agent carry that agent's sequence numbers, which this one
-  // cannot continue; they are discarded, and said so.
-  int stale = 0;
+  Replay();
+}
+
+// Files are kept: the next Outbox over the directory sends what is in them.
+Outbox::~Outbox() = default;
+
+void Outbox::Replay() {
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(options_.spool_dir, ec)) {
-    if (absl::EndsWith(entry.path().string(), ".batch")) {
-      std::filesystem::remove(entry.path(), ec);
-      ++stale;
+    files.push_back(entry.path());
+  }
+  if (ec) {
+    spool_error_ =
+        absl::StrFormat("cannot list the spool directory %s: %s", options_.spool_dir, ec.message());
+    Log(LogLevel::kError, absl::StrCat(spool_error_, "; every batch will be dropped"));
+    return;
+  }
+  std::sort(files.begin(), files.end());
+  struct Found {
+    SpoolName name;
+    std::string path;
+    std::optional<SpoolFile> file;  // nullopt: lost (rejected)
+  };
+  // Ordered by process, then sequence.
+  std::map<std::tuple<std::string, uint64_t>, Found> found;
+  int temps = 0;
+  for (const std::filesystem::path& path : files) {
+    const std::string file_name = path.filename().string();
+    if (absl::EndsWith(file_name, kTempSuffix)) {
+      // Never renamed: the agent died while writing it, before the ring let go of its events.
+      std::filesystem::remove(path, ec);
+      ++temps;
+      continue;
+    }
+    if (!absl::EndsWith(file_name, kBatchSuffix)) continue;  // *.corrupt of an earlier start
+    std::optional<SpoolName> name = ParseSpoolName(file_name);
+    absl::StatusOr<SpoolFile> file =
+        name ? ReadSpoolFile(path.string(), *name)
+             : absl::StatusOr<SpoolFile>(absl::InvalidArgumentError(
+                   "not a spool file name of this agent version (PID_START_SEQUENCE_EVENTS_HOST)"));
+    if (file.ok()) {
+      found[{ProcessKeyString(name->key), name->sequence}] =
+          Found{*name, path.string(), std::move(*file)};
+      continue;
+    }
+    ++counters_.spool_files_rejected;
+    const std::string aside = path.string() + std::string(kCorruptSuffix);
+    std::filesystem::rename(path, aside, ec);
+    const std::string where = ec ? std::string("removed") : absl::StrCat("moved aside to ", aside);
+    if (ec) std::filesystem::remove(path, ec);
+    if (name) {
+      Log(LogLevel::kWarning,
+          absl::StrFormat("spool file %s of an earlier run is unusable (%s); %s; its %d events "
+                          "(batch %d of process %s) are reported to the collector as dropped",
+                          path.string(), file.status().message(), where, name->events,
+                          name->sequence, ProcessKeyString(name->key)));
+      found[{ProcessKeyString(name->key), name->sequence}] = Found{*name, "", std::nullopt};
+    } else {
+      Log(LogLevel::kWarning,
+          absl::StrFormat("spool file %s of an earlier run is unusable (%s); %s", path.string(),
+                          file.status().message(), where));
     }
   }
-  if (stale > 0) {
-    Log(LogLevel::kWarning,
-        absl::StrFormat("discarded %d batches spooled in %s by an earlier agent run", stale,
-                        options_.spool_dir));
+
+  uint64_t replayed = 0;
+  uint64_t lost = 0;
+  for (auto& [where, f] : found) {
+    const std::string& name = std::get<0>(where);
+    Process& process = processes_[name];
+    if (!process.replayed) {
+      process.key = f.name.key;
+      process.acked = f.name.sequence - 1;  // the earlier run forgot those on acknowledgement
+      process.replay_base = process.acked;
+      process.next_sequence = f.name.sequence;
+      process.replayed = Replayed{};
+    }
+    if (f.name.sequence > process.next_sequence) {
+      // Deleted by someone else: nothing to send for them, but the collector must see no gap.
+      Log(LogLevel::kWarning,
+          absl::StrFormat("batches %d..%d of %s are missing from the spool %s; sent as empty "
+                          "batches (their events are lost and not counted)",
+                          process.next_sequence, f.name.sequence - 1, name, options_.spool_dir));
+      while (process.next_sequence < f.name.sequence) {
+        Entry entry;
+        entry.process = name;
+        entry.sequence = process.next_sequence++;
+        auto empty = std::make_shared<v1::EventBatch>(LostBatch(f.name.key, entry.sequence, 0));
+        entry.bytes = empty->ByteSizeLong();
+        entry.events = 1;
+        Spool(entry, *empty, 0);
+        entry.batch = std::move(empty);
+        counters_.memory_bytes += entry.bytes;
+        pending_.push_back(std::move(entry));
+        ++lost;
+      }
+    }
+    Entry entry;
+    entry.process = name;
+    entry.sequence = f.name.sequence;
+    if (f.file) {
+      entry.bytes = f.file->payload_bytes;
+      entry.events = f.file->batch.events_size();
+      entry.ring_end = f.file->ring_end;
+      entry.spool_path = f.path;
+      counters_.spool_bytes += entry.bytes;
+      *process.replayed = Replayed{entry.sequence, entry.ring_end, HasExit(f.file->batch)};
+      if (counters_.memory_bytes + entry.bytes <= options_.max_memory_bytes) {
+        entry.batch = std::make_shared<const v1::EventBatch>(std::move(f.file->batch));
+        counters_.memory_bytes += entry.bytes;
+      }
+      ++counters_.batches_replayed;
+      ++replayed;
+    } else {
+      // Written again, valid, under the same name: a second restart still reports the loss.
+      auto batch =
+          std::make_shared<v1::EventBatch>(LostBatch(f.name.key, f.name.sequence, f.name.events));
+      entry.bytes = batch->ByteSizeLong();
+      entry.events = 1;
+      Spool(entry, *batch, 0);
+      entry.batch = std::move(batch);
+      counters_.memory_bytes += entry.bytes;
+      *process.replayed = Replayed{entry.sequence, 0, false};
+      ++lost;
+    }
+    process.next_sequence = entry.sequence + 1;
+    pending_.push_back(std::move(entry));
+  }
+  if (replayed + lost + counters_.spool_files_rejected + static_cast<uint64_t>(temps) > 0) {
+    Log(LogLevel::kInfo,
+        absl::StrFormat("spool %s of an earlier run: %d batches queued to send first, %d sent "
+                        "as lost, %d files unusable, %d unfinished temporary files removed",
+                        options_.spool_dir, replayed, lost, counters_.spool_files_rejected, temps));
   }
 }
 
-Outbox::~Outbox() {
-  absl::MutexLock lock(&mu_);
-  for (Entry& entry : pending_) Forget(entry);
-}
-
-bool Outbox::Spool(Entry& entry, const v1::EventBatch& batch) {
-  entry.spool_path =
-      absl::StrFormat("%s/%s_%d.batch", options_.spool_dir,
-                      FileSafe(absl::StrReplaceAll(entry.process, {{"/", "_"}})), entry.sequence);
+bool Outbox::Spool(Entry& entry, const v1::EventBatch& batch, uint64_t ring_end) {
+  std::string path = absl::StrCat(
+      options_.spool_dir, "/",
+      SpoolFileName(batch.process(), entry.sequence, static_cast<uint64_t>(batch.events_size())));
   std::string error;
-  if (!WriteWholeFile(entry.spool_path, batch.SerializeAsString(), &error)) {
-    Log(LogLevel::kError, absl::StrFormat("cannot spool batch %d of %s to %s: %s", entry.sequence,
-                                          entry.process, entry.spool_path, error));
-    entry.spool_path.clear();
+  if (!WriteSpoolFile(path, batch, ring_end, &error)) {
+    ++spool_errors_;
+    if (!RateLimited(spool_errors_)) {
+      Log(LogLevel::kError,
+          absl::StrFormat("cannot spool batch %d of %s to %s: %s (%d spool "
+                          "write errors so far)",
+                          entry.sequence, entry.process, path, error, spool_errors_));
+    }
     return false;
   }
+  entry.spool_path = std::move(path);
   counters_.spool_bytes += entry.bytes;
   ++counters_.batches_spooled;
   return true;
+}
+
+std::shared_ptr<const v1::EventBatch> Outbox::Load(const Entry& entry) {
+  if (entry.batch != nullptr) return entry.batch;
+  std::optional<SpoolName> name =
+      ParseSpoolName(std::filesystem::path(entry.spool_path).filename().string());
+  absl::StatusOr<SpoolFile> file =
+      name ? ReadSpoolFile(entry.spool_path, *name)
+           : absl::StatusOr<SpoolFile>(absl::InternalError("unexpected spool file name"));
+  if (file.ok()) {
+    auto batch = std::make_shared<v1::EventBatch>(std::move(file->batch));
+    batch->set_sequence(entry.sequence);
+    return batch;
+  }
+  // The spool is ours alone; a file we cannot read back is lost. Send the sequence anyway, with
+  // a DropEvent in place of the events, so the collector sees no gap and counts the loss.
+  Log(LogLevel::kError, absl::StrFormat("spooled batch %s is unreadable (%s); %d events lost",
+                                        entry.spool_path, file.status().message(), entry.events));
+  return std::make_shared<v1::EventBatch>(LostBatch(processes_[entry.process].key, entry.sequence,
+                                                    static_cast<uint64_t>(entry.events)));
 }
 
 void Outbox::Forget(Entry& entry) {
@@ -138,11 +427,36 @@ void Outbox::Forget(Entry& entry) {
   }
 }
 
-bool Outbox::Add(v1::EventBatch batch) {
+uint64_t Outbox::Renumber(const std::string& name, uint64_t first) {
+  uint64_t next = first;
+  for (Entry& entry : pending_) {
+    if (entry.process != name) continue;
+    std::shared_ptr<const v1::EventBatch> loaded = Load(entry);
+    auto copy = std::make_shared<v1::EventBatch>(*loaded);
+    copy->set_sequence(next);
+    if (!entry.spool_path.empty()) {
+      // The file must carry the new number, or a later run would replay a stale one. If it
+      // cannot be written again, the batch is kept in memory only.
+      const std::string old_path = entry.spool_path;
+      counters_.spool_bytes -= entry.bytes;
+      entry.spool_path.clear();
+      entry.sequence = next;
+      Spool(entry, *copy, entry.ring_end);
+      ::unlink(old_path.c_str());
+    }
+    if (entry.batch == nullptr) counters_.memory_bytes += entry.bytes;
+    entry.batch = std::move(copy);
+    entry.sequence = next++;
+    ++counters_.batches_renumbered;
+  }
+  return next;
+}
+
+bool Outbox::Add(v1::EventBatch batch, uint64_t ring_end, const std::function<void()>& stored_cb) {
   absl::MutexLock lock(&mu_);
   const std::string name = ProcessKeyString(batch.process());
   Process& process = processes_[name];
-  if (process.next_sequence == 1 && process.acked == 0) process.key = batch.process();
+  if (process.key.pid() == 0) process.key = batch.process();
   if (process.pending_drop_events > 0) {
     v1::Event* drop = batch.add_events();
     drop->set_time_ns(batch.events_size() > 1 ? batch.events(0).time_ns() : 0);
@@ -153,45 +467,61 @@ bool Outbox::Add(v1::EventBatch batch) {
   batch.set_sequence(process.next_sequence);
   const uint64_t bytes = batch.ByteSizeLong();
   const bool memory_room = counters_.memory_bytes + bytes <= options_.max_memory_bytes;
-  const bool spool_room =
-      !options_.spool_dir.empty() && counters_.spool_bytes + bytes <= options_.max_spool_bytes;
 
   Entry entry;
   entry.process = name;
   entry.sequence = process.next_sequence;
   entry.bytes = bytes;
   entry.events = batch.events_size();
+  entry.ring_end = ring_end;
   bool stored = false;
-  if (spool_room && (!counters_.connected || !memory_room)) stored = Spool(entry, batch);
-  if (!stored && memory_room) {
+  if (!options_.spool_dir.empty()) {
+    // Durable first: the caller lets the ring go of these events once we return.
+    if (spool_error_.empty() && counters_.spool_bytes + bytes <= options_.max_spool_bytes) {
+      stored = Spool(entry, batch, ring_end);
+    }
+    if (stored && memory_room) {
+      entry.batch = std::make_shared<const v1::EventBatch>(std::move(batch));
+      counters_.memory_bytes += bytes;
+    }
+  } else if (memory_room) {
     entry.batch = std::make_shared<const v1::EventBatch>(std::move(batch));
     counters_.memory_bytes += bytes;
     stored = true;
   }
-  if (!stored) {
+  if (stored) {
+    process.pending_drop_events = 0;
+    process.numbered_here = true;
+    ++process.next_sequence;
+    ++counters_.batches_cut;
+    counters_.events_cut += static_cast<uint64_t>(entry.events);
+  } else {
     // No sequence number is used up, so the collector sees no gap; the loss is reported to it.
     const int lost = entry.events - (process.pending_drop_events > 0 ? 1 : 0);
     process.pending_drop_events += static_cast<uint64_t>(lost);
     ++counters_.batches_dropped;
     counters_.events_dropped += static_cast<uint64_t>(lost);
-    if (counters_.batches_dropped <= 10 || counters_.batches_dropped % 1000 == 0) {
+    if (!RateLimited(counters_.batches_dropped)) {
       Log(LogLevel::kWarning,
           absl::StrFormat(
-              "dropped a batch of %d events of %s: %d bytes unacknowledged in memory (limit %d), "
-              "%d in the spool (limit %d%s); %d batches / %d events dropped so far, reported to "
-              "the collector as a DropEvent",
-              lost, name, counters_.memory_bytes, options_.max_memory_bytes, counters_.spool_bytes,
-              options_.max_spool_bytes, options_.spool_dir.empty() ? ", no --spool-dir" : "",
+              "dropped a batch of %d events of %s: %s; %d batches / %d events dropped so far, "
+              "reported to the collector as a DropEvent",
+              lost, name,
+              options_.spool_dir.empty()
+                  ? absl::StrFormat("%d bytes unacknowledged in memory (limit %d), no --spool-dir",
+                                    counters_.memory_bytes, options_.max_memory_bytes)
+                  : absl::StrFormat("%d bytes unacknowledged in the spool %s (limit %d)%s",
+                                    counters_.spool_bytes, options_.spool_dir,
+                                    options_.max_spool_bytes,
+                                    spool_error_.empty() ? "" : ", unusable"),
               counters_.batches_dropped, counters_.events_dropped));
     }
-    return false;
   }
-  process.pending_drop_events = 0;
-  ++process.next_sequence;
-  ++counters_.batches_cut;
-  counters_.events_cut += static_cast<uint64_t>(entry.events);
-  pending_.push_back(std::move(entry));
-  return true;
+  // Before the sender can see the batch: once it is acknowledged its file goes, and the ring
+  // must have let go of its events by then or a restarted agent would read them again.
+  if (stored_cb) stored_cb();
+  if (stored) pending_.push_back(std::move(entry));
+  return stored;
 }
 
 void Outbox::PopAcked() {
@@ -208,11 +538,41 @@ void Outbox::PopAcked() {
 
 void Outbox::SetStart(const v1::ProcessKey& key, uint64_t acked_sequence) {
   absl::MutexLock lock(&mu_);
-  Process& process = processes_[ProcessKeyString(key)];
-  if (process.next_sequence != 1) return;  // batches were numbered already: too late
+  const std::string name = ProcessKeyString(key);
+  Process& process = processes_[name];
+  if (process.numbered_here) return;  // batches were numbered already: too late
   process.key = key;
-  process.acked = acked_sequence;
-  process.next_sequence = acked_sequence + 1;
+  // Only while no acknowledgement arrived since the replay: a probe answered before the
+  // collector stored a replayed batch can arrive after that batch's acknowledgement.
+  if (process.replayed && process.acked == process.replay_base &&
+      acked_sequence < process.replay_base) {
+    // The collector holds less than the replayed batches follow on (it lost data, or is another
+    // one): number them right after what it holds, or it would wait for the missing ones forever.
+    Log(LogLevel::kWarning,
+        absl::StrFormat("the collector holds batches 1..%d of %s, the spool continues at %d; "
+                        "renumbered the replayed batches after %d",
+                        acked_sequence, name, process.replay_base + 1, acked_sequence));
+    process.next_sequence = Renumber(name, acked_sequence + 1);
+    process.replayed->last_sequence = process.next_sequence - 1;
+    process.acked = acked_sequence;
+    sent_count_ = 0;
+    return;
+  }
+  process.acked = std::max(process.acked, acked_sequence);
+  process.next_sequence = std::max(process.next_sequence, acked_sequence + 1);
+  PopAcked();
+}
+
+std::optional<Outbox::Replayed> Outbox::replayed(const v1::ProcessKey& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = processes_.find(ProcessKeyString(key));
+  if (it == processes_.end()) return std::nullopt;
+  return it->second.replayed;
+}
+
+std::string Outbox::spool_error() const {
+  absl::MutexLock lock(&mu_);
+  return spool_error_;
 }
 
 void Outbox::Ack(const v1::ProcessKey& key, uint64_t acked_sequence) {
@@ -224,22 +584,12 @@ void Outbox::Ack(const v1::ProcessKey& key, uint64_t acked_sequence) {
   if (acked_sequence >= process.next_sequence) {
     // The collector holds batches of this process that this agent never cut: an earlier agent
     // sent them. Ours were taken for duplicates; number them after the collector's and resend.
-    uint64_t next = acked_sequence + 1;
-    for (Entry& entry : pending_) {
-      if (entry.process != it->first) continue;
-      if (entry.batch != nullptr) {
-        auto copy = std::make_shared<v1::EventBatch>(*entry.batch);
-        copy->set_sequence(next);
-        entry.batch = std::move(copy);
-      }
-      entry.sequence = next++;
-      ++counters_.batches_renumbered;
-    }
+    const uint64_t before = counters_.batches_renumbered;
+    process.next_sequence = Renumber(it->first, acked_sequence + 1);
     Log(LogLevel::kWarning,
         absl::StrFormat("the collector already holds batches 1..%d of %s from an earlier agent; "
                         "renumbered %d unacknowledged batches after them",
-                        acked_sequence, it->first, next - acked_sequence - 1));
-    process.next_sequence = next;
+                        acked_sequence, it->first, counters_.batches_renumbered - before));
     process.acked = acked_sequence;
     sent_count_ = 0;
   } else {
@@ -262,21 +612,7 @@ std::shared_ptr<const v1::EventBatch> Outbox::NextToSend(absl::Duration timeout)
     ++counters_.batches_sent;
     entry.sent = true;
   }
-  if (entry.batch != nullptr) return entry.batch;
-  auto batch = std::make_shared<v1::EventBatch>();
-  std::ifstream in(entry.spool_path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!batch->ParseFromString(bytes)) {
-    // The spool is ours alone; a file we cannot read back is lost. Send the sequence anyway, with
-    // a DropEvent in place of the events, so the collector sees no gap and counts the loss.
-    Log(LogLevel::kError, absl::StrFormat("spooled batch %s is unreadable; %d events lost",
-                                          entry.spool_path, entry.events));
-    batch->Clear();
-    *batch->mutable_process() = processes_[entry.process].key;
-    batch->add_events()->mutable_drop()->set_dropped_records(static_cast<uint64_t>(entry.events));
-  }
-  batch->set_sequence(entry.sequence);
-  return batch;
+  return Load(entry);
 }
 
 void Outbox::Rewind() {

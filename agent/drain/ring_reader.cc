@@ -212,6 +212,8 @@ absl::Status RingReader::Validate() {
   return absl::OkStatus();
 }
 
+void RingReader::CommitTail() { __atomic_store_n(&header_->tail, cursor_, __ATOMIC_RELEASE); }
+
 bool RingReader::WriterAlive() {
   if (options_.writer_alive) return options_.writer_alive(info_);
   return WriterProcessAlive(info_);
@@ -402,7 +404,7 @@ absl::StatusOr<DrainStats> RingReader::Drain(google::protobuf::RepeatedPtrField<
     stats.records += consumed;
   }
   // Hand the slots back to the writers, after every copy above.
-  __atomic_store_n(&header_->tail, cursor_, __ATOMIC_RELEASE);
+  if (options_.commit_in_drain) CommitTail();
 
   const std::uint64_t writer_drops = dropped_now > dropped_seen_ ? dropped_now - dropped_seen_ : 0;
   dropped_seen_ = std::max(dropped_seen_, dropped_now);

@@ -63,12 +63,19 @@ struct DrainStats {
 // (when known) has the same start time; without /proc, kill(pid, 0).
 bool WriterProcessAlive(const RingInfo& info);
 
+struct RingReaderOptions {
+  // Replaces WriterProcessAlive (tests, fuzzing).
+  std::function<bool(const RingInfo&)> writer_alive;
+  // Drain() hands the slots it read back to the writers (stores tail) before it returns. Off:
+  // the caller does it with CommitTail() once the events are safe elsewhere (vramscope-agent
+  // with --spool-dir: after the batch is on disk), so a reader killed in between leaves them in
+  // the ring for the next one.
+  bool commit_in_drain = true;
+};
+
 class RingReader {
  public:
-  struct Options {
-    // Replaces WriterProcessAlive (tests, fuzzing).
-    std::function<bool(const RingInfo&)> writer_alive;
-  };
+  using Options = RingReaderOptions;
 
   // Maps `path` read-write (the reader stores its cursor in `tail`) and takes flock(LOCK_EX).
   static absl::StatusOr<std::unique_ptr<RingReader>> OpenFile(const std::string& path,
@@ -85,12 +92,17 @@ class RingReader {
   v1::ProcessKey process_key() const;
   // Next ring position to read.
   std::uint64_t cursor() const { return cursor_; }
+  // Positions claimed by writers so far (the ring's head).
+  std::uint64_t head() const { return __atomic_load_n(&header_->head, __ATOMIC_ACQUIRE); }
   bool finished() const { return finished_; }
 
   // Appends the events published since the cursor, reading at most `max_records` records, and
-  // advances the ring's tail so writers can reuse the slots.
+  // (unless Options::commit_in_drain is off) advances the ring's tail so writers can reuse the
+  // slots.
   absl::StatusOr<DrainStats> Drain(google::protobuf::RepeatedPtrField<v1::Event>* out,
                                    std::size_t max_records = SIZE_MAX);
+  // Hands every slot read so far back to the writers (tail = cursor).
+  void CommitTail();
 
   // The header's exact counters, one entry per device that has any (or has device info).
   // records_written/records_dropped are process-wide and repeated on every entry.

@@ -1,13 +1,17 @@
 // The agent's Outbox without a network: sequence numbers, acknowledgements, resends after a
-// rewind, the memory bound, drops reported as DropEvents, renumbering, and the spool.
+// rewind, the memory bound, drops reported as DropEvents, renumbering, the spool, and the replay
+// of an earlier run's spool (damaged files, gaps, renumbering against the collector).
 #include "vramscope/agent/outbox.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/collector/test_util.h"
 #include "vramscope/agent/log.h"
@@ -16,6 +20,7 @@ namespace vramscope::agent {
 namespace {
 
 using ::vramscope::testing::Batch;
+using ::vramscope::testing::ExitBatch;
 using ::vramscope::testing::Key;
 using ::vramscope::testing::TempDir;
 
@@ -125,22 +130,223 @@ TEST_F(OutboxTest, SetStartContinuesAfterTheCollectorsSequence) {
   EXPECT_TRUE(outbox.Empty());
 }
 
-TEST_F(OutboxTest, SpoolsWhileDisconnectedAndReadsBack) {
+std::vector<std::string> SpoolFiles(const std::string& dir, const std::string& suffix = ".batch") {
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix) {
+      files.push_back(entry.path().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// (pid, sequence) of everything NextToSend hands out now.
+std::vector<std::pair<uint32_t, uint64_t>> SendAll(Outbox& outbox) {
+  std::vector<std::pair<uint32_t, uint64_t>> sent;
+  while (auto batch = outbox.NextToSend(absl::ZeroDuration())) {
+    sent.emplace_back(batch->process().pid(), batch->sequence());
+  }
+  return sent;
+}
+
+TEST_F(OutboxTest, SpoolsEveryBatchBeforeTheCallbackAndReadsBack) {
   TempDir spool;
-  std::ofstream(spool.path() + "/stale_1.batch") << "from an earlier run";
   OutboxOptions options;
   options.spool_dir = spool.path();
   Outbox outbox(options);
-  EXPECT_FALSE(std::filesystem::exists(spool.path() + "/stale_1.batch"));
+  outbox.SetConnected(true);  // connected or not: with a spool, every batch goes to disk first
   const v1::EventBatch original = Batch(Key(1), 1, 20);
-  ASSERT_TRUE(outbox.Add(original));
+  size_t files_in_callback = 0;
+  ASSERT_TRUE(
+      outbox.Add(original, 77, [&] { files_in_callback = SpoolFiles(spool.path()).size(); }));
+  EXPECT_EQ(files_in_callback, 1u);
   EXPECT_EQ(outbox.counters().batches_spooled, 1u);
-  EXPECT_EQ(outbox.counters().memory_bytes, 0u);
+  EXPECT_GT(outbox.counters().memory_bytes, 0u);  // and a copy in memory for sending
   auto back = outbox.NextToSend(absl::ZeroDuration());
   ASSERT_NE(back, nullptr);
   EXPECT_EQ(back->SerializeAsString(), original.SerializeAsString());
   outbox.Ack(Key(1), 1);
   EXPECT_TRUE(std::filesystem::is_empty(spool.path()));
+  EXPECT_EQ(outbox.counters().spool_bytes, 0u);
+  EXPECT_EQ(outbox.counters().memory_bytes, 0u);
+}
+
+TEST_F(OutboxTest, BeyondTheMemoryBoundSpooledBatchesAreReadBackFromDisk) {
+  TempDir spool;
+  OutboxOptions options;
+  options.spool_dir = spool.path();
+  options.max_memory_bytes = 0;
+  Outbox outbox(options);
+  const v1::EventBatch original = Batch(Key(1), 1, 20);
+  ASSERT_TRUE(outbox.Add(original));
+  EXPECT_EQ(outbox.counters().memory_bytes, 0u);
+  auto back = outbox.NextToSend(absl::ZeroDuration());
+  ASSERT_NE(back, nullptr);
+  EXPECT_EQ(back->SerializeAsString(), original.SerializeAsString());
+}
+
+TEST_F(OutboxTest, AFullSpoolDropsBeforeNumberingAndReportsTheLoss) {
+  TempDir spool;
+  OutboxOptions options;
+  options.spool_dir = spool.path();
+  options.max_spool_bytes = Batch(Key(1), 2, 50).ByteSizeLong() + 10;  // room for one batch
+  Outbox outbox(options);
+  int callbacks = 0;
+  ASSERT_TRUE(outbox.Add(Batch(Key(1), 0, 50), 0, [&] { ++callbacks; }));
+  // Memory has room, but a batch that is not on disk would be lost with the agent: dropped.
+  EXPECT_FALSE(outbox.Add(Batch(Key(1), 0, 50), 0, [&] { ++callbacks; }));
+  EXPECT_EQ(callbacks, 2);  // the ring lets go of dropped events too: they are counted
+  AgentCounters counters = outbox.counters();
+  EXPECT_EQ(counters.batches_dropped, 1u);
+  EXPECT_EQ(counters.events_dropped, 50u);
+  EXPECT_EQ(SpoolFiles(spool.path()).size(), 1u);
+  EXPECT_THAT(SendAll(outbox), ::testing::ElementsAre(::testing::Pair(1, 1)));
+  outbox.Ack(Key(1), 1);
+  ASSERT_TRUE(outbox.Add(Batch(Key(1), 0, 5)));
+  auto next = outbox.NextToSend(absl::ZeroDuration());
+  ASSERT_NE(next, nullptr);
+  EXPECT_EQ(next->sequence(), 2u);  // no gap
+  ASSERT_TRUE(next->events(0).has_drop());
+  EXPECT_EQ(next->events(0).drop().dropped_records(), 50u);
+}
+
+TEST_F(OutboxTest, ANewOutboxReplaysTheSpoolOfAnEarlierRun) {
+  TempDir spool;
+  OutboxOptions options;
+  options.spool_dir = spool.path();
+  std::vector<std::string> payloads;
+  {
+    Outbox first(options);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(first.Add(Batch(Key(1), 0, 10), 100 * (i + 1)));
+    ASSERT_TRUE(first.Add(Batch(Key(2), 0, 10), 40));
+    v1::EventBatch exit = ExitBatch(Key(2), 0, 3);
+    ASSERT_TRUE(first.Add(exit, 41));
+    while (auto batch = first.NextToSend(absl::ZeroDuration())) {
+      payloads.push_back(batch->SerializeAsString());
+    }
+    first.Ack(Key(1), 1);
+    payloads.erase(payloads.begin());
+    // Destroyed without the rest acknowledged (SIGKILL leaves the same files behind).
+  }
+  ASSERT_EQ(SpoolFiles(spool.path()).size(), 4u);
+  Outbox second(options);
+  EXPECT_EQ(second.counters().batches_replayed, 4u);
+  EXPECT_EQ(second.counters().pending_batches, 4u);
+  std::vector<std::string> replayed;
+  while (auto batch = second.NextToSend(absl::ZeroDuration())) {
+    replayed.push_back(batch->SerializeAsString());
+  }
+  // Same bytes, same processes and sequences (the collector drops any it already holds).
+  EXPECT_EQ(replayed, payloads);
+  std::optional<Outbox::Replayed> one = second.replayed(Key(1));
+  ASSERT_TRUE(one.has_value());
+  EXPECT_EQ(one->last_sequence, 3u);
+  EXPECT_EQ(one->ring_end, 300u);
+  EXPECT_FALSE(one->has_exit);
+  ASSERT_TRUE(second.replayed(Key(2)).has_value());
+  EXPECT_TRUE(second.replayed(Key(2))->has_exit);
+  EXPECT_FALSE(second.replayed(Key(3)).has_value());
+  // New batches follow the highest replayed sequence, and the collector's if it holds more.
+  second.SetStart(Key(1), 2);
+  ASSERT_TRUE(second.Add(Batch(Key(1), 0, 10)));
+  second.SetStart(Key(2), 5);
+  ASSERT_TRUE(second.Add(Batch(Key(2), 0, 10)));
+  EXPECT_THAT(SendAll(second),
+              ::testing::ElementsAre(::testing::Pair(1, 4), ::testing::Pair(2, 6)));
+  second.Ack(Key(1), 4);
+  second.Ack(Key(2), 6);
+  EXPECT_TRUE(second.Empty());
+  EXPECT_TRUE(SpoolFiles(spool.path()).empty());
+}
+
+TEST_F(OutboxTest, DamagedSpoolFilesAreSetAsideWarnedCountedAndLeaveNoGap) {
+  TempDir spool;
+  OutboxOptions options;
+  options.spool_dir = spool.path();
+  {
+    Outbox first(options);
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(first.Add(Batch(Key(1), 0, 10)));
+  }
+  std::vector<std::string> files = SpoolFiles(spool.path());
+  ASSERT_EQ(files.size(), 4u);
+  // Sorted by name: sequences 1..4. Truncate 2, overwrite 3 with garbage; add a stray file
+  // and an unfinished temporary one.
+  std::filesystem::resize_file(files[1], std::filesystem::file_size(files[1]) - 7);
+  std::ofstream(files[2], std::ios::trunc) << std::string(300, 'g');  // garbage
+  std::ofstream(spool.path() + "/stray.batch") << "from somewhere else";
+  const std::string temp = files[3] + ".tmp";
+  std::filesystem::copy_file(files[3], temp);
+
+  SetMinLogLevel(LogLevel::kWarning);
+  ::testing::internal::CaptureStderr();
+  Outbox second(options);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, ::testing::HasSubstr(files[1] + " of an earlier run is unusable (truncated"));
+  EXPECT_THAT(log, ::testing::HasSubstr(files[2] + " of an earlier run is unusable (not a "
+                                                   "vramscope spool file"));
+  EXPECT_THAT(log, ::testing::HasSubstr("stray.batch of an earlier run is unusable"));
+  AgentCounters counters = second.counters();
+  EXPECT_EQ(counters.spool_files_rejected, 3u);
+  EXPECT_EQ(counters.batches_replayed, 2u);
+  EXPECT_TRUE(std::filesystem::exists(files[1] + ".corrupt"));
+  EXPECT_TRUE(std::filesystem::exists(spool.path() + "/stray.batch.corrupt"));
+  EXPECT_FALSE(std::filesystem::exists(temp));
+  // Sequences 1..4 all go out; 2 and 3 as DropEvents for their 10 events each.
+  std::vector<std::shared_ptr<const v1::EventBatch>> sent;
+  while (auto batch = second.NextToSend(absl::ZeroDuration())) sent.push_back(batch);
+  ASSERT_EQ(sent.size(), 4u);
+  for (size_t i = 0; i < sent.size(); ++i) EXPECT_EQ(sent[i]->sequence(), i + 1);
+  EXPECT_EQ(sent[0]->events_size(), 10);
+  for (size_t i : {1, 2}) {
+    ASSERT_EQ(sent[i]->events_size(), 1);
+    EXPECT_EQ(sent[i]->events(0).drop().dropped_records(), 10u);
+    EXPECT_EQ(sent[i]->process().SerializeAsString(), Key(1).SerializeAsString());
+  }
+  EXPECT_EQ(sent[3]->events_size(), 10);
+  // The stand-ins are spooled too: a second restart still reports the loss, without warnings.
+  ::testing::internal::CaptureStderr();
+  Outbox third(options);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("unusable"), std::string::npos);
+  EXPECT_EQ(third.counters().batches_replayed, 4u);
+  EXPECT_EQ(third.counters().spool_files_rejected, 0u);
+}
+
+TEST_F(OutboxTest, ReplayedBatchesAreRenumberedWhenTheCollectorHoldsLess) {
+  TempDir spool;
+  OutboxOptions options;
+  options.spool_dir = spool.path();
+  {
+    Outbox first(options);
+    first.SetStart(Key(1), 9);  // the collector held 1..9 then
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(first.Add(Batch(Key(1), 0, 10)));
+  }
+  {
+    Outbox second(options);
+    second.SetStart(Key(1), 0);  // a collector that holds nothing of it (its data was lost)
+    EXPECT_THAT(SendAll(second),
+                ::testing::ElementsAre(::testing::Pair(1, 1), ::testing::Pair(1, 2)));
+    EXPECT_EQ(second.counters().batches_renumbered, 2u);
+    ASSERT_TRUE(second.Add(Batch(Key(1), 0, 10)));
+    EXPECT_THAT(SendAll(second), ::testing::ElementsAre(::testing::Pair(1, 3)));
+  }
+  // The files carry the new numbers.
+  Outbox third(options);
+  EXPECT_EQ(third.counters().spool_files_rejected, 0u);
+  EXPECT_THAT(SendAll(third), ::testing::ElementsAre(::testing::Pair(1, 1), ::testing::Pair(1, 2),
+                                                     ::testing::Pair(1, 3)));
+}
+
+TEST_F(OutboxTest, AnUnusableSpoolDirectoryIsReported) {
+  TempDir base;
+  std::ofstream(base.path() + "/file") << "x";
+  OutboxOptions options;
+  options.spool_dir = base.path() + "/file/spool";
+  Outbox outbox(options);
+  EXPECT_THAT(outbox.spool_error(), ::testing::HasSubstr("cannot create the spool directory"));
+  EXPECT_FALSE(outbox.Add(Batch(Key(1), 0, 1)));
+  EXPECT_EQ(outbox.counters().batches_dropped, 1u);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Fault tests with the real daemons as child processes: the collector SIGKILLed and restarted on
 // the same data directory and port while an agent streams (every event counted exactly once), a
-// damaged data directory at start-up, the disk limit, and vramscope-agent --once end to end.
+// damaged data directory at start-up, the disk limit, vramscope-agent --once end to end, and the
+// agent SIGKILLed with unacknowledged batches, restarted on the same --spool-dir.
 #include <absl/strings/str_cat.h>
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -70,6 +72,28 @@ class FaultTest : public ::testing::Test {
     grpc::Status status = Stub(port)->GetReport(&context, request, &report);
     EXPECT_TRUE(status.ok()) << status.error_message();
     return report;
+  }
+
+  // DropEvent records stored in the data directory's logs whose name contains `part`.
+  uint64_t DroppedRecordsStored(const std::string& part) {
+    uint64_t dropped = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(data_.path())) {
+      if (entry.path().filename().string().find(part) == std::string::npos) continue;
+      collector::LogScan scan;
+      absl::Status read = collector::ReadLog(
+          entry.path().string(),
+          [&](uint64_t, absl::string_view payload) {
+            v1::EventBatch batch;
+            batch.ParseFromArray(payload.data(), static_cast<int>(payload.size()));
+            for (const v1::Event& event : batch.events()) {
+              if (event.has_drop()) dropped += event.drop().dropped_records();
+            }
+            return absl::OkStatus();
+          },
+          &scan);
+      EXPECT_TRUE(read.ok()) << read;
+    }
+    return dropped;
   }
 
   std::string collector_bin_;
@@ -325,6 +349,166 @@ TEST_F(FaultTest, AgentKilledAndRestartedContinuesWithoutDuplicates) {
   writer.Close();
   collector.Kill(SIGTERM);
   collector.Wait();
+}
+
+TEST_F(FaultTest, AgentKilledWithUnacknowledgedBatchesLosesNothingWithASpool) {
+  if (agent_bin_.empty()) GTEST_SKIP() << "VRAMSCOPE_AGENT unset";
+  TempDir rings;
+  interposer::RingWriter writer;  // this test process is the traced application
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = rings.path().c_str();
+  ASSERT_EQ(writer.Open(ring_options), interposer::RingError::kOk);
+  v1::ProcessKey key;
+  key.set_host(writer.header()->host);
+  key.set_pid(writer.header()->pid);
+  key.set_start_time_ns(writer.header()->start_time_ns);
+  constexpr uint64_t kAllocs = 3000;
+  constexpr uint64_t kFrees = 1000;
+  auto alloc = [&](uint64_t from, uint64_t to) {
+    for (uint64_t i = from; i < to; ++i) {
+      ASSERT_TRUE(writer.RecordAlloc(0, 0x7f0000000000 + i * 4096, 4000, 4096,
+                                     VRAMSCOPE_RING_ALLOC_POOLED));
+    }
+  };
+  // Waits (bounded) until an agent has taken every record out of the ring.
+  auto drained = [&] {
+    for (int i = 0; i < 2000; ++i) {
+      if (__atomic_load_n(&writer.header()->tail, __ATOMIC_ACQUIRE) ==
+          __atomic_load_n(&writer.header()->head, __ATOMIC_ACQUIRE)) {
+        return true;
+      }
+      ::usleep(10000);
+    }
+    return false;
+  };
+  Subprocess collector;
+  const int port = StartCollector(collector, "127.0.0.1:0");
+  ASSERT_NE(port, 0);
+  const std::vector<std::string> agent_argv = {agent_bin_,
+                                               "--ring-dir=" + rings.path(),
+                                               absl::StrCat("--collector=127.0.0.1:", port),
+                                               "--poll-interval-ms=5",
+                                               "--batch-events=200",
+                                               "--spool-dir=" + spool_.path()};
+
+  //   app:        alloc 0..1000 | alloc 1000..3000, free 0..1000 |                   |
+  //   agent 1:    drain, acked  | drain, spool, no acks ......X (SIGKILL)             |
+  //   agent 2:                                                  | replay, drain, acked
+  //   collector:  up ----------- STOPPED (SIGSTOP) ------------- CONT --------------------
+  alloc(0, 1000);
+  Subprocess first;
+  ASSERT_TRUE(first.Start(agent_argv));
+  ASSERT_TRUE(drained()) << first.output();
+  ASSERT_TRUE(first.WaitForOutput("draining"));
+  collector.Kill(SIGSTOP);
+  alloc(1000, kAllocs);
+  for (uint64_t i = 0; i < kFrees; ++i) {
+    ASSERT_TRUE(
+        writer.RecordFree(0, 0x7f0000000000 + i * 4096, 4000, 4096, VRAMSCOPE_RING_ALLOC_POOLED));
+  }
+  ASSERT_TRUE(drained()) << first.output();  // out of the ring, not acknowledged
+  first.Kill(SIGKILL);
+  EXPECT_EQ(first.Wait(), 128 + SIGKILL);
+  collector.Kill(SIGCONT);
+  size_t spooled = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(spool_.path())) {
+    ++spooled;
+  }
+  EXPECT_GT(spooled, 0u);
+
+  Subprocess second;
+  ASSERT_TRUE(second.Start(agent_argv));
+  // Bounded wait for the collector to hold every allocation and free.
+  v1::Report report;
+  for (int i = 0; i < 1000; ++i) {
+    grpc::ClientContext context;
+    v1::GetReportRequest request;
+    *request.mutable_process() = key;
+    if (Stub(port)->GetReport(&context, request, &report).ok() && report.devices_size() == 1 &&
+        report.devices(0).alloc_count() + report.devices(0).free_count() >= kAllocs + kFrees) {
+      break;
+    }
+    ::usleep(20000);
+  }
+  second.Kill(SIGTERM);  // it waits for the acknowledgements of what is in flight
+  EXPECT_EQ(second.Wait(), 0);
+  EXPECT_THAT(second.output(), HasSubstr("batches queued to send first"));
+  report = Report(port, key);
+  ASSERT_EQ(report.devices_size(), 1) << second.output();
+  EXPECT_EQ(report.devices(0).alloc_count(), kAllocs) << second.output();
+  EXPECT_EQ(report.devices(0).free_count(), kFrees);
+  EXPECT_EQ(report.devices(0).peak_allocated_bytes(), kAllocs * 4096);
+  EXPECT_EQ(report.devices(0).current_allocated_bytes(), (kAllocs - kFrees) * 4096);
+  // Every record once, plus one ProcessStart per agent's reader.
+  EXPECT_EQ(report.events(), kAllocs + kFrees + 2);
+  EXPECT_TRUE(std::filesystem::is_empty(spool_.path()));
+  writer.Close();
+  collector.Kill(SIGTERM);
+  collector.Wait();
+}
+
+TEST_F(FaultTest, DamagedSpoolFilesAreReportedAndTheAgentGoesOn) {
+  if (agent_bin_.empty()) GTEST_SKIP() << "VRAMSCOPE_AGENT unset";
+  // An earlier run's spool: batch 1 of process 4242 (garbage inside), batch 1 of process 4243
+  // (cut short), and a file that is no spool file at all.
+  {
+    agent::OutboxOptions options;
+    options.spool_dir = spool_.path();
+    agent::Outbox outbox(options);
+    ASSERT_TRUE(outbox.Add(Batch(Key(4242), 0, 30)));
+    ASSERT_TRUE(outbox.Add(Batch(Key(4243), 0, 40)));
+  }
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(spool_.path())) {
+    files.push_back(entry.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_EQ(files.size(), 2u);
+  testing::WriteFile(files[0], std::string(500, 'x'));
+  std::filesystem::resize_file(files[1], 100);
+  testing::WriteFile(spool_.path() + "/notes.batch", "not a batch");
+
+  TempDir rings;
+  interposer::RingWriter writer;
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = rings.path().c_str();
+  ASSERT_EQ(writer.Open(ring_options), interposer::RingError::kOk);
+  for (uint64_t i = 0; i < 10; ++i) {
+    ASSERT_TRUE(writer.RecordAlloc(0, 0x1000 + i * 512, 500, 512, VRAMSCOPE_RING_ALLOC_POOLED));
+  }
+  writer.MarkExited(0);
+  writer.Close();
+  Subprocess collector;
+  const int port = StartCollector(collector, "127.0.0.1:0");
+  ASSERT_NE(port, 0);
+  Subprocess agent;
+  ASSERT_TRUE(
+      agent.Start({agent_bin_, "--once", "--ring-dir=" + rings.path(),
+                   absl::StrCat("--collector=127.0.0.1:", port), "--spool-dir=" + spool_.path()}));
+  EXPECT_EQ(agent.Wait(), 0) << agent.output();
+  const std::string log = agent.output();
+  for (const std::string& file : {files[0], files[1], spool_.path() + "/notes.batch"}) {
+    EXPECT_THAT(log, HasSubstr("spool file " + file + " of an earlier run is unusable"));
+    EXPECT_TRUE(std::filesystem::exists(file + ".corrupt")) << file;
+  }
+  EXPECT_THAT(log, HasSubstr("unusable spool files 3"));
+  // The lost batches reach the collector as counted drops under their own sequence numbers;
+  // the ring's process is delivered whole.
+  grpc::ClientContext context;
+  v1::ListProcessesRequest request;
+  request.set_include_finished(true);
+  v1::ListProcessesResponse list;
+  ASSERT_TRUE(Stub(port)->ListProcesses(&context, request, &list).ok());
+  ASSERT_EQ(list.processes_size(), 3);
+  for (const v1::ProcessSummary& process : list.processes()) {
+    if (process.process().pid() == static_cast<uint32_t>(::getpid())) {
+      EXPECT_EQ(process.events(), 12u);  // ProcessStart, 10 allocations, ProcessExit
+    }
+  }
+  collector.Kill(SIGTERM);
+  collector.Wait();
+  EXPECT_EQ(DroppedRecordsStored("_4242_"), 30u);
+  EXPECT_EQ(DroppedRecordsStored("_4243_"), 40u);
 }
 
 TEST_F(FaultTest, AgentOnceWithoutACollectorExits3) {

@@ -8,7 +8,13 @@
 // sequence it already holds for that process: an agent that ran before this one may have sent
 // batches 1..N, and this one must continue at N + 1 or its batches would be taken for duplicates.
 // While the collector cannot be asked, a ring an earlier reader had started on is left alone (it
-// keeps buffering; the application never waits); a ring nobody read yet is drained anyway.
+// keeps buffering; the application never waits) unless the spool holds batches of that process
+// (the numbering continues after them); a ring nobody read yet is drained anyway.
+//
+// The ring's tail moves past a batch's records only once the Outbox has stored it (with a spool:
+// on disk), so an agent killed at any point leaves every record either in the ring or in the
+// spool. If it died after the spool file was written but before the tail moved, the next agent
+// finds the ring position after that batch in the spool and skips the records up to it.
 //
 // Thread safety: Poll() from one thread at a time; counters() and outbox() from any thread.
 // Error convention: absl::Status (Poll fails only when the ring directory cannot be read); one
@@ -75,8 +81,13 @@ class Agent {
     // batches. See Poll() for why this matters after an agent restart.
     bool positioned = false;
     bool waiting_logged = false;
+    // Records before this position are in a batch replayed from the spool already.
+    uint64_t skip_to = 0;
+    bool keep_exit = false;  // that batch lacks the ProcessExit a skipped drain may synthesise
   };
   bool Position(Ring& ring);
+  // Reads and discards the records below ring.skip_to; false while some are not there yet.
+  absl::StatusOr<bool> Skip(Ring& ring);
 
   std::vector<Ring> readers_;
   absl::flat_hash_set<std::string> complained_;  // paths already logged as unreadable

@@ -1,21 +1,35 @@
 // Outbox: every batch the agent has cut and the collector has not yet acknowledged.
 //
-// It numbers each process's batches (1, 2, 3, ... with no gaps), keeps them in memory up to a
-// bound and beyond it (or while the collector is unreachable) in a spool directory, one file per
-// batch, and hands them to the uplink in the order they were added. An acknowledgement forgets
-// every batch of that process up to the acknowledged sequence. After a reconnect the uplink calls
-// Rewind() and everything still unacknowledged is sent again; the collector drops duplicates.
+// It numbers each process's batches (1, 2, 3, ... with no gaps) and hands them to the uplink in
+// the order they were added. An acknowledgement forgets every batch of that process up to the
+// acknowledged sequence. After a reconnect the uplink calls Rewind() and everything still
+// unacknowledged is sent again; the collector drops duplicates.
 //
-// When neither memory nor spool has room, a batch is dropped before it gets a sequence number
-// (so the collector sees no gap): its events are counted, logged, and reported to the collector
-// as a DropEvent at the head of that process's next batch. Nothing is dropped silently.
+// Without a spool directory batches are kept in memory up to a bound. With one, every batch is
+// written to the spool (one file per batch: a temporary name, then a rename) the moment it gets
+// its sequence number, before Add's `stored` callback runs, in which the agent lets the ring's
+// tail move past the batch's events: whatever left the ring is on disk. A copy stays in memory up
+// to the memory bound for sending; files are deleted on acknowledgement and kept when the outbox
+// is destroyed. The next Outbox over the same directory replays them: each file is validated
+// (header, length, CRC-32, sequence and process against its name); valid batches are queued first
+// with their process keys and sequence numbers; a damaged one is renamed to *.corrupt, warned
+// about and counted, and its sequence is sent as a DropEvent for its events (the name holds the
+// process, sequence and event count), so the collector sees no gap. New batches of a replayed
+// process are numbered after the highest replayed sequence (and after the collector's, SetStart).
+//
+// When there is no room (memory bound without a spool; the spool bound, or a spool write error,
+// with one), a batch is dropped before it gets a sequence number (so the collector sees no gap):
+// its events are counted, logged, and reported to the collector as a DropEvent at the head of
+// that process's next batch. Nothing is dropped silently.
 //
 // If an acknowledgement names a sequence this agent never assigned (the collector already holds
 // batches of this process from an agent that ran before this one), the process's unacknowledged
-// batches are renumbered after it and sent again, so nothing is taken for a duplicate.
+// batches are renumbered after it (spooled files rewritten) and sent again, so nothing is taken
+// for a duplicate.
 //
 // Thread safety: all methods are thread-safe (one mutex). Error convention: Add returns false
-// for a dropped batch; I/O errors of the spool are logged and turn into drops.
+// for a dropped batch; I/O errors of the spool are logged and turn into drops; a spool directory
+// that cannot be created or listed makes spool_error() non-empty.
 #ifndef VRAMSCOPE_AGENT_OUTBOX_H_
 #define VRAMSCOPE_AGENT_OUTBOX_H_
 
@@ -26,7 +40,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "vramscope/v1/events.pb.h"
@@ -36,8 +52,8 @@ namespace vramscope::agent {
 struct OutboxOptions {
   // Serialized bytes of unacknowledged batches kept in memory.
   uint64_t max_memory_bytes = uint64_t{256} << 20;
-  // Where batches go beyond the memory bound or while the collector is unreachable; empty = no
-  // spool (such batches stay in memory up to the bound, then are dropped).
+  // Every batch is written here before the ring lets go of its events, and replayed by the next
+  // Outbox over the directory; empty = no spool (memory only, lost when the agent dies).
   std::string spool_dir;
   uint64_t max_spool_bytes = uint64_t{1} << 30;
 };
@@ -46,11 +62,13 @@ struct OutboxOptions {
 struct AgentCounters {
   uint64_t batches_cut = 0;  // accepted by the outbox (sequence assigned)
   uint64_t events_cut = 0;
-  uint64_t batches_sent = 0;     // written to a stream, first time
-  uint64_t batches_resent = 0;   // written again after a reconnect
-  uint64_t batches_acked = 0;    // forgotten after an acknowledgement
-  uint64_t batches_spooled = 0;  // written to the spool
-  uint64_t batches_dropped = 0;  // no room anywhere
+  uint64_t batches_sent = 0;          // written to a stream, first time
+  uint64_t batches_resent = 0;        // written again after a reconnect
+  uint64_t batches_acked = 0;         // forgotten after an acknowledgement
+  uint64_t batches_spooled = 0;       // written to the spool
+  uint64_t batches_replayed = 0;      // valid batches taken over from an earlier run's spool
+  uint64_t spool_files_rejected = 0;  // unreadable/corrupt files of an earlier run, set aside
+  uint64_t batches_dropped = 0;       // no room anywhere
   uint64_t events_dropped = 0;
   uint64_t batches_renumbered = 0;
   uint64_t pending_batches = 0;  // unacknowledged now
@@ -71,10 +89,25 @@ class Outbox {
   Outbox& operator=(const Outbox&) = delete;
 
   // Takes `batch` (process and events set; its sequence is assigned here). False: dropped.
-  bool Add(v1::EventBatch batch);
+  // `ring_end` is the ring position after the batch's last record, kept in its spool file so a
+  // later run can tell which records of the ring it already holds. `stored`, if set, runs under
+  // the outbox's lock once the batch is stored (spooled, with a spool) or dropped, and before the
+  // sender can see it: it must be quick and must not call the Outbox.
+  bool Add(v1::EventBatch batch, uint64_t ring_end = 0, const std::function<void()>& stored = {});
   // The collector already holds batches 1..`acked_sequence` of `process` (from an earlier agent):
-  // number this agent's batches after them. Call before the first Add for the process.
+  // number this agent's batches after them (and after any replayed from the spool). Call before
+  // the first Add for the process; afterwards it changes nothing.
   void SetStart(const v1::ProcessKey& process, uint64_t acked_sequence);
+
+  // What the spool of an earlier run held for `process`, if anything.
+  struct Replayed {
+    uint64_t last_sequence = 0;  // highest sequence replayed
+    uint64_t ring_end = 0;       // ring position after its last record (0: unknown)
+    bool has_exit = false;       // that batch holds the process's ProcessExit
+  };
+  std::optional<Replayed> replayed(const v1::ProcessKey& process) const;
+  // Why the spool directory cannot be used ("" when it can, or when there is none).
+  std::string spool_error() const;
   // Forgets the batches of `process` up to `acked_sequence`.
   void Ack(const v1::ProcessKey& process, uint64_t acked_sequence);
 
@@ -105,18 +138,30 @@ class Outbox {
     int events = 0;
     bool sent = false;
     std::shared_ptr<const v1::EventBatch> batch;  // in memory, or
-    std::string spool_path;                       // in the spool
+    std::string spool_path;                       // in the spool (also)
+    uint64_t ring_end = 0;
   };
   struct Process {
     v1::ProcessKey key;
     uint64_t next_sequence = 1;
     uint64_t acked = 0;
     uint64_t pending_drop_events = 0;  // to report in the next accepted batch
+    bool numbered_here = false;        // this run numbered batches of it (SetStart is too late)
+    std::optional<Replayed> replayed;
+    uint64_t replay_base = 0;  // the replayed batches follow this sequence
   };
 
+  // Reads an earlier run's spool into pending_ (constructor).
+  void Replay() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PopAcked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Spool(Entry& entry, const v1::EventBatch& batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Spool(Entry& entry, const v1::EventBatch& batch, uint64_t ring_end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The batch of a spooled entry read back; a DropEvent in its place when it cannot be read.
+  std::shared_ptr<const v1::EventBatch> Load(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Numbers the unacknowledged batches of process `name` from `first` on (spool files rewritten);
+  // returns the next free sequence.
+  uint64_t Renumber(const std::string& name, uint64_t first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const OutboxOptions options_;
   mutable absl::Mutex mu_;
@@ -124,6 +169,8 @@ class Outbox {
   std::deque<Entry> pending_ ABSL_GUARDED_BY(mu_);
   size_t sent_count_ ABSL_GUARDED_BY(mu_) = 0;  // entries at the front written on this stream
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
+  std::string spool_error_ ABSL_GUARDED_BY(mu_);
+  uint64_t spool_errors_ ABSL_GUARDED_BY(mu_) = 0;
   AgentCounters counters_ ABSL_GUARDED_BY(mu_);
 };
 
