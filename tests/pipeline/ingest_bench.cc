@@ -3,6 +3,11 @@
 // which parses, stores (CRC-framed log; fsync per batch or not) and feeds its stats engine.
 // Reported: events/s from the first batch handed to the outbox to the last acknowledgement.
 //
+// Agent drain cost: records a ring writer wrote are drained by Agent::Poll into batches of 4096
+// events and handed to the Outbox, without a spool and with one (every batch written to a file
+// and renamed before the ring's tail moves). No uplink: this is the drain loop alone. Reported:
+// events/s of Poll.
+//
 // Shim-to-Watch latency: a ring writer (the shim's) records an allocation; an agent polling its
 // ring every millisecond forwards it; a Watch stream at the smallest interval (50 ms) shows the
 // new peak. Reported: time from the write to the update that shows it.
@@ -111,6 +116,60 @@ void BM_CollectorIngest(benchmark::State& state) {
   state.counters["bytes_per_event"] =
       events == 0 ? 0.0 : static_cast<double>(wire_bytes) / static_cast<double>(events);
 }
+void BM_AgentDrain(benchmark::State& state) {
+  agent::SetMinLogLevel(agent::LogLevel::kError);
+  constexpr uint64_t kRecords = 1 << 18;  // per iteration: 64 batches of 4096
+  testing::TempDir rings;
+  testing::TempDir spool;
+  interposer::RingWriter writer;
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = rings.path().c_str();
+  ring_options.capacity = kRecords;
+  if (writer.Open(ring_options) != interposer::RingError::kOk) {
+    state.SkipWithError("cannot open a ring");
+    return;
+  }
+  v1::ProcessKey key;
+  key.set_host(writer.header()->host);
+  key.set_pid(writer.header()->pid);
+  key.set_start_time_ns(writer.header()->start_time_ns);
+  agent::AgentOptions options;
+  options.ring_dir = rings.path();
+  options.batch_events = kEventsPerBatch;
+  options.uplink.collector = "127.0.0.1:1";  // nothing listens: no uplink here
+  if (state.range(0) != 0) options.outbox.spool_dir = spool.path();
+  agent::Agent agent(options);
+  agent.Poll().IgnoreError();  // opens the ring, asks the (absent) collector once
+  uint64_t events = 0;
+  uint64_t n = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (uint64_t i = 0; i < kRecords; ++i, ++n) {
+      const uint64_t address = 0x7f0000000000 + (n / 2 % 512) * 0x100000;
+      const uint64_t bytes = 4096 + (n / 2 % 97) * 512;
+      if (n % 2 == 0) {
+        writer.RecordAlloc(0, address, bytes - 100, bytes, VRAMSCOPE_RING_ALLOC_POOLED);
+      } else {
+        writer.RecordFree(0, address, bytes - 100, bytes, VRAMSCOPE_RING_ALLOC_POOLED);
+      }
+    }
+    state.ResumeTiming();
+    absl::StatusOr<uint64_t> drained = agent.Poll();
+    state.PauseTiming();
+    if (!drained.ok() || *drained < kRecords) {
+      state.SkipWithError("the drain did not take every record");
+      break;
+    }
+    events += *drained;
+    agent.outbox().Ack(key, agent.counters().batches_cut);  // files go on acknowledgement
+    state.ResumeTiming();
+  }
+  state.counters["events_per_second"] =
+      benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
+  state.counters["spooled"] = static_cast<double>(agent.counters().batches_spooled);
+}
+BENCHMARK(BM_AgentDrain)->ArgName("spool")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
 BENCHMARK(BM_CollectorIngest)
     ->ArgName("fsync")
     ->Arg(0)
