@@ -1,5 +1,6 @@
 // vramscope-agent: drains the shim's event rings on this node and streams them to the collector.
-// Exit codes: 0 ok; 1 --once could not deliver everything; 2 usage; 3 cannot reach the collector.
+// Exit codes: 0 ok; 1 --once could not deliver everything; 2 usage (or unusable --spool-dir);
+// 3 cannot reach the collector.
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
@@ -25,14 +26,15 @@ namespace {
 constexpr char kUsage[] = R"(usage: vramscope-agent [FLAGS]
 
 Finds the event rings traced processes write (vramscope/ring.h), drains them, and streams the
-events to vramscope-collector over gRPC, resending after reconnects and spooling to disk while the
-collector is unreachable.
+events to vramscope-collector over gRPC, resending after reconnects; with --spool-dir every
+unacknowledged batch is also on disk, and a restarted agent sends it.
 
   --collector=HOST:PORT      collector address (default 127.0.0.1:7411)
   --ring-dir=DIR             where the rings are (default $VRAMSCOPE_RING_DIR, else /dev/shm)
   --batch-events=N           events per batch at most (default 4096)
   --poll-interval-ms=N       how often to look for new rings and records (default 50)
-  --max-memory-bytes=SIZE    unacknowledged batches kept in memory (default 256M)
+  --max-memory-bytes=SIZE    unacknowledged batches kept in memory (with --spool-dir: copies
+                             of spooled ones, the rest read back from disk) (default 256M)
   --spool-dir=DIR            write every batch here before the ring lets go of its events,
                              delete it once acknowledged; a restarted agent sends what it
                              finds there first (default: none: unacknowledged batches are
@@ -45,6 +47,9 @@ collector is unreachable.
   --once                     drain every ring once, send, wait for the acknowledgements, exit
   --once-timeout=SECONDS     how long --once waits for the collector (default 30)
   --help                     this text
+
+Exit codes: 0 ok; 1 --once could not deliver everything; 2 usage, unusable --spool-dir, or
+(--once) unreadable ring directory; 3 (--once) the collector could not be reached.
 
 SIZE takes a K, M, G or T suffix (powers of 1024). Only rings of the agent's own user are read,
 unless it runs as root. Nothing is lost across a collector restart either way; across an agent

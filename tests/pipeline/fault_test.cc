@@ -537,6 +537,12 @@ TEST_F(FaultTest, UsageErrorsExit2) {
   Subprocess agent;
   ASSERT_TRUE(agent.Start({agent_bin_, "--batch-events=0"}));
   EXPECT_EQ(agent.Wait(), 2);
+  TempDir base;
+  testing::WriteFile(base.path() + "/file", "not a directory");
+  Subprocess spool;
+  ASSERT_TRUE(spool.Start({agent_bin_, "--spool-dir=" + base.path() + "/file/spool"}));
+  EXPECT_EQ(spool.Wait(), 2);
+  EXPECT_THAT(spool.output(), HasSubstr("cannot create the spool directory"));
 }
 
 }  // namespace
