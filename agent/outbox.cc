@@ -8,10 +8,10 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_split.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
-#include <iterator>
 #include <map>
 #include <system_error>
 #include <tuple>
@@ -259,9 +258,14 @@ void Outbox::Replay() {
   std::sort(files.begin(), files.end());
   struct Found {
     SpoolName name;
-    std::string path;
-    std::optional<SpoolFile> file;  // nullopt: lost (rejected)
+    std::string path;  // empty: lost (rejected)
+    uint64_t payload_bytes = 0;
+    uint64_t ring_end = 0;
+    bool has_exit = false;
+    // Kept up to the memory bound; the rest is validated, then read again when it is sent.
+    std::shared_ptr<const v1::EventBatch> batch;
   };
+  uint64_t kept_bytes = 0;
   // Ordered by process, then sequence.
   std::map<std::tuple<std::string, uint64_t>, Found> found;
   int temps = 0;
@@ -280,8 +284,13 @@ void Outbox::Replay() {
              : absl::StatusOr<SpoolFile>(absl::InvalidArgumentError(
                    "not a spool file name of this agent version (PID_START_SEQUENCE_EVENTS_HOST)"));
     if (file.ok()) {
-      found[{ProcessKeyString(name->key), name->sequence}] =
-          Found{*name, path.string(), std::move(*file)};
+      Found& f = found[{ProcessKeyString(name->key), name->sequence}];
+      f = Found{*name,          path.string(),        file->payload_bytes,
+                file->ring_end, HasExit(file->batch), nullptr};
+      if (kept_bytes + f.payload_bytes <= options_.max_memory_bytes) {
+        kept_bytes += f.payload_bytes;
+        f.batch = std::make_shared<const v1::EventBatch>(std::move(file->batch));
+      }
       continue;
     }
     ++counters_.spool_files_rejected;
@@ -295,7 +304,7 @@ void Outbox::Replay() {
                           "(batch %d of process %s) are reported to the collector as dropped",
                           path.string(), file.status().message(), where, name->events,
                           name->sequence, ProcessKeyString(name->key)));
-      found[{ProcessKeyString(name->key), name->sequence}] = Found{*name, "", std::nullopt};
+      found[{ProcessKeyString(name->key), name->sequence}] = Found{*name, "", 0, 0, false, nullptr};
     } else {
       Log(LogLevel::kWarning,
           absl::StrFormat("spool file %s of an earlier run is unusable (%s); %s", path.string(),
@@ -338,15 +347,15 @@ void Outbox::Replay() {
     Entry entry;
     entry.process = name;
     entry.sequence = f.name.sequence;
-    if (f.file) {
-      entry.bytes = f.file->payload_bytes;
-      entry.events = f.file->batch.events_size();
-      entry.ring_end = f.file->ring_end;
+    if (!f.path.empty()) {
+      entry.bytes = f.payload_bytes;
+      entry.events = static_cast<int>(f.name.events);
+      entry.ring_end = f.ring_end;
       entry.spool_path = f.path;
       counters_.spool_bytes += entry.bytes;
-      *process.replayed = Replayed{entry.sequence, entry.ring_end, HasExit(f.file->batch)};
-      if (counters_.memory_bytes + entry.bytes <= options_.max_memory_bytes) {
-        entry.batch = std::make_shared<const v1::EventBatch>(std::move(f.file->batch));
+      *process.replayed = Replayed{entry.sequence, entry.ring_end, f.has_exit};
+      if (f.batch != nullptr) {
+        entry.batch = std::move(f.batch);
         counters_.memory_bytes += entry.bytes;
       }
       ++counters_.batches_replayed;

@@ -261,6 +261,29 @@ TEST_F(OutboxTest, ANewOutboxReplaysTheSpoolOfAnEarlierRun) {
   EXPECT_TRUE(SpoolFiles(spool.path()).empty());
 }
 
+TEST_F(OutboxTest, ReplayBeyondTheMemoryBoundReadsTheFilesWhenSending) {
+  TempDir spool;
+  OutboxOptions options;
+  options.spool_dir = spool.path();
+  std::vector<std::string> payloads;
+  {
+    Outbox first(options);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(first.Add(Batch(Key(1), 0, 10)));
+    while (auto batch = first.NextToSend(absl::ZeroDuration())) {
+      payloads.push_back(batch->SerializeAsString());
+    }
+  }
+  options.max_memory_bytes = 0;
+  Outbox second(options);
+  EXPECT_EQ(second.counters().batches_replayed, 3u);
+  EXPECT_EQ(second.counters().memory_bytes, 0u);
+  std::vector<std::string> replayed;
+  while (auto batch = second.NextToSend(absl::ZeroDuration())) {
+    replayed.push_back(batch->SerializeAsString());
+  }
+  EXPECT_EQ(replayed, payloads);
+}
+
 TEST_F(OutboxTest, DamagedSpoolFilesAreSetAsideWarnedCountedAndLeaveNoGap) {
   TempDir spool;
   OutboxOptions options;
