@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/file.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -237,11 +238,24 @@ Outbox::Outbox(OutboxOptions options) : options_(std::move(options)) {
     Log(LogLevel::kError, absl::StrCat(spool_error_, "; every batch will be dropped"));
     return;
   }
+  // One agent per spool: a second one would send the first one's batches as its own.
+  spool_lock_fd_ = ::open(options_.spool_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (spool_lock_fd_ < 0 || ::flock(spool_lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    spool_error_ = absl::StrFormat(
+        "the spool directory %s %s", options_.spool_dir,
+        spool_lock_fd_ >= 0 && errno == EWOULDBLOCK
+            ? "is in use by another vramscope-agent; give each agent its own --spool-dir"
+            : absl::StrCat("cannot be locked: ", strerror(errno)));
+    Log(LogLevel::kError, absl::StrCat(spool_error_, "; every batch will be dropped"));
+    return;
+  }
   Replay();
 }
 
 // Files are kept: the next Outbox over the directory sends what is in them.
-Outbox::~Outbox() = default;
+Outbox::~Outbox() {
+  if (spool_lock_fd_ >= 0) ::close(spool_lock_fd_);
+}
 
 void Outbox::Replay() {
   std::error_code ec;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -304,13 +305,13 @@ TEST_F(OutboxTest, DamagedSpoolFilesAreSetAsideWarnedCountedAndLeaveNoGap) {
 
   SetMinLogLevel(LogLevel::kWarning);
   ::testing::internal::CaptureStderr();
-  Outbox second(options);
+  auto second = std::make_unique<Outbox>(options);
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_THAT(log, ::testing::HasSubstr(files[1] + " of an earlier run is unusable (truncated"));
   EXPECT_THAT(log, ::testing::HasSubstr(files[2] + " of an earlier run is unusable (not a "
                                                    "vramscope spool file"));
   EXPECT_THAT(log, ::testing::HasSubstr("stray.batch of an earlier run is unusable"));
-  AgentCounters counters = second.counters();
+  AgentCounters counters = second->counters();
   EXPECT_EQ(counters.spool_files_rejected, 3u);
   EXPECT_EQ(counters.batches_replayed, 2u);
   EXPECT_TRUE(std::filesystem::exists(files[1] + ".corrupt"));
@@ -318,7 +319,7 @@ TEST_F(OutboxTest, DamagedSpoolFilesAreSetAsideWarnedCountedAndLeaveNoGap) {
   EXPECT_FALSE(std::filesystem::exists(temp));
   // Sequences 1..4 all go out; 2 and 3 as DropEvents for their 10 events each.
   std::vector<std::shared_ptr<const v1::EventBatch>> sent;
-  while (auto batch = second.NextToSend(absl::ZeroDuration())) sent.push_back(batch);
+  while (auto batch = second->NextToSend(absl::ZeroDuration())) sent.push_back(batch);
   ASSERT_EQ(sent.size(), 4u);
   for (size_t i = 0; i < sent.size(); ++i) EXPECT_EQ(sent[i]->sequence(), i + 1);
   EXPECT_EQ(sent[0]->events_size(), 10);
@@ -329,6 +330,7 @@ TEST_F(OutboxTest, DamagedSpoolFilesAreSetAsideWarnedCountedAndLeaveNoGap) {
   }
   EXPECT_EQ(sent[3]->events_size(), 10);
   // The stand-ins are spooled too: a second restart still reports the loss, without warnings.
+  second.reset();
   ::testing::internal::CaptureStderr();
   Outbox third(options);
   EXPECT_EQ(::testing::internal::GetCapturedStderr().find("unusable"), std::string::npos);
@@ -370,6 +372,23 @@ TEST_F(OutboxTest, AnUnusableSpoolDirectoryIsReported) {
   EXPECT_THAT(outbox.spool_error(), ::testing::HasSubstr("cannot create the spool directory"));
   EXPECT_FALSE(outbox.Add(Batch(Key(1), 0, 1)));
   EXPECT_EQ(outbox.counters().batches_dropped, 1u);
+}
+
+TEST_F(OutboxTest, ASpoolDirectoryServesOneOutboxAtATime) {
+  TempDir spool;
+  OutboxOptions options;
+  options.spool_dir = spool.path();
+  {
+    Outbox first(options);
+    EXPECT_EQ(first.spool_error(), "");
+    ASSERT_TRUE(first.Add(Batch(Key(1), 0, 1)));
+    Outbox second(options);  // would take the first one's batches for its own
+    EXPECT_THAT(second.spool_error(), ::testing::HasSubstr("in use by another vramscope-agent"));
+    EXPECT_EQ(second.counters().batches_replayed, 0u);
+  }
+  Outbox third(options);
+  EXPECT_EQ(third.spool_error(), "");
+  EXPECT_EQ(third.counters().batches_replayed, 1u);
 }
 
 }  // namespace

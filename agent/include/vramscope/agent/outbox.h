@@ -29,7 +29,8 @@
 //
 // Thread safety: all methods are thread-safe (one mutex). Error convention: Add returns false
 // for a dropped batch; I/O errors of the spool are logged and turn into drops; a spool directory
-// that cannot be created or listed makes spool_error() non-empty.
+// that cannot be created, listed or locked (flock: one Outbox per directory, also across
+// processes) makes spool_error() non-empty.
 #ifndef VRAMSCOPE_AGENT_OUTBOX_H_
 #define VRAMSCOPE_AGENT_OUTBOX_H_
 
@@ -170,6 +171,7 @@ class Outbox {
   size_t sent_count_ ABSL_GUARDED_BY(mu_) = 0;  // entries at the front written on this stream
   bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
   std::string spool_error_ ABSL_GUARDED_BY(mu_);
+  int spool_lock_fd_ = -1;  // the spool directory, flock()ed while this Outbox lives
   uint64_t spool_errors_ ABSL_GUARDED_BY(mu_) = 0;
   AgentCounters counters_ ABSL_GUARDED_BY(mu_);
 };
