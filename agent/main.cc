@@ -235,10 +235,20 @@ int Main(int argc, char** argv) {
     }
   }
   waiter.join();
-  // Give the collector a moment for what is in flight; the rest is lost with this process.
+  // Give the collector a moment for what is in flight; the rest stays in the spool for the next
+  // run, or is lost with this process without one.
   agent.outbox().WaitAllAcked(absl::Seconds(2));
   agent.StopUplink();
-  Log(LogLevel::kInfo, FormatCounters(agent.counters()));
+  const AgentCounters counters = agent.counters();
+  Log(LogLevel::kInfo, FormatCounters(counters));
+  if (counters.pending_batches > 0) {
+    Log(options.outbox.spool_dir.empty() ? LogLevel::kWarning : LogLevel::kInfo,
+        options.outbox.spool_dir.empty()
+            ? absl::StrFormat("%d batches unacknowledged, lost (no --spool-dir)",
+                              counters.pending_batches)
+            : absl::StrFormat("%d batches unacknowledged, kept in %s for the next run",
+                              counters.pending_batches, options.outbox.spool_dir));
+  }
   return 0;
 }
 
