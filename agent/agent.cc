@@ -26,6 +26,7 @@ Agent::Agent(AgentOptions options)
   if (options_.ring_dir.empty()) options_.ring_dir = DefaultRingDir();
   if (options_.batch_events < 1) options_.batch_events = 1;
   directory_ = std::make_unique<RingDirectory>(options_.ring_dir);
+  unprobed_ = outbox_.replayed_processes();
 }
 
 Agent::~Agent() { uplink_.Stop(); }
@@ -151,6 +152,14 @@ absl::StatusOr<bool> Agent::Skip(Ring& ring) {
 }
 
 absl::StatusOr<uint64_t> Agent::Poll() {
+  // Replayed batches go out under their spooled sequences; if the collector holds less than they
+  // follow on (it lost data), SetStart renumbers them after what it holds.
+  while (!unprobed_.empty()) {
+    absl::StatusOr<uint64_t> acked = uplink_.Probe(unprobed_.back(), absl::Milliseconds(500));
+    if (!acked.ok()) break;  // not reachable now: next poll
+    outbox_.SetStart(unprobed_.back(), *acked);
+    unprobed_.pop_back();
+  }
   absl::StatusOr<std::vector<std::string>> found = directory_->Scan();
   if (!found.ok()) return found.status();
   OpenNewRings(*found);

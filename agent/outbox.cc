@@ -593,6 +593,15 @@ std::optional<Outbox::Replayed> Outbox::replayed(const v1::ProcessKey& key) cons
   return it->second.replayed;
 }
 
+std::vector<v1::ProcessKey> Outbox::replayed_processes() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::ProcessKey> keys;
+  for (const auto& [name, process] : processes_) {
+    if (process.replayed) keys.push_back(process.key);
+  }
+  return keys;
+}
+
 std::string Outbox::spool_error() const {
   absl::MutexLock lock(&mu_);
   return spool_error_;

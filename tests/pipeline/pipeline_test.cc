@@ -254,6 +254,30 @@ TEST_F(PipelineTest, RecordsInTheSpoolAndStillInTheRingAreNotSentTwice) {
   writer.Close();
 }
 
+TEST_F(PipelineTest, ReplayedBatchesReachACollectorThatLostTheEarlierOnes) {
+  agent::OutboxOptions outbox_options;
+  outbox_options.spool_dir = spool_.path();
+  {
+    agent::Outbox outbox(outbox_options);
+    outbox.SetStart(Key(901), 4);  // another collector held 1..4 of this finished process
+    ASSERT_TRUE(outbox.Add(Batch(Key(901), 0, 10)));
+    ASSERT_TRUE(outbox.Add(Batch(Key(901), 0, 10)));
+  }
+  TempDir rings;  // its ring is gone: nothing else would ask the collector about it
+  agent::AgentOptions options;
+  options.ring_dir = rings.path();
+  options.outbox = outbox_options;
+  options.uplink = Fast(Serve());
+  agent::Agent agent(options);
+  agent.StartUplink();
+  ASSERT_EQ(*agent.Poll(), 0u);
+  // Sequences 5 and 6 of a process this collector never saw: renumbered 1 and 2.
+  ASSERT_TRUE(agent.outbox().WaitAllAcked(absl::Seconds(20))) << agent.uplink().last_error();
+  agent.StopUplink();
+  EXPECT_EQ(core_->GetReport(Key(901))->events(), 20u);
+  EXPECT_EQ(agent.counters().batches_renumbered, 2u);
+}
+
 TEST_F(PipelineTest, OtherUsersRingsAreSkippedUnlessAllUsers) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a ring to another user";
   TempDir rings;

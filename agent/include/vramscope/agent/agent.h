@@ -57,7 +57,8 @@ class Agent {
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
 
-  // Opens rings that appeared since the last call and drains every open ring completely.
+  // Asks the collector where each process replayed from the spool stands (once it answers), then
+  // opens rings that appeared since the last call and drains every open ring completely.
   // Returns the number of events handed to the outbox.
   absl::StatusOr<uint64_t> Poll();
 
@@ -90,6 +91,9 @@ class Agent {
   absl::StatusOr<bool> Skip(Ring& ring);
 
   std::vector<Ring> readers_;
+  // Processes replayed from the spool whose position at the collector is not known yet: their
+  // rings may be gone, and a collector that lost their earlier batches would refuse them.
+  std::vector<v1::ProcessKey> unprobed_;
   absl::flat_hash_set<std::string> complained_;  // paths already logged as unreadable
   mutable absl::Mutex mu_;
   uint64_t rings_finished_ ABSL_GUARDED_BY(mu_) = 0;

@@ -45,6 +45,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "vramscope/v1/events.pb.h"
 
@@ -107,6 +108,8 @@ class Outbox {
     bool has_exit = false;       // that batch holds the process's ProcessExit
   };
   std::optional<Replayed> replayed(const v1::ProcessKey& process) const;
+  // The processes of which the spool of an earlier run held batches.
+  std::vector<v1::ProcessKey> replayed_processes() const;
   // Why the spool directory cannot be used ("" when it can, or when there is none).
   std::string spool_error() const;
   // Forgets the batches of `process` up to `acked_sequence`.
