@@ -36,6 +36,9 @@ struct Config {
   // request this long before it sleeps, so a program that frees in a tight loop asks with one
   // store instead of waking a sleeping thread (a futex call per batch). 0 = always sleep.
   std::uint64_t fence_spin_us = 50;
+  // VRAMSCOPE_FENCE_EAGER=1: allocations ask the helper thread for a reuse synchronisation even
+  // when recent synchronisations were slow (the program far ahead of the GPU).
+  bool fence_eager = false;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
   // VRAMSCOPE_QUICK_REUSE=0: no quick bins in the pools (pool::PoolOptions::quick_reuse).
   bool quick_reuse = true;

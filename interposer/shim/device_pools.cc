@@ -656,10 +656,13 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   // Only when a quarter of the threshold was freed since the last synchronisation: right after one,
   // the pending bytes are mostly complete already and only wait for the bounded poll to reach
   // them, and asking again would synchronise for nothing.
+  // VRAMSCOPE_FENCE_EAGER=1: the helper is asked even when synchronisations are slow (it waits,
+  // the program does not); only the inline synchronisation needs them cheap.
+  const bool cheap = slot->fences.SyncIsCheap();
   if (pending >= threshold / 2 &&
       slot->fences.bytes_since_sync.load(std::memory_order_relaxed) >= threshold / 4 &&
-      slot->fences.SyncIsCheap() && Cfg().mode == Mode::kPool && !AnyCaptureLive()) {
-    if (pending < threshold) {
+      (cheap || Cfg().fence_eager) && Cfg().mode == Mode::kPool && !AnyCaptureLive()) {
+    if (pending < threshold || !cheap) {
       if (!slot->sync_requested.load(std::memory_order_relaxed)) (void)RequestBackgroundSync(slot);
     } else if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk) {
       RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);
