@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "pool_test_support.h"
 #include "vramscope/pool/pool.h"
 #include "vramscope/pool/virtual_upstream.h"
 
@@ -21,20 +22,6 @@ class NoFences final : public FenceTracker {
  public:
   bool IsComplete(std::uint64_t /*fence*/) override { return true; }
   void Wait(std::uint64_t /*fence*/) override {}
-};
-
-// The shim's fence scheme: frees are stamped with the current epoch, a synchronisation
-// completes every epoch before it, in order, and nothing needs retiring.
-class Epochs final : public FenceTracker {
- public:
-  bool IsComplete(std::uint64_t fence) override { return fence <= completed; }
-  void Wait(std::uint64_t fence) override { completed = std::max(completed, fence); }
-  bool CompletesInOrder() const override { return true; }
-  bool NeedsRetire() const override { return false; }
-  // A synchronisation: every free made so far becomes reusable.
-  void Sync() { completed = epoch++; }
-  std::uint64_t epoch = 1;
-  std::uint64_t completed = 0;
 };
 
 struct Fixture {
@@ -78,7 +65,7 @@ BENCHMARK(BM_AllocFreePair)
 // block freed is reusable only after that, so the pool cycles through `batch` blocks of the size.
 void BM_FencedPair(benchmark::State& state) {
   VirtualUpstream upstream;
-  Epochs fences;
+  testing::ShimEpochs fences;
   PoolOptions options;
   options.policy = PolicyArg(state);
   std::unique_ptr<Pool> pool = MakePool(&upstream, &fences, options);

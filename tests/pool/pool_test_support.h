@@ -4,6 +4,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -55,6 +56,21 @@ class EpochFences final : public FenceTracker {
     }
   }
   std::atomic<std::uint64_t> completed{0};
+};
+
+// The shim's fence scheme (interposer/shim/device_pools.h): frees are stamped with the current
+// epoch, a synchronisation completes every epoch before it, in order, and nothing needs retiring.
+// Single-threaded (benchmarks, replays).
+class ShimEpochs final : public FenceTracker {
+ public:
+  bool IsComplete(std::uint64_t fence) override { return fence <= completed; }
+  void Wait(std::uint64_t fence) override { completed = std::max(completed, fence); }
+  bool CompletesInOrder() const override { return true; }
+  bool NeedsRetire() const override { return false; }
+  // A synchronisation: every free stamped so far becomes reusable.
+  void Sync() { completed = epoch++; }
+  std::uint64_t epoch = 1;
+  std::uint64_t completed = 0;
 };
 
 // Forwards to a VirtualUpstream and answers the next `fail_grows` grow calls (Allocate, Map)

@@ -98,22 +98,12 @@ TEST_P(TraceReplayTest, DefaultPolicyMeetsRatioAndCallGoals) {
   }
 }
 
-// The shim's fence model: every free waits for the current epoch, and a synchronisation every
-// `sync_every` frees completes every epoch before it.
-class Epochs final : public FenceTracker {
- public:
-  bool IsComplete(std::uint64_t fence) override { return fence <= completed; }
-  void Wait(std::uint64_t fence) override { completed = std::max(completed, fence); }
-  bool CompletesInOrder() const override { return true; }
-  bool NeedsRetire() const override { return false; }
-  std::uint64_t epoch = 1;
-  std::uint64_t completed = 0;
-};
-
+// The shim's fence model (testing::ShimEpochs): every free waits for the current epoch, and a
+// synchronisation every `sync_every` frees completes every epoch before it.
 double FencedRatio(const std::vector<TraceEvent>& events, internal::Layout layout,
                    std::uint32_t quick_depth, int sync_every) {
   VirtualUpstream upstream;
-  Epochs fences;
+  testing::ShimEpochs fences;
   internal::Tuning tuning;
   tuning.quick_depth = quick_depth;
   std::unique_ptr<Pool> pool =
@@ -136,7 +126,7 @@ double FencedRatio(const std::vector<TraceEvent>& events, internal::Layout layou
     EXPECT_EQ(pool->Free(it->second.first, fences.epoch), PoolStatus::kOk);
     live_bytes -= it->second.second;
     live.erase(it);
-    if (++frees % sync_every == 0) fences.completed = fences.epoch++;
+    if (++frees % sync_every == 0) fences.Sync();
   }
   return static_cast<double>(pool->Stats().peak_reserved_bytes) / static_cast<double>(peak_live);
 }
