@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include "vramscope/v1/events.pb.h"
@@ -93,6 +95,18 @@ inline std::string ReadFile(const std::string& path) {
 inline void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
+}
+
+// A program's `key=value` lines (one per line; other lines ignored) as numbers.
+inline std::map<std::string, std::uint64_t> ReadFigures(const std::string& path) {
+  std::map<std::string, std::uint64_t> figures;
+  std::istringstream in(ReadFile(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) figures[line.substr(0, eq)] = std::stoull(line.substr(eq + 1));
+  }
+  return figures;
 }
 
 }  // namespace vramscope::testing

@@ -21,20 +21,10 @@
 namespace {
 
 using vramscope::testing::Env;
+using vramscope::testing::ReadFigures;
 using vramscope::testing::ReadFile;
 
 constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
-
-std::map<std::string, std::uint64_t> ReadFigures(const std::string& path) {
-  std::map<std::string, std::uint64_t> figures;
-  std::istringstream in(ReadFile(path));
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) figures[line.substr(0, eq)] = std::stoull(line.substr(eq + 1));
-  }
-  return figures;
-}
 
 // current/peak/count of one kind in the summary line; false if absent.
 struct KindFigures {

@@ -23,19 +23,8 @@
 namespace {
 
 using vramscope::testing::Env;
+using vramscope::testing::ReadFigures;
 using vramscope::testing::ReadFile;
-
-// ring_app's `key=value` lines.
-std::map<std::string, std::uint64_t> ReadFigures(const std::string& path) {
-  std::map<std::string, std::uint64_t> figures;
-  std::istringstream in(ReadFile(path));
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) figures[line.substr(0, eq)] = std::stoull(line.substr(eq + 1));
-  }
-  return figures;
-}
 
 std::uint64_t RoundUp512(std::uint64_t bytes) { return (bytes + 511) / 512 * 512; }
 
