@@ -533,8 +533,12 @@ class CachingPool final : public Pool {
     std::size_t cost = place.map_end - place.map_start;
     // Soft cap: keep mapped bytes near the peak of allocated bytes by unmapping free granules
     // elsewhere before mapping new ones. Peak reserved is what the ratio goal measures.
-    const double peak = static_cast<double>(
-        std::max(stats_.peak_allocated_bytes, stats_.current_allocated_bytes + rounded));
+    // Pending bytes (freed, fence not complete) count as in use: they can be neither reused nor
+    // unmapped yet. Without them, a pool whose frees wait for fences sits above the cap for good,
+    // unmaps what just became free at every growth and maps exactly the request each time.
+    const std::size_t in_use = stats_.current_allocated_bytes + rounded +
+                               (tuning_.vmm_cap_counts_pending ? PendingBytesLocked() : 0);
+    const double peak = static_cast<double>(std::max(stats_.peak_allocated_bytes, in_use));
     const std::size_t budget = static_cast<std::size_t>(peak * (1.0 + tuning_.vmm_slack)) +
                                tuning_.vmm_slack_granules * granularity_;
     // Unmapping can move the best placement (a neighbour it relied on may be gone), so repeat
@@ -828,6 +832,8 @@ class CachingPool final : public Pool {
       b = next;
     }
   }
+
+  std::size_t PendingBytesLocked() const { return pending_bytes_.load(std::memory_order_relaxed); }
 
   // mu_ held: the only writer, so a plain load and store suffice.
   void AddPending(std::ptrdiff_t delta) {

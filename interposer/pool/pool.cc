@@ -35,6 +35,7 @@ std::unique_ptr<Pool> MakePool(Upstream* upstream, FenceTracker* fences,
   }
   internal::Tuning tuning;
   if (!options.quick_reuse) tuning.quick_depth = 0;
+  tuning.vmm_cap_counts_pending = options.cap_counts_pending;
   return internal::MakeCachingPool(upstream, fences, options, layout, tuning);
 }
 

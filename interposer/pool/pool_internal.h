@@ -18,6 +18,8 @@ struct Tuning {
   std::size_t vmm_slack_granules = 2;
   // When mapping, map this share of the allocated bytes beyond the need (within the soft cap).
   double vmm_map_ahead = 0.03;
+  // The soft cap counts pending bytes (freed, fence not complete) as in use.
+  bool vmm_cap_counts_pending = true;
   // Requests up to small_max_bytes get a reserved range of their own (measured: more upstream
   // calls on the traces for no better ratio, so off).
   bool vmm_separate_small = false;

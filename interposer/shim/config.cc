@@ -84,6 +84,7 @@ Config ReadConfig() {
   if (ReadU64("VRAMSCOPE_VMM", &value)) config.use_vmm = value != 0;
   if (ReadU64("VRAMSCOPE_QUICK_REUSE", &value)) config.quick_reuse = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_EAGER", &value)) config.fence_eager = value != 0;
+  if (ReadU64("VRAMSCOPE_CAP_PENDING", &value)) config.cap_counts_pending = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_ASYNC", &value)) config.fence_async = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_SPIN_US", &value)) {
     config.fence_spin_us = std::min<std::uint64_t>(value, 10000);

@@ -42,6 +42,8 @@ struct Config {
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
   // VRAMSCOPE_QUICK_REUSE=0: no quick bins in the pools (pool::PoolOptions::quick_reuse).
   bool quick_reuse = true;
+  // VRAMSCOPE_CAP_PENDING=0: the vmm pool's soft cap ignores pending bytes (as before).
+  bool cap_counts_pending = true;
   // VRAMSCOPE_STACKS=1: allocation sites (call stacks) in the ALLOC records (stacks.h).
   bool stacks = false;
   // VRAMSCOPE_CUPTI=1: CUPTI memory activity records into the ring (cupti.h); `vramscope run`

@@ -154,6 +154,7 @@ Slot* CreateSlot(CUcontext ctx, int index) {
   options.policy = policy;
   options.capacity_bytes = config.capacity_bytes;
   options.quick_reuse = config.quick_reuse;
+  options.cap_counts_pending = config.cap_counts_pending;
   slot->pool = pool::MakePool(&slot->upstream, &slot->fences, options);
   if (slot->pool == nullptr) {
     VRAMSCOPE_LOG_ONCE(

@@ -43,6 +43,8 @@ struct PoolOptions {
   std::size_t capacity_bytes = 0;
   // Fenced frees of a size come back to the next request of that size unmerged (quick bins).
   bool quick_reuse = true;
+  // vmm: the soft cap on mapped bytes counts bytes waiting for their fence as in use.
+  bool cap_counts_pending = true;
 };
 
 // Every figure is exact at the moment Stats() is called (taken under the pool's lock).
