@@ -259,6 +259,53 @@ TEST_F(ShimTest, FenceSynchronisationIsAmortised) {
   }
 }
 
+// The fence helper watches for requests (VRAMSCOPE_FENCE_SPIN_US, 50 us) after each
+// synchronisation, then sleeps; a request made just as it switches must not be lost (a lost one
+// leaves the pool's request flag set, and no later free would ever reach the helper). Four
+// threads free in bursts with pauses around the watch window. Then, after a synchronisation of
+// the test's own (which resets the batch counts), 700 frees of 4 KiB: past half the reuse
+// threshold (2 MiB pending, so the helper is asked) but short of every inline synchronisation
+// (the full 4 MiB, or four batches of frees), so only the helper can synchronise.
+TEST_F(ShimTest, FenceHelperLosesNoRequestAcrossItsWatchWindow) {
+  if (!Pooled() || Strict()) GTEST_SKIP() << "pool mode only";
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      if (api_.cuCtxSetCurrent(ctx_) != CUDA_SUCCESS) {
+        failed = true;
+        return;
+      }
+      std::mt19937 rng(static_cast<unsigned>(t));
+      for (int round = 0; round < 60 && !failed; ++round) {
+        for (int i = 0; i < 300; ++i) {
+          CUdeviceptr p = 0;
+          if (api_.cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS ||
+              api_.cuMemFree_v2(p) != CUDA_SUCCESS) {
+            failed = true;
+            return;
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 120));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_FALSE(failed);
+  ASSERT_EQ(api_.cuCtxSynchronize(), CUDA_SUCCESS);
+  const std::uint64_t before = Syncs();
+  for (int i = 0; i < 700; ++i) {
+    CUdeviceptr p = 0;
+    ASSERT_EQ(api_.cuMemAlloc_v2(&p, 4096), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (Syncs() == before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GE(Syncs() - before, 1u) << "the request never reached the fence helper";
+}
+
 TEST_F(ShimTest, OutOfMemoryFlushesTheCacheAndRetries) {
   ASSERT_EQ(vramscope_fake_set_capacity(0, 64 * kMiB), 0);
   CUdeviceptr a = 0;
