@@ -273,27 +273,21 @@ class CachingPool final : public Pool {
     return split && rounded <= tuning_.small_max_bytes ? 0 : 1;
   }
 
-  // Finds a free block for `rounded` bytes at `*position`, growing, releasing and waiting as
-  // needed; on failure records the OOM.
-  // A free block for `rounded` bytes among what the pool holds, after polling fences; no
-  // upstream call.
-  // (The caller polled the oldest fences and tried the quick bin of the size.)
+  // A free block for `rounded` bytes among what the pool holds; no upstream call. The caller
+  // polled the oldest fences and tried the quick bin of the size.
   bool FindCached(std::size_t rounded, Block** block, std::uintptr_t* position) {
     FreeIndex& heap = heaps_[HeapFor(rounded)];
     *block = heap.BestFit(rounded);
     // Binned blocks only ever serve their own size. Any other request sees them merged, as if
     // there were no bins: unless an indexed block fits exactly, the bins are merged first (so a
     // request never splits a larger block, or grows the pool, that merged bins would spare).
-    if (*block != nullptr && (*block)->size != rounded && quick_blocks_ != 0) {
+    if (quick_blocks_ != 0 && (*block == nullptr || (*block)->size != rounded)) {
       FlushQuick();
       *block = heap.BestFit(rounded);
     }
-    if (*block == nullptr && (pending_head_ != nullptr || quick_blocks_ != 0)) {
-      // Before growing: every completed block, binned ones included, merged and indexed.
-      FlushQuick();
-      if (pending_head_ != nullptr) {
-        PollPending(std::numeric_limits<std::size_t>::max(), /*to_quick=*/false);
-      }
+    if (*block == nullptr && pending_head_ != nullptr) {
+      // Before growing: every completed fence polled, its blocks merged and indexed.
+      PollPending(std::numeric_limits<std::size_t>::max(), /*to_quick=*/false);
       *block = heap.BestFit(rounded);
     }
     if (*block == nullptr) return false;
@@ -301,6 +295,8 @@ class CachingPool final : public Pool {
     return true;
   }
 
+  // Finds a free block for `rounded` bytes at `*position`, growing, releasing and waiting as
+  // needed; on failure records the OOM.
   PoolStatus FindOrGrow(std::size_t rounded, Block** block, std::uintptr_t* position) {
     FreeIndex& heap = heaps_[HeapFor(rounded)];
     if (FindCached(rounded, block, position)) return PoolStatus::kOk;
@@ -537,7 +533,7 @@ class CachingPool final : public Pool {
     // unmapped yet. Without them, a pool whose frees wait for fences sits above the cap for good,
     // unmaps what just became free at every growth and maps exactly the request each time.
     const std::size_t in_use = stats_.current_allocated_bytes + rounded +
-                               (tuning_.vmm_cap_counts_pending ? PendingBytesLocked() : 0);
+                               (tuning_.vmm_cap_counts_pending ? PendingBytesRelaxed() : 0);
     const double peak = static_cast<double>(std::max(stats_.peak_allocated_bytes, in_use));
     const std::size_t budget = static_cast<std::size_t>(peak * (1.0 + tuning_.vmm_slack)) +
                                tuning_.vmm_slack_granules * granularity_;
@@ -832,8 +828,6 @@ class CachingPool final : public Pool {
       b = next;
     }
   }
-
-  std::size_t PendingBytesLocked() const { return pending_bytes_.load(std::memory_order_relaxed); }
 
   // mu_ held: the only writer, so a plain load and store suffice.
   void AddPending(std::ptrdiff_t delta) {

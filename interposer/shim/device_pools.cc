@@ -18,8 +18,6 @@
 namespace vramscope::interposer {
 namespace {
 
-constexpr int kMaxSlots = 64;
-
 constinit std::atomic<Slot*> g_slots[kMaxSlots] = {};
 constinit std::atomic<int> g_slot_count{0};
 constinit pthread_mutex_t g_slots_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -203,12 +201,8 @@ std::uint64_t ReuseSyncThreshold(std::uint64_t bytes) {
 // helper thread for a synchronisation; if the helper lags so far behind that kInlineBatches
 // batches are pending, the freeing thread synchronises itself (what the driver's free always
 // does), which bounds the memory held for pending frees.
-void MaybeSync(Slot* slot) {
+void MaybeSync(Slot* slot, std::uint64_t frees) {
   const Config& config = Cfg();
-  // A count for a heuristic: a plain load and store (an increment lost to a racing thread only
-  // delays the batch by one free), not a locked read-modify-write on every free.
-  const std::uint64_t frees = slot->fences.frees_since_sync.load(std::memory_order_relaxed) + 1;
-  slot->fences.frees_since_sync.store(frees, std::memory_order_relaxed);
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
   const std::uint64_t batch_bytes = slot->fences.batch_bytes;
   constexpr std::uint64_t kInlineBatches = 4;
@@ -588,14 +582,13 @@ void MaybeRecordPoolState(Slot* slot, bool after_free) {
   RingPoolState(slot);
 }
 
-// Frees `address` in the slot's pool, with a FREE record of the sizes the pool reports.
-pool::PoolStatus FreeInSlot(Slot* slot, std::uintptr_t address) {
+// Frees `address` in the slot's pool, with a FREE record of the sizes the pool reports; on
+// success `*frees` is the slot's count of frees since its last synchronisation.
+pool::PoolStatus FreeInSlot(Slot* slot, std::uintptr_t address, std::uint64_t* frees) {
   pool::BlockSizes sizes;
   const pool::PoolStatus status = slot->pool->FreeSized(address, slot->fences.Current(), &sizes);
   if (status == pool::PoolStatus::kOk) {
-    // Approximate under concurrency (a plain load and store), which the heuristic allows.
-    std::atomic<std::uint64_t>& freed = slot->fences.bytes_since_sync;
-    freed.store(freed.load(std::memory_order_relaxed) + sizes.allocated, std::memory_order_relaxed);
+    *frees = slot->fences.NoteFree(sizes.allocated);
     RingPooledFree(slot, address, sizes.requested, sizes.allocated);
   }
   return status;
@@ -604,12 +597,12 @@ pool::PoolStatus FreeInSlot(Slot* slot, std::uintptr_t address) {
 }  // namespace
 
 // After a successful pooled free: the mode's fence rule.
-ShimStatus AfterFree(Slot* slot, bool strict) {
+ShimStatus AfterFree(Slot* slot, bool strict, std::uint64_t frees) {
   if (strict) {
     // The driver's free waits for the device; strict mode keeps that wait.
     (void)slot->fences.Sync();
   } else if (!Exiting()) {
-    MaybeSync(slot);
+    MaybeSync(slot, frees);
   }
   MaybeRecordPoolState(slot, /*after_free=*/true);
   return ShimStatus::kOk;
@@ -620,9 +613,10 @@ ShimStatus FreePooled(std::uintptr_t address, bool strict) {
   // current, or no context at all. The thread's last slot is the likely owner: try it first.
   const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
   Slot* cached = t_cache.generation == generation ? t_cache.slot : nullptr;
+  std::uint64_t frees = 0;
   if (cached != nullptr && cached->pool != nullptr) {
-    const pool::PoolStatus status = FreeInSlot(cached, address);
-    if (status == pool::PoolStatus::kOk) return AfterFree(cached, strict);
+    const pool::PoolStatus status = FreeInSlot(cached, address, &frees);
+    if (status == pool::PoolStatus::kOk) return AfterFree(cached, strict, frees);
     if (status != pool::PoolStatus::kInvalidAddress) return ShimStatus::kDriverError;
   }
   Slot* slots[kMaxSlots];
@@ -630,10 +624,10 @@ ShimStatus FreePooled(std::uintptr_t address, bool strict) {
   for (int i = 0; i < count; ++i) {
     Slot* slot = slots[i];
     if (slot == cached) continue;
-    const pool::PoolStatus status = FreeInSlot(slot, address);
+    const pool::PoolStatus status = FreeInSlot(slot, address, &frees);
     if (status == pool::PoolStatus::kInvalidAddress) continue;
     if (status != pool::PoolStatus::kOk) return ShimStatus::kDriverError;
-    return AfterFree(slot, strict);
+    return AfterFree(slot, strict, frees);
   }
   // Not a live block. Inside the pool's memory (a double free, an interior pointer, a cached
   // block) it must not reach the driver, which would free a whole segment of the pool.
@@ -654,17 +648,19 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   pool::BlockSizes sizes;
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
   const std::uint64_t threshold = ReuseSyncThreshold(bytes);
-  // Only when a quarter of the threshold was freed since the last synchronisation: right after one,
-  // the pending bytes are mostly complete already and only wait for the bounded poll to reach
-  // them, and asking again would synchronise for nothing.
-  // VRAMSCOPE_FENCE_EAGER=1: the helper is asked even when synchronisations are slow (it waits,
-  // the program does not); only the inline synchronisation needs them cheap.
-  const bool cheap = slot->fences.SyncIsCheap();
+  // Only when a quarter of the threshold was freed since the last synchronisation: right after
+  // one, the pending bytes are mostly complete already and only wait for the bounded poll to
+  // reach them, and asking again would synchronise for nothing.
   if (pending >= threshold / 2 &&
       slot->fences.bytes_since_sync.load(std::memory_order_relaxed) >= threshold / 4 &&
-      (cheap || Cfg().fence_eager) && Cfg().mode == Mode::kPool && !AnyCaptureLive()) {
+      Cfg().mode == Mode::kPool && !AnyCaptureLive()) {
+    // VRAMSCOPE_FENCE_EAGER=1: the helper is asked even when synchronisations are slow (it
+    // waits, the program does not); only the inline synchronisation needs them cheap.
+    const bool cheap = slot->fences.SyncIsCheap();
     if (pending < threshold || !cheap) {
-      if (!slot->sync_requested.load(std::memory_order_relaxed)) (void)RequestBackgroundSync(slot);
+      if ((cheap || Cfg().fence_eager) && !slot->sync_requested.load(std::memory_order_relaxed)) {
+        (void)RequestBackgroundSync(slot);
+      }
     } else if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk) {
       RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);
       return ShimStatus::kOk;

@@ -120,6 +120,17 @@ class EpochFences final : public pool::FenceTracker {
   // The recent cost of a synchronisation (moving average) is below what growing the pool costs.
   bool SyncIsCheap() const { return sync_ns_.load(std::memory_order_relaxed) < kCheapSyncNs; }
 
+  // A pooled free of `bytes`; returns the frees since the last synchronisation. Both counts
+  // are approximate under concurrency (plain loads and stores: a lost increment only delays a
+  // heuristic by one free), never a locked read-modify-write on the free path.
+  std::uint64_t NoteFree(std::uint64_t bytes) {
+    bytes_since_sync.store(bytes_since_sync.load(std::memory_order_relaxed) + bytes,
+                           std::memory_order_relaxed);
+    const std::uint64_t frees = frees_since_sync.load(std::memory_order_relaxed) + 1;
+    frees_since_sync.store(frees, std::memory_order_relaxed);
+    return frees;
+  }
+
   std::atomic<std::uint64_t> frees_since_sync{0};
   std::atomic<std::uint64_t> bytes_since_sync{0};       // pooled bytes freed since the last one
   std::uint64_t batch_bytes = std::uint64_t{64} << 20;  // see Config::fence_batch_bytes
@@ -148,6 +159,9 @@ struct Slot {
   std::unique_ptr<pool::Pool> pool;          // null: this context is not pooled (passthrough)
   std::atomic<std::uint32_t> ring_frees{0};  // pooled frees since the last POOL_STATE record
 };
+
+// Contexts with a slot, at most (a context beyond them is not pooled).
+inline constexpr int kMaxSlots = 64;
 
 // The slot of `ctx` (which is current on this thread), created if needed. Never null after
 // init unless the table is full; slot->pool is null when the context is not pooled.

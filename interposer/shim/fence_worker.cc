@@ -60,8 +60,8 @@ void SyncLocked(Worker& w, Slot* slot) {
 // Requests made by hint: every live slot whose flag is set and that no queued entry covers
 // (a queued slot is synchronised from the queue). With w.mu held.
 void ServeHintsLocked(Worker& w) {
-  Slot* slots[64];
-  const int count = LiveSlots(slots, 64);
+  Slot* slots[kMaxSlots];
+  const int count = LiveSlots(slots, kMaxSlots);
   for (int i = 0; i < count; ++i) {
     Slot* slot = slots[i];
     if (!slot->sync_requested.load(std::memory_order_acquire)) continue;
