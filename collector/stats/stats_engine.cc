@@ -33,7 +33,42 @@ std::string KindName(int kind) {
   return absl::AsciiStrToLower(name);
 }
 
+bool StartsWith(std::string_view text, std::string_view prefix) {
+  return text.substr(0, prefix.size()) == prefix;
+}
+
+// The module path of a drain-named frame "PATH+0xOFFSET"; empty for "0xADDRESS" and anything
+// not in that form.
+std::string_view FrameModule(std::string_view frame) {
+  const std::size_t plus = frame.rfind("+0x");
+  if (plus == std::string_view::npos || plus == 0) return {};
+  const std::string_view hex = frame.substr(plus + 3);
+  if (hex.empty() || !std::all_of(hex.begin(), hex.end(), [](char c) {
+        return absl::ascii_isxdigit(static_cast<unsigned char>(c));
+      })) {
+    return {};
+  }
+  return frame.substr(0, plus);
+}
+
 }  // namespace
+
+std::string CallingLibrary(absl::Span<const std::string> frames) {
+  for (const std::string& frame : frames) {
+    const std::string_view module = FrameModule(frame);
+    if (module.empty()) return std::string(kUnknownLibrary);
+    const std::size_t slash = module.rfind('/');
+    const std::string_view base =
+        slash == std::string_view::npos ? module : module.substr(slash + 1);
+    if (StartsWith(base, "libcudart") || StartsWith(base, "libcuda.so") ||
+        StartsWith(base, "libvramscope")) {
+      continue;
+    }
+    if (base.empty()) return std::string(kUnknownLibrary);
+    return std::string(base);
+  }
+  return std::string(kUnknownLibrary);
+}
 
 bool KindCountsBytes(v1::AllocationKind kind) {
   return kind != v1::ALLOCATION_KIND_HOST && kind != v1::ALLOCATION_KIND_IPC_IMPORT;
@@ -68,8 +103,20 @@ struct ProcessStatsEngine::Device {
   std::array<std::uint64_t, kCuptiMemoryKinds> cupti_kind_peak{};
   struct Site {
     std::uint64_t alloc_count = 0, total_bytes = 0, live_bytes = 0, peak_live_bytes = 0;
+    // Live requested bytes of the kinds that count (KindCountsBytes), held by `library`, the
+    // site's calling library when the site was last attributed (0 = unresolved).
+    std::uint64_t counted_live = 0;
+    std::uint32_t library = 0;
   };
   absl::flat_hash_map<std::uint64_t, Site> sites;
+  // By calling library index, always sized to ProcessStatsEngine::library_names_: live and peak
+  // requested bytes.
+  struct LibraryBytes {
+    std::uint64_t live = 0, peak = 0;
+  };
+  std::vector<LibraryBytes> libraries;
+  bool any_site = false;  // an allocation of a counted kind had a site
+  std::uint64_t no_site_live = 0, no_site_peak = 0;
 
   explicit Device(std::size_t max_points) : timeline(max_points) {}
 };
@@ -92,7 +139,10 @@ struct ProcessStatsEngine::RangeAgg {
   }
 };
 
-ProcessStatsEngine::ProcessStatsEngine(StatsOptions options) : options_(options) {}
+ProcessStatsEngine::ProcessStatsEngine(StatsOptions options) : options_(options) {
+  library_names_.emplace_back(kUnresolvedLibrary);
+  library_index_.emplace(kUnresolvedLibrary, 0);
+}
 ProcessStatsEngine::~ProcessStatsEngine() = default;
 
 ProcessStatsEngine::Device& ProcessStatsEngine::DeviceFor(std::uint32_t device) {
@@ -102,6 +152,7 @@ ProcessStatsEngine::Device& ProcessStatsEngine::DeviceFor(std::uint32_t device) 
     devices_.push_back(std::make_unique<Device>(options_.max_timeline_points));
     devices_.back()->id = device;
     devices_.back()->slot = it->second;
+    devices_.back()->libraries.resize(library_names_.size());
   }
   last_device_ = devices_[it->second].get();
   return *last_device_;
@@ -188,16 +239,52 @@ void ProcessStatsEngine::Add(const v1::Event& event) {
     case v1::Event::kDrop:
       dropped_ += event.drop().dropped_records();
       break;
-    case v1::Event::kSiteDefinition: {
-      const v1::SiteDefinition& site = event.site_definition();
-      site_frames_[site.site()].assign(site.frames().begin(), site.frames().end());
+    case v1::Event::kSiteDefinition:
+      OnSiteDefinition(event.site_definition());
       break;
-    }
     case v1::Event::kCuptiMemory:
       OnCupti(event);
       break;
     case v1::Event::PAYLOAD_NOT_SET:
       break;
+  }
+}
+
+void ProcessStatsEngine::AddLibraryBytes(Device& device, std::uint32_t library,
+                                         std::uint64_t bytes) {
+  Device::LibraryBytes& held = device.libraries[library];  // sized to library_names_
+  held.live += bytes;
+  held.peak = std::max(held.peak, held.live);
+}
+
+void ProcessStatsEngine::OnSiteDefinition(const v1::SiteDefinition& site) {
+  std::vector<std::string>& frames = site_frames_[site.site()];
+  frames.assign(site.frames().begin(), site.frames().end());
+  if (site.site() == 0) return;  // 0 means "no site" on an AllocEvent
+  std::string name = CallingLibrary(frames);
+  auto [named, added] = library_index_.try_emplace(
+      std::move(name), static_cast<std::uint32_t>(library_names_.size()));
+  if (added) {
+    library_names_.push_back(named->first);
+    for (const auto& device : devices_) device->libraries.resize(library_names_.size());
+  }
+  const std::uint32_t library = named->second;
+  auto [known, inserted] = site_library_.try_emplace(site.site(), library);
+  if (!inserted) {
+    if (known->second == library) return;  // sent again (a resend): nothing moves
+    known->second = library;
+  }
+  // Allocations that named this site before its definition arrived (another thread's alloc
+  // overtook it in the ring) were counted as unresolved: their live bytes move to the library
+  // now. What the library held only while unresolved stays in the unresolved peak.
+  for (const auto& device : devices_) {
+    auto entry = device->sites.find(site.site());
+    if (entry == device->sites.end() || entry->second.library == library) continue;
+    Device::Site& moved = entry->second;
+    Device::LibraryBytes& from = device->libraries[moved.library];
+    from.live = SubtractSaturating(from.live, moved.counted_live);
+    moved.library = library;
+    AddLibraryBytes(*device, library, moved.counted_live);
   }
 }
 
@@ -294,11 +381,25 @@ void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
     }
   }
   if (alloc.site() != 0) {
-    Device::Site& site = d.sites[alloc.site()];
+    auto [entry, inserted] = d.sites.try_emplace(alloc.site());
+    Device::Site& site = entry->second;
+    if (inserted) {
+      // First use of the site on this device: its library, or unresolved until defined.
+      auto library = site_library_.find(alloc.site());
+      if (library != site_library_.end()) site.library = library->second;
+    }
     ++site.alloc_count;
     site.total_bytes += alloc.requested_bytes();
     site.live_bytes += alloc.requested_bytes();
     site.peak_live_bytes = std::max(site.peak_live_bytes, site.live_bytes);
+    if (KindCountsBytes(kind)) {
+      d.any_site = true;
+      site.counted_live += alloc.requested_bytes();
+      AddLibraryBytes(d, site.library, alloc.requested_bytes());
+    }
+  } else if (KindCountsBytes(kind)) {
+    d.no_site_live += alloc.requested_bytes();
+    d.no_site_peak = std::max(d.no_site_peak, d.no_site_live);
   }
   if (!open_ranges_.empty()) {
     // Innermost range: the one the shim named, else the top of the thread's stack.
@@ -333,13 +434,23 @@ void ProcessStatsEngine::OnFree(const v1::Event& event) {
   ++d.free_count;
   const int k = KindIndex(live.kind);
   d.kind_current[k] = SubtractSaturating(d.kind_current[k], live.allocated);
+  const bool counts = KindCountsBytes(live.kind);
   if (live.site != 0) {
     auto site = d.sites.find(live.site);
     if (site != d.sites.end()) {
       site->second.live_bytes = SubtractSaturating(site->second.live_bytes, live.requested);
+      if (counts) {
+        // The library the site's bytes are held by now (moved there if defined meanwhile).
+        Device::Site& entry = site->second;
+        entry.counted_live = SubtractSaturating(entry.counted_live, live.requested);
+        Device::LibraryBytes& held = d.libraries[entry.library];
+        held.live = SubtractSaturating(held.live, live.requested);
+      }
     }
+  } else if (counts) {
+    d.no_site_live = SubtractSaturating(d.no_site_live, live.requested);
   }
-  if (!KindCountsBytes(live.kind)) return;
+  if (!counts) return;
   d.cur_requested = SubtractSaturating(d.cur_requested, live.requested);
   d.cur_allocated = SubtractSaturating(d.cur_allocated, live.allocated);
   if (KindCountsReserved(live.kind)) {
@@ -670,6 +781,13 @@ v1::Report ProcessStatsEngine::Report() const {
     }
     for (int k = 0; k < kKinds; ++k) {
       if (d->kind_peak[k] != 0) (*out->mutable_peak_bytes_by_kind())[KindName(k)] = d->kind_peak[k];
+    }
+    if (d->any_site) {
+      for (std::size_t i = 0; i < d->libraries.size(); ++i) {
+        if (d->libraries[i].peak == 0) continue;
+        (*out->mutable_peak_requested_bytes_by_library())[library_names_[i]] = d->libraries[i].peak;
+      }
+      out->set_unattributed_peak_requested_bytes(d->no_site_peak);
     }
   }
 

@@ -17,13 +17,18 @@
 //     live allocations at exit (leaks, once a ProcessExit was seen); a timeline of at most
 //     max_timeline_points points that keeps maxima; the NVTX range instances (start, end,
 //     depth, thread; the first max_nvtx_instances per process) for shading on a plot.
+//   - per calling library (sites recorded with VRAMSCOPE_STACKS), each library's own peak of live
+//     requested bytes; the rule and the special keys are on
+//     DeviceReport.peak_requested_bytes_by_library (report.proto) and in CallingLibrary below.
 //   - CUPTI's driver view (CuptiMemory events), separately: current/peak device bytes (memory
 //     kinds device, array, managed and their static forms), bytes by memory kind, counts, pool
 //     operations and CUPTI's own dropped records; a release without bytes takes them from its
 //     allocation (by address).
 //
 // Costs: Add is O(1) for allocation events (a flat_hash_map insert or erase, no allocation
-// otherwise); an NVTX pop costs O(open ranges). Report() is O(live allocations + sites + ranges).
+// otherwise; a site's library index is cached on the site, so no string work per event); a
+// SiteDefinition costs O(frames + devices); an NVTX pop costs O(open ranges). Report() is O(live
+// allocations + sites + ranges).
 //
 // Thread safety: none; one thread per instance (StatsEngine below is not thread-safe either).
 // Error convention: events are trusted to be well-formed protos but not consistent: frees of
@@ -32,12 +37,14 @@
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/types/span.h>
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "stats/timeline.h"
@@ -58,6 +65,17 @@ struct StatsOptions {
 // The accounting rule on the proto enum (mirrors vramscope_ring_alloc_kind_counts_*).
 bool KindCountsBytes(v1::AllocationKind kind);
 bool KindCountsReserved(v1::AllocationKind kind);
+
+// Keys of DeviceReport.peak_requested_bytes_by_library that name no module.
+inline constexpr std::string_view kUnknownLibrary = "(unknown)";
+inline constexpr std::string_view kUnresolvedLibrary = "(unresolved)";
+
+// The calling library of a site from its frames as the drain names them ("PATH+0xOFFSET",
+// "0xADDRESS" outside every module; innermost first): the basename of the innermost frame's
+// module that is not the CUDA runtime, the driver or the shim (basenames starting with
+// "libcudart", "libcuda.so", "libvramscope" are skipped). kUnknownLibrary when that frame has
+// no module (or is not in the drain's form), or when every frame is skipped.
+std::string CallingLibrary(absl::Span<const std::string> frames);
 
 class ProcessStatsEngine {
  public:
@@ -111,6 +129,9 @@ class ProcessStatsEngine {
   };
 
   Device& DeviceFor(std::uint32_t device);
+  void OnSiteDefinition(const v1::SiteDefinition& site);
+  // Adds `bytes` to library `library`'s live requested bytes on `device`, raising its peak.
+  void AddLibraryBytes(Device& device, std::uint32_t library, std::uint64_t bytes);
   void OnAlloc(const v1::Event& event, Device& device);
   void OnFree(const v1::Event& event);
   void OnReserve(Device& device, std::uint64_t bytes, std::uint64_t time_ns);
@@ -152,6 +173,11 @@ class ProcessStatsEngine {
   };
   absl::flat_hash_map<std::uint64_t, CuptiLive> cupti_live_;  // CUPTI allocations by address
   absl::flat_hash_map<std::uint64_t, std::vector<std::string>> site_frames_;
+  // Calling libraries: names by index (0 = kUnresolvedLibrary), the index of each name, and
+  // each defined site's library (Device::Site caches it for the hot path).
+  std::vector<std::string> library_names_;
+  absl::flat_hash_map<std::string, std::uint32_t> library_index_;
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> site_library_;
 
   std::vector<RangeAgg> ranges_;
   absl::flat_hash_map<std::string, std::size_t> range_index_;  // domain + '\0' + name

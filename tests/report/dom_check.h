@@ -8,11 +8,13 @@
 #include <absl/status/status.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -111,7 +113,10 @@ inline absl::Status CheckCell(const std::vector<v1::Report>& reports, const DomC
     int index = -1;
     if (field->is_map()) {
       if (i + 1 >= parts.size()) return absl::NotFoundError(absl::StrCat(cell.path, ": no key"));
-      const std::string& key = parts[++i];
+      // A map value ends the path, so the key is the rest of it (library keys hold dots).
+      const std::string key =
+          absl::StrJoin(parts.begin() + static_cast<std::ptrdiff_t>(i) + 1, parts.end(), ".");
+      i = parts.size() - 1;
       for (int k = 0; k < reflection->FieldSize(*message, field); ++k) {
         const pb::Message& entry = reflection->GetRepeatedMessage(*message, field, k);
         const pb::FieldDescriptor* key_field = entry.GetDescriptor()->map_key();

@@ -108,6 +108,10 @@ inline v1::DeviceReport SampleDevice(std::uint32_t ordinal, std::uint64_t scale)
   instance(kHostileName, "evil\"domain", 4'000'000, 5'500'000, 1);
   (*d.mutable_peak_bytes_by_kind())["pooled"] = 3145728 * scale;
   (*d.mutable_peak_bytes_by_kind())["managed"] = 4097;
+  (*d.mutable_peak_requested_bytes_by_library())["libc10_cuda.so"] = 2000000 * scale;
+  (*d.mutable_peak_requested_bytes_by_library())["libcublas.so.13"] = 134217728;
+  (*d.mutable_peak_requested_bytes_by_library())["(unresolved)"] = 512;
+  d.set_unattributed_peak_requested_bytes(4096 * scale);
   if (scale == 1) {  // CUPTI's view on the first device only: the other shows none
     v1::CuptiStats* c = d.mutable_cupti();
     c->set_current_bytes(2097152);

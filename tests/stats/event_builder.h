@@ -75,6 +75,14 @@ class EventStream {
     Next(0).mutable_drop()->set_dropped_records(records);
     return *this;
   }
+  // A SiteDefinition (frames innermost first, e.g. "/lib/libx.so+0x10" or "0x1234").
+  EventStream& Site(std::uint64_t site, const std::vector<std::string>& frames,
+                    std::uint32_t tid = 1) {
+    v1::SiteDefinition* d = Next(0, tid).mutable_site_definition();
+    d->set_site(site);
+    for (const std::string& frame : frames) d->add_frames(frame);
+    return *this;
+  }
   EventStream& Exit(int code = 0) {
     Next(0).mutable_process_exit()->set_exit_code(code);
     return *this;

@@ -2,6 +2,8 @@
 //   meson test -C build --benchmark --suite bench stats_bench   (or the executable directly)
 #include <benchmark/benchmark.h>
 
+#include <string>
+
 #include "event_builder.h"
 #include "stats/stats_engine.h"
 
@@ -12,6 +14,12 @@ namespace {
 std::vector<v1::Event> Workload(std::size_t n) {
   testing::EventStream s;
   s.Start().Reserve(1ull << 30).Push(1, "train");
+  // Sites 1-16 named like the drain names them: a runtime frame, then one of four libraries.
+  for (std::uint64_t site = 1; site <= 16; ++site) {
+    s.Site(site, {"/usr/lib/libcudart.so.13+0x4a10",
+                  "/opt/lib/libcaller" + std::to_string(site % 4) + ".so+0x" + std::to_string(site),
+                  "/usr/bin/python3.12+0x1000"});
+  }
   std::uint32_t range = 2;
   for (std::size_t i = 0; s.events().size() < n; ++i) {
     if (i % 64 == 0) s.Push(range, "step");

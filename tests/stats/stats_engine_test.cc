@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "event_builder.h"
 
@@ -301,6 +303,150 @@ TEST(StatsEngineTest, TopSitesByPeakLiveBytes) {
   EXPECT_EQ(d.top_sites(0).alloc_count(), 5u);
   EXPECT_EQ(d.top_sites(0).total_bytes(), 50u);
   EXPECT_EQ(d.top_sites(0).peak_live_bytes(), 50u);
+}
+
+// Calling libraries (DeviceReport.peak_requested_bytes_by_library). Frames as the drain names
+// them, innermost first.
+const std::vector<std::string> kTorchSite = {"/usr/local/cuda/lib64/libcudart.so.13+0x4a10",
+                                             "/opt/torch/lib/libc10_cuda.so+0x2200",
+                                             "/usr/bin/python3.12+0x30"};
+const std::vector<std::string> kCublasSite = {"/usr/lib/x86_64-linux-gnu/libcuda.so.1+0x5",
+                                              "/opt/nv/lib/libcublas.so.13+0x99f0",
+                                              "/opt/torch/lib/libtorch_cuda.so+0x10"};
+constexpr v1::AllocationKind kPooled = v1::ALLOCATION_KIND_POOLED;
+
+TEST(StatsEngineTest, CallingLibrarySkipsRuntimeDriverAndShimFrames) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(CallingLibrary(kTorchSite), "libc10_cuda.so");
+  EXPECT_EQ(CallingLibrary(kCublasSite), "libcublas.so.13");
+  EXPECT_EQ(CallingLibrary(V{"/x/libvramscope.so+0x1", "/cuda/lib64/libcudart.so.13.0.48+0x2",
+                             "/lib/libcuda.so.1+0x3", "/opt/app/libfoo.so+0x4"}),
+            "libfoo.so");
+  // A statically linked cudart: its frames are in the library (or program) that holds it,
+  // which is the caller.
+  EXPECT_EQ(CallingLibrary(V{"/opt/nv/lib/libcublas.so.13+0x123", "/app/main+0x10"}),
+            "libcublas.so.13");
+  EXPECT_EQ(CallingLibrary(V{"/app/train+0x500", "/lib/libc.so.6+0x29d90"}), "train");
+  // Only "libcuda.so*" is the driver; other CUDA libraries are callers.
+  EXPECT_EQ(CallingLibrary(V{"/lib/libcudnn_ops.so.9+0x1"}), "libcudnn_ops.so.9");
+  EXPECT_EQ(CallingLibrary(V{"/lib/libcudadevrt.so+0x1"}), "libcudadevrt.so");
+  // The last "+0x" separates the offset.
+  EXPECT_EQ(CallingLibrary(V{"/odd+0xdir/libz.so+0x10"}), "libz.so");
+  // No module, not the drain's form, every frame skipped, no frames: unknown.
+  EXPECT_EQ(CallingLibrary(V{"/lib/libcudart.so.12+0x1", "0x7f0012345678", "/app/main+0x1"}),
+            "(unknown)");
+  EXPECT_EQ(CallingLibrary(V{"AllocateBlock (app.cc:12)", "/app/main+0x1"}), "(unknown)");
+  EXPECT_EQ(CallingLibrary(V{"/lib/libz.so+0xzz"}), "(unknown)");
+  EXPECT_EQ(CallingLibrary(V{"/lib/libcuda.so.1+0x1", "/x/libvramscope.so+0x2"}), "(unknown)");
+  EXPECT_EQ(CallingLibrary(V{}), "(unknown)");
+}
+
+TEST(StatsEngineTest, PeakRequestedPerCallingLibraryIsExactPerLibrary) {
+  EventStream s;
+  s.Start()
+      .Site(1, kTorchSite)
+      .Site(2, kCublasSite)
+      .Alloc(0x1, 70, 512)  // no site
+      .Alloc(0x10, 100, 512, 0, kPooled, 1, 1)
+      .Alloc(0x20, 50, 512, 0, kPooled, 2, 2)
+      .Alloc(0x30, 200, 512, 0, kPooled, 1, 1)                       // c10 300 (its peak)
+      .Alloc(0x99, 10000, 10240, 0, v1::ALLOCATION_KIND_HOST, 1, 1)  // counts no device bytes
+      .Free(0x10)
+      .Alloc(0x40, 400, 512, 0, kPooled, 2, 2)  // cublas 450
+      .Free(0x30)
+      .Free(0x20)
+      .Alloc(0x50, 250, 512, 0, kPooled, 1, 1)
+      .Alloc(0x60, 100, 512, 0, kPooled, 2, 2)  // cublas 500; total 70 + 250 + 500 (its peak)
+      .Free(0x40)
+      .Alloc(0x70, 1000, 1024, 1, kPooled, 1, 1)  // device 1: only c10
+      .Free(0x1)
+      .Free(0x99);
+  const v1::Report report = Compute(s);
+  const v1::DeviceReport& d = Device(report, 0);
+  EXPECT_EQ(d.peak_requested_bytes(), 820u);
+  EXPECT_EQ(d.peak_requested_bytes_by_library_size(), 2) << d.DebugString();
+  EXPECT_EQ(d.peak_requested_bytes_by_library().at("libc10_cuda.so"), 300u);
+  EXPECT_EQ(d.peak_requested_bytes_by_library().at("libcublas.so.13"), 500u);
+  EXPECT_EQ(d.unattributed_peak_requested_bytes(), 70u);
+  const v1::DeviceReport& d1 = Device(report, 1);
+  EXPECT_EQ(d1.peak_requested_bytes_by_library_size(), 1) << d1.DebugString();
+  EXPECT_EQ(d1.peak_requested_bytes_by_library().at("libc10_cuda.so"), 1000u);
+  EXPECT_EQ(d1.unattributed_peak_requested_bytes(), 0u);
+}
+
+TEST(StatsEngineTest, NoSitesNoLibraries) {
+  EventStream s;
+  s.Start().Alloc(0x10, 100, 512).Free(0x10);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.peak_requested_bytes_by_library_size(), 0);
+  EXPECT_EQ(d.unattributed_peak_requested_bytes(), 0u);
+}
+
+TEST(StatsEngineTest, SiteDefinedAfterItsAllocationsMovesTheirLiveBytes) {
+  // Another thread's allocations overtook the definition: counted as unresolved until it
+  // arrives, then the site's live bytes move to its library; the unresolved peak stays.
+  EventStream s;
+  s.Start()
+      .Alloc(0x10, 300, 512, 0, kPooled, 1, 5)
+      .Alloc(0x20, 200, 512, 0, kPooled, 2, 5)  // unresolved 500 (its peak)
+      .Alloc(0x80, 40, 512, 0, kPooled, 2, 8)   // site 8: defined only after its free
+      .Alloc(0x90, 64, 512, 1, kPooled, 2, 5)   // the same site on device 1
+      .Free(0x10)                               // unresolved 240 on device 0
+      .Free(0x80)                               // unresolved 200
+      .Site(5, {"/lib/libcudart.so.13+0x1", "/opt/lib/libfoo.so+0x2"})  // moves 200 (and 64)
+      .Site(5, {"/lib/libcudart.so.13+0x1", "/opt/lib/libfoo.so+0x2"})  // again: no change
+      .Site(8, {"/opt/lib/libbar.so+0x3"})
+      .Alloc(0x30, 100, 512, 0, kPooled, 1, 5)  // libfoo 300
+      .Free(0x20)
+      .Free(0x30)
+      .Alloc(0x40, 10, 512, 0, kPooled, 1, 5)
+      .Free(0x90);
+  const v1::Report report = Compute(s);
+  const v1::DeviceReport& d = Device(report, 0);
+  EXPECT_EQ(d.peak_requested_bytes(), 540u);
+  EXPECT_EQ(d.peak_requested_bytes_by_library_size(), 2) << d.DebugString();
+  EXPECT_EQ(d.peak_requested_bytes_by_library().at("libfoo.so"), 300u);
+  EXPECT_EQ(d.peak_requested_bytes_by_library().at("(unresolved)"), 540u);
+  // libbar.so's bytes were all freed before its definition: it held none once resolved.
+  EXPECT_EQ(d.peak_requested_bytes_by_library().count("libbar.so"), 0u);
+  const v1::DeviceReport& d1 = Device(report, 1);
+  EXPECT_EQ(d1.peak_requested_bytes_by_library().at("libfoo.so"), 64u) << d1.DebugString();
+  EXPECT_EQ(d1.peak_requested_bytes_by_library().at("(unresolved)"), 64u);
+
+  // Freed after the move: the bytes leave libfoo, not the unresolved count.
+  EventStream t;
+  t.Start()
+      .Alloc(0x10, 300, 512, 0, kPooled, 1, 5)
+      .Site(5, {"/opt/lib/libfoo.so+0x2"})      // libfoo 300
+      .Alloc(0x20, 250, 512, 0, kPooled, 1, 6)  // unresolved 250
+      .Free(0x10)                               // libfoo 0
+      .Alloc(0x30, 100, 512, 0, kPooled, 1, 6)  // unresolved 350
+      .Alloc(0x40, 20, 512, 0, kPooled, 1, 5);  // libfoo 20
+  const v1::DeviceReport e = Compute(t).devices(0);
+  EXPECT_EQ(e.peak_requested_bytes_by_library().at("libfoo.so"), 300u);
+  EXPECT_EQ(e.peak_requested_bytes_by_library().at("(unresolved)"), 350u);
+}
+
+TEST(StatsEngineTest, SitesNeverDefinedAndUnknownFramesAreKept) {
+  EventStream s;
+  s.Start()
+      .Site(3, {"0x7f0000001000", "/app/main+0x10"})
+      .Site(4, {"/lib/libcuda.so.1+0x1"})
+      .Alloc(0x10, 64, 512, 0, kPooled, 1, 9)  // site 9 never defined
+      .Free(0x10)
+      .Free(0x777)  // an address never allocated: ignored
+      .Alloc(0x20, 32, 512, 0, kPooled, 1, 9)
+      .Alloc(0x30, 16, 512, 0, kPooled, 1, 3)
+      .Alloc(0x40, 8, 512, 0, kPooled, 1, 4)
+      .Free(0x20)
+      .Free(0x30)
+      .Free(0x40);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.peak_requested_bytes_by_library_size(), 2) << d.DebugString();
+  EXPECT_EQ(d.peak_requested_bytes_by_library().at("(unresolved)"), 64u);
+  EXPECT_EQ(d.peak_requested_bytes_by_library().at("(unknown)"), 24u);
+  EXPECT_EQ(d.peak_requested_bytes(), 64u);
+  EXPECT_EQ(d.current_requested_bytes(), 0u);
 }
 
 TEST(StatsEngineTest, TimelineIsBoundedAndKeepsTheMaximum) {

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "run/size.h"
 
@@ -604,6 +606,29 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     }
     out_ += "</table>\n";
   }
+
+  // Each library's own peak (not at one instant), from the sites `--stacks` records.
+  out_ += "<h4>Peak requested bytes by calling library</h4>\n";
+  if (device.peak_requested_bytes_by_library().empty()) {
+    out_ += "<p class=\"none\">no allocation sites recorded (vramscope run --stacks)</p>\n";
+  }
+  out_ += "<table class=\"bytes-by-library\">\n<tr><th>library</th><th>peak</th></tr>\n";
+  std::vector<std::pair<std::string, std::uint64_t>> libraries(
+      device.peak_requested_bytes_by_library().begin(),
+      device.peak_requested_bytes_by_library().end());
+  std::sort(libraries.begin(), libraries.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  for (const auto& [library, bytes] : libraries) {
+    absl::StrAppend(&out_, "<tr><th>", HtmlEscape(library), "</th>");
+    Num(absl::StrCat(path, ".peak_requested_bytes_by_library.", library),
+        "peak_requested_bytes_by_library", Unit::kBytes, bytes);
+    out_ += "</tr>\n";
+  }
+  out_ += "<tr><th>without a recorded site</th>";
+  Num(path + ".unattributed_peak_requested_bytes", "unattributed_peak_requested_bytes",
+      Unit::kBytes, device.unattributed_peak_requested_bytes());
+  out_ += "</tr>\n</table>\n";
   out_ += "</section>\n";
 }
 
