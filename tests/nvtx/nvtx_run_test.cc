@@ -200,6 +200,20 @@ TEST_F(NvtxRunTest, StacksGiveResolvedSitesAndFoldedFile) {
   EXPECT_EQ(total, 1 * kMiB + 2 * kMiB + 4 * kMiB + 512 * kKiB + 256 * kKiB + 8 * kKiB + 64 * kKiB +
                        2 * kMiB);
 
+  // By calling library: nvtx_app's own peak is the worker's C + D; G is libnvtx_copy.so's.
+  // Each site is defined by the thread that allocates from it first, so none is unresolved.
+  std::map<std::string, std::uint64_t> libraries(device->peak_requested_bytes_by_library().begin(),
+                                                 device->peak_requested_bytes_by_library().end());
+  const std::map<std::string, std::uint64_t> expected_libraries = {
+      {"nvtx_app", 4 * kMiB + 512 * kKiB}, {"libnvtx_copy.so", 64 * kKiB}};
+  EXPECT_EQ(libraries, expected_libraries) << device->DebugString();
+  EXPECT_EQ(device->unattributed_peak_requested_bytes(), 0u);
+  EXPECT_NE(stderr_.find("    peak requested by calling library (each its own peak):\n"
+                         "      4.50 MiB   nvtx_app\n"
+                         "      64.0 KiB   libnvtx_copy.so\n"),
+            std::string::npos)
+      << stderr_;
+
   // Folded: outermost first, weight = total bytes, frames are functions (so the worker's two
   // call sites, C and D, are one stack of 4.5 MiB ending in AllocateInWorker;AllocateBlock).
   const std::string folded = ReadFile(Path("folded.txt"));

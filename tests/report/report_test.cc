@@ -165,6 +165,44 @@ TEST(ReportTextJsonTest, JsonRoundTripsAndTextIsTheRunSummary) {
             std::string::npos);
 }
 
+TEST(ReportTextJsonTest, TextListsCallingLibrariesLargestFirst) {
+  v1::Report report = SampleReport();
+  const std::string text = FormatRunReport(report);
+  const std::string block =
+      "    peak requested by calling library (each its own peak):\n"
+      "      128 MiB    libcublas.so.13\n"
+      "      1.91 MiB   libc10_cuda.so\n"
+      "      512 B      (unresolved)\n"
+      "      4.00 KiB   without a recorded site\n";
+  EXPECT_NE(text.find(block), std::string::npos) << text;
+
+  // Past eight libraries (nine are all shown) the rest is one line.
+  v1::DeviceReport& d = *report.mutable_devices(0);
+  d.clear_peak_requested_bytes_by_library();
+  d.set_unattributed_peak_requested_bytes(0);
+  for (int i = 0; i < 9; ++i) {
+    (*d.mutable_peak_requested_bytes_by_library())[absl::StrCat("lib", i, ".so")] = 1024 * (i + 1);
+  }
+  std::string nine = FormatRunReport(report);
+  EXPECT_NE(nine.find("      1.00 KiB   lib0.so\n"), std::string::npos) << nine;
+  EXPECT_EQ(nine.find("other libraries"), std::string::npos) << nine;
+  EXPECT_EQ(nine.find("without a recorded site"), nine.rfind("without a recorded site")) << nine;
+  (*d.mutable_peak_requested_bytes_by_library())["lib9.so"] = 512;
+  const std::string ten = FormatRunReport(report);
+  EXPECT_NE(ten.find("      9.00 KiB   lib8.so\n      8.00 KiB   lib7.so\n"), std::string::npos)
+      << ten;
+  EXPECT_NE(
+      ten.find("      2.00 KiB   lib1.so\n      (2 other libraries, each at most 1.00 KiB)\n"),
+      std::string::npos)
+      << ten;
+  EXPECT_EQ(ten.find("lib0.so"), std::string::npos);
+
+  // No sites recorded: no block.
+  d.clear_peak_requested_bytes_by_library();
+  report.mutable_devices(1)->clear_peak_requested_bytes_by_library();
+  EXPECT_EQ(FormatRunReport(report).find("calling library"), std::string::npos);
+}
+
 // --- the stats engine's range instances ------------------------------------------------------
 
 v1::Event Push(std::uint64_t t, std::uint32_t id, const std::string& name, std::uint32_t tid) {

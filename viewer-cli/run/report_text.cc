@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "run/size.h"
@@ -16,7 +17,8 @@
 namespace vramscope::cli {
 namespace {
 
-constexpr int kShown = 5;  // ranges, sites, leaks listed per device
+constexpr int kShown = 5;           // ranges, sites, leaks listed per device
+constexpr int kLibrariesShown = 8;  // calling libraries listed per device before "others"
 
 std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", 100.0 * fraction); }
 
@@ -124,6 +126,32 @@ std::string FormatRunReport(const v1::Report& report) {
         const v1::SiteStats& s = d.top_sites(i);
         absl::StrAppendFormat(&out, "      %-10s %6d allocs  %s\n",
                               FormatBytes(s.peak_live_bytes()), s.alloc_count(), SiteLabel(s));
+      }
+    }
+    if (!d.peak_requested_bytes_by_library().empty()) {
+      // Each library's own peak (not at one instant), largest first; past kLibrariesShown the
+      // rest as a count and their largest peak (peaks do not add up).
+      std::vector<std::pair<std::string, std::uint64_t>> libraries(
+          d.peak_requested_bytes_by_library().begin(), d.peak_requested_bytes_by_library().end());
+      std::sort(libraries.begin(), libraries.end(), [](const auto& a, const auto& b) {
+        return a.second != b.second ? a.second > b.second : a.first < b.first;
+      });
+      out += "    peak requested by calling library (each its own peak):\n";
+      const int shown = static_cast<int>(libraries.size()) <= kLibrariesShown + 1
+                            ? static_cast<int>(libraries.size())
+                            : kLibrariesShown;
+      for (int i = 0; i < shown; ++i) {
+        absl::StrAppendFormat(&out, "      %-10s %s\n", FormatBytes(libraries[i].second),
+                              libraries[i].first);
+      }
+      if (shown < static_cast<int>(libraries.size())) {
+        absl::StrAppendFormat(&out, "      (%d other libraries, each at most %s)\n",
+                              static_cast<int>(libraries.size()) - shown,
+                              FormatBytes(libraries[shown].second));
+      }
+      if (d.unattributed_peak_requested_bytes() > 0) {
+        absl::StrAppendFormat(&out, "      %-10s without a recorded site\n",
+                              FormatBytes(d.unattributed_peak_requested_bytes()));
       }
     }
     if (!d.leaks().empty()) {
