@@ -1,6 +1,7 @@
 // ProcessStatsEngine: see stats_engine.h for what is computed and the accounting rules.
 #include "stats/stats_engine.h"
 
+#include <absl/container/node_hash_map.h>
 #include <absl/strings/ascii.h>
 #include <absl/strings/str_cat.h>
 
@@ -77,6 +78,15 @@ bool KindCountsReserved(v1::AllocationKind kind) {
   return KindCountsBytes(kind) && kind != v1::ALLOCATION_KIND_POOLED;
 }
 
+struct ProcessStatsEngine::Site {
+  std::uint64_t id = 0;
+  std::uint64_t alloc_count = 0, total_bytes = 0, live_bytes = 0, peak_live_bytes = 0;
+  // Live requested bytes of the kinds that count (KindCountsBytes), held by `library`, the
+  // site's calling library when the site was last attributed (0 = unresolved).
+  std::uint64_t counted_live = 0;
+  std::uint32_t library = 0;
+};
+
 struct ProcessStatsEngine::Device {
   std::uint32_t id = 0;
   std::size_t slot = 0;
@@ -101,14 +111,8 @@ struct ProcessStatsEngine::Device {
   v1::CuptiStats cupti;
   std::array<std::uint64_t, kCuptiMemoryKinds> cupti_kind_current{};
   std::array<std::uint64_t, kCuptiMemoryKinds> cupti_kind_peak{};
-  struct Site {
-    std::uint64_t alloc_count = 0, total_bytes = 0, live_bytes = 0, peak_live_bytes = 0;
-    // Live requested bytes of the kinds that count (KindCountsBytes), held by `library`, the
-    // site's calling library when the site was last attributed (0 = unresolved).
-    std::uint64_t counted_live = 0;
-    std::uint32_t library = 0;
-  };
-  absl::flat_hash_map<std::uint64_t, Site> sites;
+  // By id; node_hash_map: Live::site points into it.
+  absl::node_hash_map<std::uint64_t, Site> sites;
   // By calling library index, always sized to ProcessStatsEngine::library_names_: live and peak
   // requested bytes.
   struct LibraryBytes {
@@ -280,7 +284,7 @@ void ProcessStatsEngine::OnSiteDefinition(const v1::SiteDefinition& site) {
   for (const auto& device : devices_) {
     auto entry = device->sites.find(site.site());
     if (entry == device->sites.end() || entry->second.library == library) continue;
-    Device::Site& moved = entry->second;
+    Site& moved = entry->second;
     Device::LibraryBytes& from = device->libraries[moved.library];
     from.live = SubtractSaturating(from.live, moved.counted_live);
     moved.library = library;
@@ -364,7 +368,7 @@ void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
     it = live_.try_emplace(alloc.address()).first;
   }
   it->second =
-      Live{alloc.requested_bytes(), alloc.allocated_bytes(), alloc.site(), t, event.device(), kind};
+      Live{alloc.requested_bytes(), alloc.allocated_bytes(), nullptr, t, event.device(), kind};
   Device& d = DeviceFor(event.device());  // OnFree may have moved the cached device
   const int k = KindIndex(kind);
   d.kind_current[k] += alloc.allocated_bytes();
@@ -380,27 +384,7 @@ void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
       Sample(d, t);
     }
   }
-  if (alloc.site() != 0) {
-    auto [entry, inserted] = d.sites.try_emplace(alloc.site());
-    Device::Site& site = entry->second;
-    if (inserted) {
-      // First use of the site on this device: its library, or unresolved until defined.
-      auto library = site_library_.find(alloc.site());
-      if (library != site_library_.end()) site.library = library->second;
-    }
-    ++site.alloc_count;
-    site.total_bytes += alloc.requested_bytes();
-    site.live_bytes += alloc.requested_bytes();
-    site.peak_live_bytes = std::max(site.peak_live_bytes, site.live_bytes);
-    if (KindCountsBytes(kind)) {
-      d.any_site = true;
-      site.counted_live += alloc.requested_bytes();
-      AddLibraryBytes(d, site.library, alloc.requested_bytes());
-    }
-  } else if (KindCountsBytes(kind)) {
-    d.no_site_live += alloc.requested_bytes();
-    d.no_site_peak = std::max(d.no_site_peak, d.no_site_live);
-  }
+  it->second.site = SiteAlloc(d, alloc.site(), alloc.requested_bytes(), KindCountsBytes(kind));
   if (!open_ranges_.empty()) {
     // Innermost range: the one the shim named, else the top of the thread's stack.
     std::uint32_t range = alloc.nvtx_range();
@@ -416,6 +400,50 @@ void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
         }
       }
     }
+  }
+}
+
+ProcessStatsEngine::Site* ProcessStatsEngine::SiteAlloc(Device& d, std::uint64_t site_id,
+                                                        std::uint64_t bytes, bool counts) {
+  if (site_id == 0) {
+    if (counts) {
+      d.no_site_live += bytes;
+      d.no_site_peak = std::max(d.no_site_peak, d.no_site_live);
+    }
+    return nullptr;
+  }
+  auto [entry, inserted] = d.sites.try_emplace(site_id);
+  Site& site = entry->second;
+  if (inserted) {
+    // First use of the site on this device: its library, or unresolved until defined.
+    site.id = site_id;
+    auto library = site_library_.find(site_id);
+    if (library != site_library_.end()) site.library = library->second;
+  }
+  ++site.alloc_count;
+  site.total_bytes += bytes;
+  site.live_bytes += bytes;
+  site.peak_live_bytes = std::max(site.peak_live_bytes, site.live_bytes);
+  if (counts) {
+    d.any_site = true;
+    site.counted_live += bytes;
+    AddLibraryBytes(d, site.library, bytes);
+  }
+  return &site;
+}
+
+void ProcessStatsEngine::SiteFree(Device& d, Site* entry, std::uint64_t bytes, bool counts) {
+  if (entry == nullptr) {
+    if (counts) d.no_site_live = SubtractSaturating(d.no_site_live, bytes);
+    return;
+  }
+  Site& site = *entry;
+  site.live_bytes = SubtractSaturating(site.live_bytes, bytes);
+  if (counts) {
+    // The library the site's bytes are held by now (moved there if defined meanwhile).
+    site.counted_live = SubtractSaturating(site.counted_live, bytes);
+    Device::LibraryBytes& held = d.libraries[site.library];
+    held.live = SubtractSaturating(held.live, bytes);
   }
 }
 
@@ -435,21 +463,7 @@ void ProcessStatsEngine::OnFree(const v1::Event& event) {
   const int k = KindIndex(live.kind);
   d.kind_current[k] = SubtractSaturating(d.kind_current[k], live.allocated);
   const bool counts = KindCountsBytes(live.kind);
-  if (live.site != 0) {
-    auto site = d.sites.find(live.site);
-    if (site != d.sites.end()) {
-      site->second.live_bytes = SubtractSaturating(site->second.live_bytes, live.requested);
-      if (counts) {
-        // The library the site's bytes are held by now (moved there if defined meanwhile).
-        Device::Site& entry = site->second;
-        entry.counted_live = SubtractSaturating(entry.counted_live, live.requested);
-        Device::LibraryBytes& held = d.libraries[entry.library];
-        held.live = SubtractSaturating(held.live, live.requested);
-      }
-    }
-  } else if (counts) {
-    d.no_site_live = SubtractSaturating(d.no_site_live, live.requested);
-  }
+  SiteFree(d, live.site, live.requested, counts);
   if (!counts) return;
   d.cur_requested = SubtractSaturating(d.cur_requested, live.requested);
   d.cur_allocated = SubtractSaturating(d.cur_allocated, live.allocated);
@@ -733,7 +747,7 @@ v1::Report ProcessStatsEngine::Report() const {
     }
 
     // Top sites by peak live bytes.
-    std::vector<std::pair<std::uint64_t, const Device::Site*>> sites;
+    std::vector<std::pair<std::uint64_t, const Site*>> sites;
     sites.reserve(d->sites.size());
     for (const auto& [site, stats] : d->sites) sites.emplace_back(site, &stats);
     std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) {
@@ -809,7 +823,7 @@ v1::Report ProcessStatsEngine::Report() const {
         leak->set_address(address);
         leak->set_requested_bytes(live->requested);
         leak->set_kind(live->kind);
-        leak->set_site(live->site);
+        leak->set_site(live->site != nullptr ? live->site->id : 0);
         leak->set_time_ns(live->time_ns);
         break;
       }

@@ -100,10 +100,11 @@ class ProcessStatsEngine {
 
  private:
   struct Device;
+  struct Site;  // one allocation site's figures on one device
   struct Live {
     std::uint64_t requested;
     std::uint64_t allocated;
-    std::uint64_t site;
+    Site* site;  // nullptr: none recorded; stable (Device::sites is a node_hash_map)
     std::uint64_t time_ns;
     std::uint32_t device;
     v1::AllocationKind kind;
@@ -130,6 +131,11 @@ class ProcessStatsEngine {
 
   Device& DeviceFor(std::uint32_t device);
   void OnSiteDefinition(const v1::SiteDefinition& site);
+  // An allocation of `bytes` requested from site `site` (0 = none) made on `device`, or freed;
+  // `counts`: its kind counts device bytes (KindCountsBytes). Per site and per library.
+  // SiteAlloc returns the site's entry for Live::site (nullptr for site 0).
+  Site* SiteAlloc(Device& device, std::uint64_t site, std::uint64_t bytes, bool counts);
+  void SiteFree(Device& device, Site* site, std::uint64_t bytes, bool counts);
   // Adds `bytes` to library `library`'s live requested bytes on `device`, raising its peak.
   void AddLibraryBytes(Device& device, std::uint32_t library, std::uint64_t bytes);
   void OnAlloc(const v1::Event& event, Device& device);
