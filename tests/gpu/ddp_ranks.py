@@ -23,17 +23,23 @@ The figures, per rank r on its device:
      peak plus L
   P  the shim's peak requested bytes in TRACED (PyTorch's cache off: every PyTorch allocation
      reaches the driver at its requested size, and the libraries' memory as before)
+  C  the libc10_cuda entry of TRACED's peak_requested_bytes_by_library (`vramscope run --stacks`):
+     the peak of what PyTorch's allocator itself asked cudaMalloc for (tests/gpu/by_library.py)
 
 `observe` prints per rank, tab-separated: rank, verdict, D, X, L, text.
 `compare` prints per rank, tab-separated: rank, exact verdict, R + L, P, text, then the literal
-verdict, M, text. Exact: P against R + L, "ok" within 1%. Literal: P against M, "ok" within 1%;
-a larger gap is reported ("differs"), not failed, when the exact comparison is within 1%: M
-leaves out L and counts PyTorch's rounded, unsplit blocks (M - R) instead of requested sizes.
-Verdicts start with "ok", "differs" or "FAIL"; no field is empty.
+verdict, M, text, then the library verdict, C, text; and per rank a line "rank N by library: ..."
+with every library's peak. Exact: P against R + L, "ok" within 1%. Literal: P against M, "ok"
+within 1%; a larger gap is reported ("differs"), not failed, when the exact comparison is within
+1%: M leaves out L and counts PyTorch's rounded, unsplit blocks (M - R) instead of requested
+sizes. Library: C against M, "ok" within 1%, else "FAIL" (the libraries' memory is in other
+entries, so C is what M counts). Verdicts start with "ok", "differs" or "FAIL"; no field is empty.
 """
 import json
 import re
 import sys
+
+import by_library  # tests/gpu/by_library.py, beside this file
 
 
 def rank_lines(path):
@@ -140,7 +146,7 @@ def observe(obs_path, obs_report):
 
 
 def compare(own_path, obs_path, obs_report, traced_path, traced_report):
-    """{rank: ((verdict, R + L, P, text), (verdict, M, text))}."""
+    """{rank: ((verdict, R + L, P, text), (verdict, M, text), (verdict, C, text), libraries)}."""
     own, traced = rank_lines(own_path), rank_lines(traced_path)
     libs = observe(obs_path, obs_report)
     reports, why = load_reports(traced_report)
@@ -149,7 +155,7 @@ def compare(own_path, obs_path, obs_report, traced_path, traced_report):
         req = num(own.get(r, {}), "peak_requested_bytes")
         maxm = num(own.get(r, {}), "max_memory_allocated")
         lib_verdict, _, _, lib, lib_text = libs[r]
-        peak, where = 0, why
+        peak, where, sec = 0, why, None
         if reports is not None:
             _, sec, how = rank_section(reports, traced.get(r, {}), r, "peak_requested_bytes")
             peak = num(sec, "peak_requested_bytes") if sec is not None else 0
@@ -181,7 +187,13 @@ def compare(own_path, obs_path, obs_report, traced_path, traced_report):
                            f"({mb(lib)}; max_alloc-requested {mb(maxm - req)})")
             else:
                 literal = ("FAIL", maxm, f"{100 * e:.2f}% apart")
-        out[r] = (exact, literal)
+        if sec is None:
+            library = ("FAIL", 0, f"missing report section ({where})")
+        else:
+            v, c, text = by_library.check(sec, maxm)
+            library = (v, c, f"{text}; {where}")
+        out[r] = (exact, literal, library,
+                  by_library.describe(sec) if sec is not None else "no report section")
     return out
 
 
@@ -191,8 +203,11 @@ def main(argv):
             print("\t".join(str(f) for f in (r, v, d, x, lib, text)))
         return 0
     if len(argv) == 7 and argv[1] == "compare":
-        for r, (exact, literal) in sorted(compare(*argv[2:]).items()):
-            print("\t".join(str(f) for f in (r, *exact, *literal)))
+        figures = sorted(compare(*argv[2:]).items())
+        for r, (exact, literal, library, _) in figures:
+            print("\t".join(str(f) for f in (r, *exact, *literal, *library)))
+        for r, (*_, libs) in figures:
+            print(f"rank {r} by library: {libs}")
         return 0
     print("usage:\n" + __doc__.split("\n\n")[1], file=sys.stderr)
     return 2

@@ -11,7 +11,8 @@
 # in passthrough mode (what libraries take from the driver beside PyTorch's allocator), then with
 # its caching off under `vramscope run` (pool and passthrough), each rank's peak requested bytes
 # in the report against the rank's requested peak plus that library memory (1%), and against its
-# max_memory_allocated (tests/gpu/ddp_ranks.py). A table comes last, within
+# max_memory_allocated, as is the report's libc10_cuda entry of peak requested bytes by calling
+# library (--stacks; tests/gpu/ddp_ranks.py, by_library.py). A table comes last, within
 # VRAMSCOPE_X2_BUDGET_S seconds (default 500). Logs go to $OUT (or /tmp/vramscope-gpu2). Exit
 # status: 0 when every check passed.
 set -uo pipefail
@@ -212,14 +213,17 @@ done
 #   requested_bytes.all.peak) plus its library memory from b2, within 1%;
 # - "ddp rank N peak (MODE)": P against max_memory_allocated of b, "ok" within 1%; a larger gap is
 #   reported ("differs"), not failed, when the row above is within 1%: PyTorch's figure leaves
-#   out the libraries' memory and counts its rounded, unsplit blocks instead of requested sizes.
+#   out the libraries' memory and counts its rounded, unsplit blocks instead of requested sizes;
+# - "rank N libc10_cuda (MODE)": the report's peak requested bytes of the calling library
+#   libc10_cuda (PyTorch's allocator; the runs record allocation sites with --stacks) against
+#   max_memory_allocated of b, 1%; every library's peak is printed ("rank N by library").
 for mode in pool passthrough; do
   step=c
   [ $mode = passthrough ] && step=d
   echo "== $step. DDP step, cache off, under vramscope run ($mode)"
   rm -f "$logs/ddp.$mode.report.json"
   PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 VRAMSCOPE_MODE=$mode run "ddp.$mode" 240 \
-    env LD_LIBRARY_PATH="$bundle_libs" "$bin/vramscope" run --json "$logs/ddp.$mode.report.json" -- \
+    env LD_LIBRARY_PATH="$bundle_libs" "$bin/vramscope" run --stacks --json "$logs/ddp.$mode.report.json" -- \
     "${own_libs[@]}" "${torchrun[@]}" tests/gpu/torch_ddp_step.py 4
   st=$?
   "$python" tests/gpu/ddp_ranks.py compare "$logs/ddp.caching.out" "$logs/ddp.observe.out" \
@@ -227,7 +231,7 @@ for mode in pool passthrough; do
     >"$logs/ddp.$mode.compare.txt" 2>&1
   cat "$logs/ddp.$mode.compare.txt"
   for r in 0 1; do
-    IFS=$'\t' read -r _ ve want peak te vl maxm tl < <(tab_fields "$logs/ddp.$mode.compare.txt" $r)
+    IFS=$'\t' read -r _ ve want peak te vl maxm tl vc c10 tc < <(tab_fields "$logs/ddp.$mode.compare.txt" $r)
     ms=$(rank_field "ddp.$mode" $r ms_per_step | cut -c1-6)
     verdict="${vl:-FAIL} ${tl:-no comparison}"
     [ $st -eq 0 ] || verdict="FAIL status $st; ${tl:-}"
@@ -235,6 +239,9 @@ for mode in pool passthrough; do
     verdict="${ve:-FAIL} ${te:-no comparison}"
     [ $st -eq 0 ] || verdict="FAIL status $st; ${te:-}"
     row "rank $r peak vs PyTorch+libraries" "${want:-?} B" "$mode: ${peak:-?} B" "${verdict:0:110}"
+    verdict="${vc:-FAIL} ${tc:-no comparison}"
+    [ $st -eq 0 ] || verdict="FAIL status $st; ${tc:-}"
+    row "rank $r libc10_cuda ($mode)" "max_alloc ${maxm:-?} B" "libc10_cuda ${c10:-?} B" "${verdict:0:110}"
   done
 done
 
