@@ -89,6 +89,7 @@ Config ReadConfig() {
   if (ReadU64("VRAMSCOPE_FENCE_SPIN_US", &value)) {
     config.fence_spin_us = std::min<std::uint64_t>(value, 10000);
   }
+  if (ReadU64("VRAMSCOPE_RUNTIME_HOOKS", &value)) config.runtime_hooks = value != 0;
   if (ReadU64("VRAMSCOPE_STACKS", &value)) config.stacks = value != 0;
   if (ReadU64("VRAMSCOPE_CUPTI", &value)) config.cupti = value != 0;
   return config;

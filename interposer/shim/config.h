@@ -44,6 +44,9 @@ struct Config {
   bool quick_reuse = true;
   // VRAMSCOPE_CAP_PENDING=0: the vmm pool's soft cap ignores pending bytes (as before).
   bool cap_counts_pending = true;
+  // VRAMSCOPE_RUNTIME_HOOKS=0: the exported cudaMalloc/cudaFree forward every call to the
+  // shared CUDA runtime (hooks_runtime.cc) instead of serving cached blocks themselves.
+  bool runtime_hooks = true;
   // VRAMSCOPE_STACKS=1: allocation sites (call stacks) in the ALLOC records (stacks.h).
   bool stacks = false;
   // VRAMSCOPE_CUPTI=1: CUPTI memory activity records into the ring (cupti.h); `vramscope run`

@@ -635,38 +635,52 @@ ShimStatus FreePooled(std::uintptr_t address, bool strict) {
   return ShimStatus::kNotOurs;
 }
 
-ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
-                          CUresult* driver_error) {
-  Slot* slot = SlotForCurrentContext(ctx);
-  if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
-  t_upstream_error = CUDA_SUCCESS;
-  // Reuse rather than grow: when plenty of freed memory waits for its fence (ReuseSyncDue) and
-  // synchronisations have been cheap lately (the program keeps the GPU's queue short, e.g. it
-  // copies results back every iteration), synchronise now: a few microseconds, amortised over
-  // many blocks, instead of growing. A program that runs far ahead of the GPU (expensive
-  // synchronisations) grows instead of stalling. Lock-free checks only: this is the hot path.
-  pool::BlockSizes sizes;
+namespace {
+
+enum class ReuseSync { kNone, kInline };
+
+// Reuse rather than grow: when plenty of freed memory waits for its fence (ReuseSyncDue) and
+// synchronisations have been cheap lately (the program keeps the GPU's queue short, e.g. it
+// copies results back every iteration), synchronise now: a few microseconds, amortised over
+// many blocks, instead of growing. A program that runs far ahead of the GPU (expensive
+// synchronisations) grows instead of stalling. Lock-free checks only: this is the hot path.
+// Asks the helper thread for a synchronisation where that is due; kInline: the caller should
+// take a cached block or else synchronise itself before growing.
+ReuseSync ReuseSyncPolicy(Slot* slot, std::size_t bytes) {
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
   const std::uint64_t threshold = ReuseSyncThreshold(bytes);
   // Only when a quarter of the threshold was freed since the last synchronisation: right after
   // one, the pending bytes are mostly complete already and only wait for the bounded poll to
   // reach them, and asking again would synchronise for nothing.
-  if (pending >= threshold / 2 &&
-      slot->fences.bytes_since_sync.load(std::memory_order_relaxed) >= threshold / 4 &&
-      Cfg().mode == Mode::kPool && !AnyCaptureLive()) {
-    // VRAMSCOPE_FENCE_EAGER=1: the helper is asked even when synchronisations are slow (it
-    // waits, the program does not); only the inline synchronisation needs them cheap.
-    const bool cheap = slot->fences.SyncIsCheap();
-    if (pending < threshold || !cheap) {
-      if ((cheap || Cfg().fence_eager) && !slot->sync_requested.load(std::memory_order_relaxed)) {
-        (void)RequestBackgroundSync(slot);
-      }
-    } else if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk) {
+  if (pending < threshold / 2 ||
+      slot->fences.bytes_since_sync.load(std::memory_order_relaxed) < threshold / 4 ||
+      Cfg().mode != Mode::kPool || AnyCaptureLive()) {
+    return ReuseSync::kNone;
+  }
+  // VRAMSCOPE_FENCE_EAGER=1: the helper is asked even when synchronisations are slow (it
+  // waits, the program does not); only the inline synchronisation needs them cheap.
+  const bool cheap = slot->fences.SyncIsCheap();
+  if (pending >= threshold && cheap) return ReuseSync::kInline;
+  if ((cheap || Cfg().fence_eager) && !slot->sync_requested.load(std::memory_order_relaxed)) {
+    (void)RequestBackgroundSync(slot);
+  }
+  return ReuseSync::kNone;
+}
+
+}  // namespace
+
+ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
+                          CUresult* driver_error) {
+  Slot* slot = SlotForCurrentContext(ctx);
+  if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
+  t_upstream_error = CUDA_SUCCESS;
+  pool::BlockSizes sizes;
+  if (ReuseSyncPolicy(slot, bytes) == ReuseSync::kInline) {
+    if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk) {
       RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);
       return ShimStatus::kOk;
-    } else {
-      (void)slot->fences.Sync();  // the background synchronisation has not kept up
     }
+    (void)slot->fences.Sync();  // the background synchronisation has not kept up
   }
   switch (slot->pool->AllocateSized(bytes, address, &sizes)) {
     case pool::PoolStatus::kOk:
@@ -685,6 +699,20 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   }
   *driver_error = t_upstream_error != CUDA_SUCCESS ? t_upstream_error : CUDA_ERROR_UNKNOWN;
   return ShimStatus::kDriverError;
+}
+
+ShimStatus AllocateCachedPooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address) {
+  Slot* slot = SlotForCurrentContext(ctx);
+  if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
+  pool::BlockSizes sizes;
+  // The same reuse policy as AllocatePooled; where it would synchronise inline, a miss here
+  // leaves that to it.
+  (void)ReuseSyncPolicy(slot, bytes);
+  if (slot->pool->AllocateCached(bytes, address, &sizes) != pool::PoolStatus::kOk) {
+    return ShimStatus::kUnavailable;
+  }
+  RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);
+  return ShimStatus::kOk;
 }
 
 CUresult LastUpstreamError() { return t_upstream_error; }

@@ -178,6 +178,10 @@ ShimStatus FreePooled(std::uintptr_t address, bool strict);
 // cuMemAlloc_v2 through the pool of the current context. kNotOurs: not pooled, pass through.
 ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
                           CUresult* driver_error);
+// The runtime-level cudaMalloc's fast path: a block the pool of the current context already
+// holds (fences polled), or kUnavailable where AllocatePooled would synchronise or grow (the
+// caller then goes through the runtime and AllocatePooled, so nothing is attempted twice).
+ShimStatus AllocateCachedPooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address);
 
 // Idle bytes (reserved - allocated) of every live pool on `device`.
 std::uint64_t IdleBytesOnDevice(int device);

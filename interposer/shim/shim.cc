@@ -85,6 +85,7 @@ void ForkChild() {
   // The child records into its own ring, opened by its first hook.
   RingForkChild(ModeName(g_config.mode));
   StacksForkChild();
+  RuntimeHooksForkChild();
   CuptiForkChild();
 }
 

@@ -51,9 +51,12 @@ TEST(ShimSymbolsTest, ExportsOnlyHooks) {
   std::string line;
   std::set<std::string> exported;
   // InitializeInjectionNvtx2: NVTX's injection entry point (NVTX_INJECTION64_PATH, nvtx.h);
-  // InitializeInjection: CUDA's (CUDA_INJECTION64_PATH, cupti.h).
+  // InitializeInjection: CUDA's (CUDA_INJECTION64_PATH, cupti.h). Those are unversioned (no
+  // "@": they bind references of any version); the shared runtime's cudaMalloc and cudaFree
+  // carry libcudart.so.13 (hooks_runtime.cc), whose version node is itself a symbol.
   const std::regex hook(
-      R"(cu[A-Z]\w*|dlsym|vramscope_\w+|InitializeInjectionNvtx2|InitializeInjection)");
+      R"(cu[A-Z]\w*|dlsym|vramscope_\w+|InitializeInjectionNvtx2|InitializeInjection|)"
+      R"((cudaMalloc|cudaFree)@@libcudart\.so\.13|libcudart\.so\.13)");
   while (std::getline(lines, line)) {
     std::istringstream fields(line);
     std::string address, type, name;
@@ -63,6 +66,8 @@ TEST(ShimSymbolsTest, ExportsOnlyHooks) {
         << "unexpected export " << name << " (" << type << ")";
   }
   for (const char* name : {"dlsym",
+                           "cudaMalloc@@libcudart.so.13",
+                           "cudaFree@@libcudart.so.13",
                            "cuGetProcAddress",
                            "cuGetProcAddress_v2",
                            "cuMemAlloc_v2",
