@@ -8,7 +8,7 @@ build=${1:-build}
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
 targets=(interposer/shim/libvramscope.so viewer-cli/vramscope examples/alloc_churn
          examples/alloc_churn_shared_rt tests/gpu/thrust_loop tests/gpu/stream_stress
-         tests/gpu/alloc_bench tests/gpu/multi_gpu_stress examples/nvtx_phases
+         tests/gpu/alloc_bench tests/gpu/alloc_bench_shared tests/gpu/multi_gpu_stress examples/nvtx_phases
          tests/bench/pool_bench tests/gpu/graph_array)
 ninja -C "$build" "${targets[@]}"
 rm -rf .device-bundle
