@@ -26,9 +26,9 @@
 //     allocation (by address).
 //
 // Costs: Add is O(1) for allocation events (a flat_hash_map insert or erase, no allocation
-// otherwise; a site's library index is cached on the site, so no string work per event); a
-// SiteDefinition costs O(frames + devices); an NVTX pop costs O(open ranges). Report() is O(live
-// allocations + sites + ranges).
+// otherwise; a site's library index is cached on the site, which a live allocation points at, so
+// no string work, and a free does no site lookup); a SiteDefinition costs O(frames + devices);
+// an NVTX pop costs O(open ranges). Report() is O(live allocations + sites + ranges).
 //
 // Thread safety: none; one thread per instance (StatsEngine below is not thread-safe either).
 // Error convention: events are trusted to be well-formed protos but not consistent: frees of
@@ -180,7 +180,7 @@ class ProcessStatsEngine {
   absl::flat_hash_map<std::uint64_t, CuptiLive> cupti_live_;  // CUPTI allocations by address
   absl::flat_hash_map<std::uint64_t, std::vector<std::string>> site_frames_;
   // Calling libraries: names by index (0 = kUnresolvedLibrary), the index of each name, and
-  // each defined site's library (Device::Site caches it for the hot path).
+  // each defined site's library (Site caches it for the hot path).
   std::vector<std::string> library_names_;
   absl::flat_hash_map<std::string, std::uint32_t> library_index_;
   absl::flat_hash_map<std::uint64_t, std::uint32_t> site_library_;
