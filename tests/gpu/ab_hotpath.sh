@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# A/B runs for two settings whose effect is smaller than this VM's run-to-run noise, alternating
+# so that both sides see the same moments of the machine:
+#   1. the fence helper watching for requests (VRAMSCOPE_FENCE_SPIN_US=50) or sleeping (=0), on
+#      alloc_bench's 1 MiB and 4 KiB pairs (static runtime: driver-level hooks) and on the shared
+#      runtime's 1 MiB pairs (the runtime-level exports);
+#   2. the thrust sort+reduce loop at several sizes, without the shim, under it, and with the
+#      in-program caching allocator (the speed limit).
+#   bash tests/gpu/ab_hotpath.sh [BUNDLE] [REPS]
+# Prints one line per run and a table of best/median per setting last. Logs in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+bundle=${1:-.device-bundle}
+reps=${2:-5}
+bin=$(cd "$bundle/bin" && pwd)
+bundle_libs="$(cd "$bundle/lib" && pwd)"
+shim="$bin/libvramscope.so"
+logs=${OUT:-/tmp/vramscope-ab}
+mkdir -p "$logs"
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+for prog in thrust_loop alloc_bench; do
+  [ -x "$bin/$prog" ] || "$nvcc" -O2 -std=c++17 -gencode 'arch=compute_90,code=[sm_90,compute_90]' -o "$bin/$prog" "tests/gpu/$prog.cu"
+done
+field() { grep -ho "$2=[0-9.]*" "$1" | cut -d= -f2; }
+results="$logs/ab.tsv"
+: >"$results"
+for rep in $(seq "$reps"); do
+  for spin in 0 50; do
+    for size in 1048576 4096; do
+      out="$logs/alloc.spin$spin.$size.$rep.out"
+      env LD_PRELOAD="$shim" VRAMSCOPE_FENCE_SPIN_US=$spin "$bin/alloc_bench" 200000 $size 3 >"$out" 2>&1
+      printf 'driver_pair %s spin%s %s\n' "$size" "$spin" "$(field "$out" driver_pair_ns)" | tee -a "$results"
+      printf 'static_cudart_pair %s spin%s %s\n' "$size" "$spin" "$(field "$out" malloc_free_ns)" | tee -a "$results"
+    done
+    out="$logs/alloc_shared.spin$spin.$rep.out"
+    env LD_LIBRARY_PATH="$bundle_libs" LD_PRELOAD="$shim" VRAMSCOPE_FENCE_SPIN_US=$spin "$bin/alloc_bench_shared" 200000 1048576 3 >"$out" 2>&1
+    printf 'shared_cudart_pair 1048576 spin%s %s\n' "$spin" "$(field "$out" malloc_free_ns)" | tee -a "$results"
+  done
+done
+for keys in ${THRUST_SIZES:-262144 1048576 2097152 4194304}; do
+  for rep in 1 2 3; do
+    for how in base shim cached; do
+      err="$logs/thrust.$keys.$how.$rep.err"
+      case $how in
+        base) "$bin/thrust_loop" 500 "$keys" >/dev/null 2>"$err" ;;
+        shim) env LD_PRELOAD="$shim" "$bin/thrust_loop" 500 "$keys" >/dev/null 2>"$err" ;;
+        cached) "$bin/thrust_loop" --cached 500 "$keys" >/dev/null 2>"$err" ;;
+      esac
+      printf 'thrust %s %s %s\n' "$keys" "$how" "$(grep -ho '[0-9.]* ms/iteration' "$err" | cut -d' ' -f1)" | tee -a "$results"
+    done
+  done
+done
+echo "== best / median per setting"
+sort -k1,3 "$results" | awk '{k=$1" "$2" "$3; v[k]=v[k]" "$4} END{for (k in v) print k, v[k]}' | sort |
+  while read -r a b c vals; do
+    printf '%-20s %-8s %-7s %s\n' "$a" "$b" "$c" "$(echo $vals | tr ' ' '\n' | sort -g | awk '{x[NR]=$1} END{printf "best %s median %s (n=%d)", x[1], x[int((NR+1)/2)], NR}')"
+  done
