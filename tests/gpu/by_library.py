@@ -59,8 +59,8 @@ def check(section, max_allocated):
     return ("ok" if e <= 0.01 else "FAIL"), peak, f"{key} {100 * e:.2f}% apart"
 
 
-def device_section(path, device):
-    """(DeviceReport section of DEVICE with the largest peak requested, None) or (None, why)."""
+def load_reports(path):
+    """(list of Report objects of a `vramscope run --json` file, None) or (None, why)."""
     try:
         with open(path) as f:
             doc = json.load(f)
@@ -68,8 +68,16 @@ def device_section(path, device):
         return None, f"no report {path.rsplit('/', 1)[-1]} ({e.__class__.__name__})"
     if not isinstance(doc, dict):
         return None, "report is not a JSON object"
+    return doc.get("reports", [doc]), None
+
+
+def device_section(path, device):
+    """(DeviceReport section of DEVICE with the largest peak requested, None) or (None, why)."""
+    reports, why = load_reports(path)
+    if reports is None:
+        return None, why
     best = None
-    for report in doc.get("reports", [doc]):
+    for report in reports:
         for d in report.get("devices", []):
             if num(d.get("device", {}).get("ordinal", 0)) != device:
                 continue

@@ -61,18 +61,6 @@ def rank_lines(path):
     return out
 
 
-def load_reports(path):
-    """(list of Report objects, None) or (None, why)."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        return None, f"no report {path.rsplit('/', 1)[-1]} ({e.__class__.__name__})"
-    if not isinstance(doc, dict):
-        return None, "report is not a JSON object"
-    return doc.get("reports", [doc]), None
-
-
 def num(obj, key):
     try:
         return int(obj.get(key, 0))
@@ -117,7 +105,7 @@ def mb(b):
 def observe(obs_path, obs_report):
     """{rank: (verdict, D, X, L, text)} from the passthrough run of PyTorch's own allocator."""
     obs = rank_lines(obs_path)
-    reports, why = load_reports(obs_report)
+    reports, why = by_library.load_reports(obs_report)
     out = {}
     for r in (0, 1):
         line = obs.get(r, {})
@@ -154,7 +142,7 @@ def compare(own_path, obs_path, obs_report, traced_path, traced_report):
     runs = [rank_lines(p) for p in own_path.split(",") if p]
     traced = rank_lines(traced_path)
     libs = observe(obs_path, obs_report)
-    reports, why = load_reports(traced_report)
+    reports, why = by_library.load_reports(traced_report)
     out = {}
     for r in (0, 1):
         samples = [run[r] for run in runs if num(run.get(r, {}), "peak_requested_bytes") > 0]
