@@ -33,7 +33,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstring>
 
 #include <cuda_runtime_api.h>
 
@@ -51,9 +50,6 @@ VRAMSCOPE_EXPORT cudaError_t cudaFree(void* devPtr);
 
 namespace vramscope::interposer {
 namespace {
-
-using MallocFn = cudaError_t (*)(void**, size_t);
-using FreeFn = cudaError_t (*)(void*);
 
 // The real runtime answered a forwarded call with success: it is initialised in this process.
 std::atomic<bool> g_runtime_seen{false};
@@ -92,20 +88,12 @@ cudaError_t NoRuntime(Which which) {
   return cudaErrorInitializationError;
 }
 
-__attribute__((noinline)) cudaError_t ForwardMalloc(void** devPtr, size_t size) {
-  void* target = ForwardTarget(kMalloc);
-  if (target == nullptr) return NoRuntime(kMalloc);
-  const cudaError_t result = reinterpret_cast<MallocFn>(target)(devPtr, size);
-  if (result == cudaSuccess && !g_runtime_seen.load(std::memory_order_relaxed)) {
-    g_runtime_seen.store(true, std::memory_order_relaxed);
-  }
-  return result;
-}
-
-__attribute__((noinline)) cudaError_t ForwardFree(void* devPtr) {
-  void* target = ForwardTarget(kFree);
-  if (target == nullptr) return NoRuntime(kFree);
-  const cudaError_t result = reinterpret_cast<FreeFn>(target)(devPtr);
+// Calls libcudart.so.13's own `which`; its first success marks the runtime initialised.
+template <Which which, typename Fn, typename... Args>
+__attribute__((noinline)) cudaError_t Forward(Args... args) {
+  void* target = ForwardTarget(which);
+  if (target == nullptr) return NoRuntime(which);
+  const cudaError_t result = reinterpret_cast<Fn>(target)(args...);
   if (result == cudaSuccess && !g_runtime_seen.load(std::memory_order_relaxed)) {
     g_runtime_seen.store(true, std::memory_order_relaxed);
   }
@@ -132,7 +120,7 @@ VRAMSCOPE_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
       }
     }
   }
-  return ForwardMalloc(devPtr, size);
+  return Forward<kMalloc, cudaError_t (*)(void**, size_t)>(devPtr, size);
 }
 
 VRAMSCOPE_EXPORT cudaError_t cudaFree(void* devPtr) {
@@ -142,5 +130,5 @@ VRAMSCOPE_EXPORT cudaError_t cudaFree(void* devPtr) {
       return cudaSuccess;
     }
   }
-  return ForwardFree(devPtr);
+  return Forward<kFree, cudaError_t (*)(void*)>(devPtr);
 }
