@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# A/B runs for two settings whose effect is smaller than this VM's run-to-run noise, alternating
-# so that both sides see the same moments of the machine:
-#   1. the fence helper watching for requests (VRAMSCOPE_FENCE_SPIN_US=50) or sleeping (=0), on
-#      alloc_bench's 1 MiB and 4 KiB pairs (static runtime: driver-level hooks) and on the shared
-#      runtime's 1 MiB pairs (the runtime-level exports);
-#   2. the thrust sort+reduce loop at several sizes, without the shim, under it, and with the
-#      in-program caching allocator (the speed limit).
+# A/B runs for effects smaller than this VM's run-to-run noise, alternating so that every variant
+# sees the same moments of the machine:
+#   1. alloc_bench's 1 MiB and 4 KiB pairs (static runtime: driver-level hooks) and the shared
+#      runtime's 1 MiB pairs (the runtime-level exports) under each variant of AB_VARIANTS:
+#      space-separated NAME:VAR=VALUE[,VAR=VALUE...] (default: the fence helper sleeping or
+#      watching, "spin0:VRAMSCOPE_FENCE_SPIN_US=0 spin50:VRAMSCOPE_FENCE_SPIN_US=50"; two shim
+#      builds: "old:LD_PRELOAD=/path/old.so new:LD_PRELOAD=/path/new.so");
+#   2. the thrust sort+reduce loop at THRUST_SIZES keys (empty: skipped), without the shim, under
+#      it, and with the in-program caching allocator (the speed limit).
 #   bash tests/gpu/ab_hotpath.sh [BUNDLE] [REPS]
 # Prints one line per run and a table of best/median per setting last. Logs in $OUT.
 set -uo pipefail
@@ -24,20 +26,23 @@ done
 field() { grep -ho "$2=[0-9.]*" "$1" | cut -d= -f2; }
 results="$logs/ab.tsv"
 : >"$results"
+variants=${AB_VARIANTS:-spin0:VRAMSCOPE_FENCE_SPIN_US=0 spin50:VRAMSCOPE_FENCE_SPIN_US=50}
 for rep in $(seq "$reps"); do
-  for spin in 0 50; do
+  for variant in $variants; do
+    name=${variant%%:*}
+    IFS=, read -r -a settings <<<"${variant#*:}"
     for size in 1048576 4096; do
-      out="$logs/alloc.spin$spin.$size.$rep.out"
-      env LD_PRELOAD="$shim" VRAMSCOPE_FENCE_SPIN_US=$spin "$bin/alloc_bench" 200000 $size 3 >"$out" 2>&1
-      printf 'driver_pair %s spin%s %s\n' "$size" "$spin" "$(field "$out" driver_pair_ns)" | tee -a "$results"
-      printf 'static_cudart_pair %s spin%s %s\n' "$size" "$spin" "$(field "$out" malloc_free_ns)" | tee -a "$results"
+      out="$logs/alloc.$name.$size.$rep.out"
+      env LD_PRELOAD="$shim" "${settings[@]}" "$bin/alloc_bench" 200000 $size 3 >"$out" 2>&1
+      printf 'driver_pair %s %s %s\n' "$size" "$name" "$(field "$out" driver_pair_ns)" | tee -a "$results"
+      printf 'static_cudart_pair %s %s %s\n' "$size" "$name" "$(field "$out" malloc_free_ns)" | tee -a "$results"
     done
-    out="$logs/alloc_shared.spin$spin.$rep.out"
-    env LD_LIBRARY_PATH="$bundle_libs" LD_PRELOAD="$shim" VRAMSCOPE_FENCE_SPIN_US=$spin "$bin/alloc_bench_shared" 200000 1048576 3 >"$out" 2>&1
-    printf 'shared_cudart_pair 1048576 spin%s %s\n' "$spin" "$(field "$out" malloc_free_ns)" | tee -a "$results"
+    out="$logs/alloc_shared.$name.$rep.out"
+    env LD_LIBRARY_PATH="$bundle_libs" LD_PRELOAD="$shim" "${settings[@]}" "$bin/alloc_bench_shared" 200000 1048576 3 >"$out" 2>&1
+    printf 'shared_cudart_pair 1048576 %s %s\n' "$name" "$(field "$out" malloc_free_ns)" | tee -a "$results"
   done
 done
-for keys in ${THRUST_SIZES:-262144 1048576 2097152 4194304}; do
+for keys in ${THRUST_SIZES-262144 1048576 2097152 4194304}; do
   for rep in 1 2 3; do
     for how in base shim cached; do
       err="$logs/thrust.$keys.$how.$rep.err"
@@ -53,5 +58,5 @@ done
 echo "== best / median per setting"
 sort -k1,3 "$results" | awk '{k=$1" "$2" "$3; v[k]=v[k]" "$4} END{for (k in v) print k, v[k]}' | sort |
   while read -r a b c vals; do
-    printf '%-20s %-8s %-7s %s\n' "$a" "$b" "$c" "$(echo $vals | tr ' ' '\n' | sort -g | awk '{x[NR]=$1} END{printf "best %s median %s (n=%d)", x[1], x[int((NR+1)/2)], NR}')"
+    printf '%-20s %-8s %-8s %s\n' "$a" "$b" "$c" "$(echo $vals | tr ' ' '\n' | sort -g | awk '{x[NR]=$1} END{printf "best %s median %s (n=%d)", x[1], x[int((NR+1)/2)], NR}')"
   done
