@@ -651,9 +651,19 @@ ReuseSync ReuseSyncPolicy(Slot* slot, std::size_t bytes) {
   const std::uint64_t threshold = ReuseSyncThreshold(bytes);
   // Only when a quarter of the threshold was freed since the last synchronisation: right after
   // one, the pending bytes are mostly complete already and only wait for the bounded poll to
-  // reach them, and asking again would synchronise for nothing.
+  // reach them, and asking again would synchronise for nothing. And only after as many frees as
+  // a quarter holds blocks of this size: a small request between large frees (thrust's reduce
+  // after its sort) would otherwise find a quarter of its small threshold freed every time and
+  // synchronise once per iteration, where the large blocks' own threshold asks every few dozen.
+  // (frees x bytes < quarter: as many frees as a quarter holds blocks, with no division here.)
+  const std::uint64_t quarter = threshold / 4;
+  std::uint64_t freed_as_blocks = 0;
+  const bool few_frees =
+      !__builtin_mul_overflow(slot->fences.frees_since_sync.load(std::memory_order_relaxed),
+                              static_cast<std::uint64_t>(bytes), &freed_as_blocks) &&
+      freed_as_blocks < quarter;
   if (pending < threshold / 2 ||
-      slot->fences.bytes_since_sync.load(std::memory_order_relaxed) < threshold / 4 ||
+      slot->fences.bytes_since_sync.load(std::memory_order_relaxed) < quarter || few_frees ||
       Cfg().mode != Mode::kPool || AnyCaptureLive()) {
     return ReuseSync::kNone;
   }

@@ -7,7 +7,8 @@
 #      watching, "spin0:VRAMSCOPE_FENCE_SPIN_US=0 spin50:VRAMSCOPE_FENCE_SPIN_US=50"; two shim
 #      builds: "old:LD_PRELOAD=/path/old.so new:LD_PRELOAD=/path/new.so");
 #   2. the thrust sort+reduce loop at THRUST_SIZES keys (empty: skipped), without the shim, under
-#      it, and with the in-program caching allocator (the speed limit).
+#      it with each variant (and the shim's count of fence synchronisations), and with the
+#      in-program caching allocator (the speed limit).
 #   bash tests/gpu/ab_hotpath.sh [BUNDLE] [REPS]
 # Prints one line per run and a table of best/median per setting last. Logs in $OUT.
 set -uo pipefail
@@ -44,14 +45,19 @@ for rep in $(seq "$reps"); do
 done
 for keys in ${THRUST_SIZES-262144 1048576 2097152 4194304}; do
   for rep in 1 2 3; do
-    for how in base shim cached; do
-      err="$logs/thrust.$keys.$how.$rep.err"
+    for how in base cached $variants; do
+      name=${how%%:*}
+      err="$logs/thrust.$keys.$name.$rep.err"
       case $how in
         base) "$bin/thrust_loop" 500 "$keys" >/dev/null 2>"$err" ;;
-        shim) env LD_PRELOAD="$shim" "$bin/thrust_loop" 500 "$keys" >/dev/null 2>"$err" ;;
         cached) "$bin/thrust_loop" --cached 500 "$keys" >/dev/null 2>"$err" ;;
+        *)
+          IFS=, read -r -a settings <<<"${how#*:}"
+          env LD_PRELOAD="$shim" VRAMSCOPE_SUMMARY=1 "${settings[@]}" "$bin/thrust_loop" 500 "$keys" >/dev/null 2>"$err"
+          printf 'thrust_fence_syncs %s %s %s\n' "$keys" "$name" "$(field "$err" fence_syncs | head -1)" | tee -a "$results"
+          ;;
       esac
-      printf 'thrust %s %s %s\n' "$keys" "$how" "$(grep -ho '[0-9.]* ms/iteration' "$err" | cut -d' ' -f1)" | tee -a "$results"
+      printf 'thrust %s %s %s\n' "$keys" "$name" "$(grep -ho '[0-9.]* ms/iteration' "$err" | cut -d' ' -f1)" | tee -a "$results"
     done
   done
 done
