@@ -5,10 +5,11 @@
 #include "driver.h"
 
 namespace vramscope::interposer {
+
+constinit std::atomic<int> capture_internal::g_live_captures{0};
+
 namespace {
-
-constinit std::atomic<int> g_live_captures{0};
-
+using capture_internal::g_live_captures;
 }  // namespace
 
 void NoteCaptureBegin(CUresult result) {
@@ -24,8 +25,6 @@ void NoteCaptureEnd(CUresult result) {
          !g_live_captures.compare_exchange_weak(live, live - 1, std::memory_order_acq_rel)) {
   }
 }
-
-bool AnyCaptureLive() { return g_live_captures.load(std::memory_order_acquire) > 0; }
 
 void ResetCapturesAfterFork() { g_live_captures.store(0, std::memory_order_relaxed); }
 

@@ -9,6 +9,8 @@
 // Thread safety: the capture count is a process-wide atomic; a scope belongs to its thread.
 #pragma once
 
+#include <atomic>
+
 #include <cuda.h>
 
 namespace vramscope::interposer {
@@ -16,7 +18,12 @@ namespace vramscope::interposer {
 // Called by the cuStreamBeginCapture*/cuStreamEndCapture* hooks with the driver's result.
 void NoteCaptureBegin(CUresult result);
 void NoteCaptureEnd(CUresult result);
-bool AnyCaptureLive();
+namespace capture_internal {
+extern constinit std::atomic<int> g_live_captures;
+}  // namespace capture_internal
+inline bool AnyCaptureLive() {
+  return capture_internal::g_live_captures.load(std::memory_order_acquire) > 0;
+}
 void ResetCapturesAfterFork();
 
 class DriverCallScope {

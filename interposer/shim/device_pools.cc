@@ -201,9 +201,9 @@ std::uint64_t ReuseSyncThreshold(std::uint64_t bytes) {
 // helper thread for a synchronisation; if the helper lags so far behind that kInlineBatches
 // batches are pending, the freeing thread synchronises itself (what the driver's free always
 // does), which bounds the memory held for pending frees.
-void MaybeSync(Slot* slot, std::uint64_t frees) {
+__attribute__((noinline)) void MaybeSyncDue(Slot* slot, std::uint64_t frees,
+                                            std::uint64_t pending) {
   const Config& config = Cfg();
-  const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
   const std::uint64_t batch_bytes = slot->fences.batch_bytes;
   constexpr std::uint64_t kInlineBatches = 4;
   if (frees >= kInlineBatches * config.fence_batch_frees ||
@@ -213,6 +213,13 @@ void MaybeSync(Slot* slot, std::uint64_t frees) {
   } else if (frees >= config.fence_batch_frees || pending >= batch_bytes) {
     if (!RequestBackgroundSync(slot)) (void)slot->fences.Sync();
   }
+}
+
+// The free path's check: below one batch (the common case) nothing is due.
+__attribute__((always_inline)) inline void MaybeSync(Slot* slot, std::uint64_t frees) {
+  const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
+  if (frees < Cfg().fence_batch_frees && pending < slot->fences.batch_bytes) return;
+  MaybeSyncDue(slot, frees, pending);
 }
 
 }  // namespace
@@ -500,11 +507,17 @@ void EpochFences::Wait(std::uint64_t fence) {
 
 // --- Slot table ------------------------------------------------------------------------------
 
-Slot* SlotForCurrentContext(CUcontext ctx) {
+namespace {
+
+// The calling thread's last slot, if it is `ctx`'s and still valid: the allocation hot path.
+__attribute__((always_inline)) inline Slot* CachedSlotFor(CUcontext ctx) {
   const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
-  if (t_cache.ctx == ctx && t_cache.generation == generation && t_cache.slot != nullptr) {
-    return t_cache.slot;
-  }
+  if (t_cache.ctx == ctx && t_cache.generation == generation) return t_cache.slot;
+  return nullptr;
+}
+
+__attribute__((noinline)) Slot* SlotForCurrentContextSlow(CUcontext ctx) {
+  const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
   Slot* slot = ScanFor(ctx);
   if (slot == nullptr) {
     pthread_mutex_lock(&g_slots_mu);
@@ -523,6 +536,13 @@ Slot* SlotForCurrentContext(CUcontext ctx) {
   }
   if (slot != nullptr) t_cache = {ctx, slot, generation};
   return slot;
+}
+
+}  // namespace
+
+Slot* SlotForCurrentContext(CUcontext ctx) {
+  Slot* slot = CachedSlotFor(ctx);
+  return slot != nullptr ? slot : SlotForCurrentContextSlow(ctx);
 }
 
 Slot* ExistingSlot(CUcontext ctx) {
@@ -584,7 +604,9 @@ void MaybeRecordPoolState(Slot* slot, bool after_free) {
 
 // Frees `address` in the slot's pool, with a FREE record of the sizes the pool reports; on
 // success `*frees` is the slot's count of frees since its last synchronisation.
-pool::PoolStatus FreeInSlot(Slot* slot, std::uintptr_t address, std::uint64_t* frees) {
+__attribute__((always_inline)) inline pool::PoolStatus FreeInSlot(Slot* slot,
+                                                                  std::uintptr_t address,
+                                                                  std::uint64_t* frees) {
   pool::BlockSizes sizes;
   const pool::PoolStatus status = slot->pool->FreeSized(address, slot->fences.Current(), &sizes);
   if (status == pool::PoolStatus::kOk) {
@@ -594,10 +616,9 @@ pool::PoolStatus FreeInSlot(Slot* slot, std::uintptr_t address, std::uint64_t* f
   return status;
 }
 
-}  // namespace
-
 // After a successful pooled free: the mode's fence rule.
-ShimStatus AfterFree(Slot* slot, bool strict, std::uint64_t frees) {
+__attribute__((always_inline)) inline ShimStatus AfterFree(Slot* slot, bool strict,
+                                                           std::uint64_t frees) {
   if (strict) {
     // The driver's free waits for the device; strict mode keeps that wait.
     (void)slot->fences.Sync();
@@ -607,6 +628,8 @@ ShimStatus AfterFree(Slot* slot, bool strict, std::uint64_t frees) {
   MaybeRecordPoolState(slot, /*after_free=*/true);
   return ShimStatus::kOk;
 }
+
+}  // namespace
 
 ShimStatus FreePooled(std::uintptr_t address, bool strict) {
   // Route by address, not by the current device: the calling thread may have another device
@@ -681,7 +704,8 @@ ReuseSync ReuseSyncPolicy(Slot* slot, std::size_t bytes) {
 
 ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
                           CUresult* driver_error) {
-  Slot* slot = SlotForCurrentContext(ctx);
+  Slot* slot = CachedSlotFor(ctx);
+  if (slot == nullptr) slot = SlotForCurrentContextSlow(ctx);
   if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
   t_upstream_error = CUDA_SUCCESS;
   pool::BlockSizes sizes;
@@ -712,7 +736,8 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
 }
 
 ShimStatus AllocateCachedPooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address) {
-  Slot* slot = SlotForCurrentContext(ctx);
+  Slot* slot = CachedSlotFor(ctx);
+  if (slot == nullptr) slot = SlotForCurrentContextSlow(ctx);
   if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
   pool::BlockSizes sizes;
   // The same reuse policy as AllocatePooled; where it would synchronise inline, a miss here

@@ -27,7 +27,12 @@ extern "C" __attribute__((visibility("hidden"))) void* vramscope_resolve_real_dl
 }
 
 namespace vramscope::interposer {
+
+constinit RealDriver driver_internal::g_real{};
+
 namespace {
+
+using driver_internal::g_real;
 
 struct IdentityEntry {
   void* real;
@@ -40,7 +45,6 @@ static_assert(0 VRAMSCOPE_HOOKED_ENTRY_POINTS(VRAMSCOPE_COUNT_ONE) <= kMaxIdenti
               "every hooked entry point needs a slot in the identity table");
 #undef VRAMSCOPE_COUNT_ONE
 
-constinit RealDriver g_real{};
 constinit IdentityEntry g_identity[kMaxIdentity] = {};
 constinit int g_identity_count = 0;
 constinit std::atomic<bool> g_loaded{false};
@@ -79,8 +83,6 @@ bool FirstSighting(const char* name) {
 DlsymFn RealDlsym() { return reinterpret_cast<DlsymFn>(vramscope_resolve_real_dlsym()); }
 
 bool DriverLoaded() { return g_loaded.load(std::memory_order_acquire); }
-
-const RealDriver& Real() { return g_real; }
 
 bool LoadDriver(bool may_load) {
   if (DriverLoaded()) return true;

@@ -30,8 +30,11 @@ DlsymFn RealDlsym();
 // Opens libcuda.so.1 (only if already loaded when `may_load` is false) and fills the table.
 bool LoadDriver(bool may_load);
 bool DriverLoaded();
+namespace driver_internal {
+extern constinit RealDriver g_real;
+}  // namespace driver_internal
 // The table; every pointer may be null when the driver lacks that entry point.
-const RealDriver& Real();
+inline const RealDriver& Real() { return driver_internal::g_real; }
 
 // The shim's wrapper for a real driver entry point, or nullptr if it is not one we hook.
 void* WrapperFor(void* real_function);

@@ -163,8 +163,8 @@ RingAllocOrigin RingCallerOrigin(RingWriter* ring) {
   return origin;
 }
 
-void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested,
-                     std::uint64_t allocated) {
+void RingPooledAllocRecord(Slot* slot, std::uintptr_t address, std::uint64_t requested,
+                           std::uint64_t allocated) {
   RingWriter* ring = Ring();
   if (ring == nullptr) return;
   const RingAllocOrigin origin = RingCallerOrigin(ring);
@@ -172,8 +172,8 @@ void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested
                           VRAMSCOPE_RING_ALLOC_POOLED, 0, origin.nvtx_range, origin.site);
 }
 
-void RingPooledFree(Slot* slot, std::uintptr_t address, std::uint64_t requested,
-                    std::uint64_t allocated) {
+void RingPooledFreeRecord(Slot* slot, std::uintptr_t address, std::uint64_t requested,
+                          std::uint64_t allocated) {
   RingWriter* ring = Ring();
   if (ring == nullptr) return;
   (void)ring->RecordFree(static_cast<std::uint32_t>(slot->device), address, requested, allocated,

@@ -23,17 +23,27 @@
 #include "stacks.h"
 
 namespace vramscope::interposer {
-namespace {
-
-enum class State : int { kUninitialised = 0, kReady = 1 };
+namespace shim_internal {
 
 constinit std::atomic<int> g_state{static_cast<int>(State::kUninitialised)};
 constinit std::atomic<bool> g_disabled{false};
 constinit std::atomic<bool> g_exiting{false};
-constinit pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
-constinit bool g_handlers_registered = false;
 constinit Config g_config{};
 __attribute__((tls_model("initial-exec"))) constinit thread_local bool t_in_init = false;
+
+}  // namespace shim_internal
+
+namespace {
+
+using shim_internal::g_config;
+using shim_internal::g_disabled;
+using shim_internal::g_exiting;
+using shim_internal::g_state;
+using shim_internal::State;
+using shim_internal::t_in_init;
+
+constinit pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+constinit bool g_handlers_registered = false;
 
 void OnExit() {
   // Stop first: from here on the shim makes no driver call of its own (the runtime and the
@@ -154,12 +164,7 @@ int AppendF(char* buffer, int used, int size, const char* format, ...) {
 
 }  // namespace
 
-bool EnsureDriver() {
-  if (g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady)) {
-    MaybeOpenPendingRing();
-    MaybeStartCupti();
-    return true;
-  }
+bool shim_internal::EnsureDriverSlow() {
   const bool ready = Initialise(true);
   if (ready && !t_in_init) MaybeStartCupti();
   return ready;
@@ -169,16 +174,6 @@ bool EnsureDriverFromDlsym() {
   if (g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady)) return true;
   return Initialise(false);
 }
-
-bool Active() {
-  return g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady) &&
-         !g_disabled.load(std::memory_order_relaxed) &&
-         !g_exiting.load(std::memory_order_relaxed) && !t_in_init;
-}
-
-const Config& Cfg() { return g_config; }
-
-bool Exiting() { return g_exiting.load(std::memory_order_acquire); }
 
 void PrintSummary() {
   const char* policy = RefreshPoolFigures();
