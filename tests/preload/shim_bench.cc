@@ -39,6 +39,21 @@ void BM_AllocFree(benchmark::State& state) {
 BENCHMARK(BM_AllocFree)->Arg(4096)->Arg(1 << 20)->Arg(64 << 20);
 BENCHMARK(BM_AllocFree)->Arg(1 << 20)->Threads(4);
 
+// The fake driver's cuCtxGetCurrent, which every pooled allocation calls once (not hooked): take
+// it from BM_AllocFree to get the shim's own cost (on the H200 the real one costs 7-8 ns).
+void BM_FakeCtxGetCurrent(benchmark::State& state) {
+  if (!InitOnce()) {
+    state.SkipWithError("no driver");
+    return;
+  }
+  for (auto _ : state) {
+    CUcontext ctx = nullptr;
+    benchmark::DoNotOptimize(cuCtxGetCurrent(&ctx));
+    benchmark::DoNotOptimize(ctx);
+  }
+}
+BENCHMARK(BM_FakeCtxGetCurrent);
+
 // A graph launch through the shim: without any mem-alloc node in the process (Arg 0, runs
 // first: the hook adds one relaxed load) and after one was made (Arg 1: the graph pool of the
 // device is re-read after each launch). Without LD_PRELOAD: the fake driver alone.
