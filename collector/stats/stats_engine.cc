@@ -611,6 +611,7 @@ void FillFragmentation(bool has_state, const v1::PoolStateEvent& state, std::uin
     out->set_largest_free_block_bytes(state.largest_free_block_bytes());
     out->set_unreleasable_free_bytes(state.unreleasable_free_bytes());
     out->set_largest_allocatable_bytes(state.largest_free_block_bytes());
+    out->set_pending_fence_bytes(std::min(state.pending_bytes(), state.free_bytes()));
     // Freed blocks still waiting for their fence are not fragmentation (they become one free
     // run again once it completes): the ratio is over the free bytes usable now.
     const std::uint64_t usable = SubtractSaturating(state.free_bytes(), state.pending_bytes());

@@ -165,6 +165,22 @@ TEST(ReportTextJsonTest, JsonRoundTripsAndTextIsTheRunSummary) {
             std::string::npos);
 }
 
+// Memory waiting for the free fence is named on the fragmentation line when there is some: it
+// is what makes reserved exceed allocated while the program runs ahead of the GPU.
+TEST(ReportTextJsonTest, TextNamesMemoryWaitingForTheFence) {
+  v1::Report report = SampleReport();
+  EXPECT_EQ(FormatRunReport(report).find("waiting for the fence"), std::string::npos);
+  report.mutable_devices(0)->mutable_fragmentation_at_peak()->set_pending_fence_bytes(2048);
+  const std::string text = FormatRunReport(report);
+  EXPECT_NE(text.find("fragmentation at peak: external 33.3%, free 2.93 KiB (2.00 KiB waiting for "
+                      "the fence), largest free 1.95 KiB"),
+            std::string::npos)
+      << text;
+  // The JSON carries the field under its proto name.
+  EXPECT_NE(FormatReportsJson({report}).find("\"pending_fence_bytes\": \"2048\""),
+            std::string::npos);
+}
+
 TEST(ReportTextJsonTest, TextListsCallingLibrariesLargestFirst) {
   v1::Report report = SampleReport();
   const std::string text = FormatRunReport(report);

@@ -272,9 +272,15 @@ TEST(StatsEngineTest, BlocksWaitingForTheirFenceAreNotFragmentation) {
   s.PoolState(/*free=*/1000, /*largest=*/0, 0, 0, /*pending=*/1000);
   EXPECT_DOUBLE_EQ(Compute(s).devices(0).fragmentation().external_fragmentation(), 0.0);
   EXPECT_EQ(Compute(s).devices(0).fragmentation().free_bytes(), 1000u);
+  EXPECT_EQ(Compute(s).devices(0).fragmentation().pending_fence_bytes(), 1000u);
   // 600 usable in two runs of 300 (400 pending): half of the usable memory is out of reach.
   s.PoolState(/*free=*/1000, /*largest=*/300, 0, 0, /*pending=*/400);
   EXPECT_DOUBLE_EQ(Compute(s).devices(0).fragmentation().external_fragmentation(), 0.5);
+  EXPECT_EQ(Compute(s).devices(0).fragmentation().pending_fence_bytes(), 400u);
+  // A state whose pending bytes exceed its free bytes (read at different moments) reports no
+  // more pending than free.
+  s.PoolState(/*free=*/300, /*largest=*/0, 0, 0, /*pending=*/400);
+  EXPECT_EQ(Compute(s).devices(0).fragmentation().pending_fence_bytes(), 300u);
 }
 
 TEST(StatsEngineTest, OomVerdicts) {

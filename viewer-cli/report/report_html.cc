@@ -418,6 +418,8 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     std::uint64_t (v1::FragmentationStats::*get)() const;
   } frag[] = {
       {"free", "free_bytes", &v1::FragmentationStats::free_bytes},
+      {"of it waiting for the fence", "pending_fence_bytes",
+       &v1::FragmentationStats::pending_fence_bytes},
       {"largest free block", "largest_free_block_bytes",
        &v1::FragmentationStats::largest_free_block_bytes},
       {"unreleasable free", "unreleasable_free_bytes",

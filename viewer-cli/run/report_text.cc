@@ -59,11 +59,17 @@ std::string FormatRunReport(const v1::Report& report) {
         report.finished() ? "at exit" : "now", FormatBytes(d.current_requested_bytes()),
         FormatBytes(d.current_allocated_bytes()), FormatBytes(d.current_reserved_bytes()));
     const v1::FragmentationStats& f = d.fragmentation_at_peak();
+    // Freed memory waiting for its fence explains reserved far above allocated (the program ran
+    // ahead of the GPU); it is shown only when there is some.
+    const std::string pending =
+        f.pending_fence_bytes() > 0
+            ? absl::StrCat(" (", FormatBytes(f.pending_fence_bytes()), " waiting for the fence)")
+            : "";
     absl::StrAppendFormat(
         &out,
-        "    fragmentation at peak: external %s, free %s, largest free %s, unreleasable %s, "
+        "    fragmentation at peak: external %s, free %s%s, largest free %s, unreleasable %s, "
         "rounding waste %s\n",
-        Percent(f.external_fragmentation()), FormatBytes(f.free_bytes()),
+        Percent(f.external_fragmentation()), FormatBytes(f.free_bytes()), pending,
         FormatBytes(f.largest_free_block_bytes()), FormatBytes(f.unreleasable_free_bytes()),
         FormatBytes(f.rounding_waste_bytes()));
     // Peak bytes by how they were obtained, when anything but the pool served the program
