@@ -538,19 +538,18 @@ __attribute__((noinline)) Slot* SlotForCurrentContextSlow(CUcontext ctx) {
   return slot;
 }
 
-}  // namespace
-
-Slot* SlotForCurrentContext(CUcontext ctx) {
+__attribute__((always_inline)) inline Slot* SlotFor(CUcontext ctx) {
   Slot* slot = CachedSlotFor(ctx);
   return slot != nullptr ? slot : SlotForCurrentContextSlow(ctx);
 }
 
+}  // namespace
+
+Slot* SlotForCurrentContext(CUcontext ctx) { return SlotFor(ctx); }
+
 Slot* ExistingSlot(CUcontext ctx) {
-  const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
-  if (t_cache.ctx == ctx && t_cache.generation == generation && t_cache.slot != nullptr) {
-    return t_cache.slot;
-  }
-  return ScanFor(ctx);
+  Slot* slot = CachedSlotFor(ctx);
+  return slot != nullptr ? slot : ScanFor(ctx);
 }
 
 int LiveSlots(Slot** out, int capacity) {
@@ -704,8 +703,7 @@ ReuseSync ReuseSyncPolicy(Slot* slot, std::size_t bytes) {
 
 ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
                           CUresult* driver_error) {
-  Slot* slot = CachedSlotFor(ctx);
-  if (slot == nullptr) slot = SlotForCurrentContextSlow(ctx);
+  Slot* slot = SlotFor(ctx);
   if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
   t_upstream_error = CUDA_SUCCESS;
   pool::BlockSizes sizes;
@@ -736,8 +734,7 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
 }
 
 ShimStatus AllocateCachedPooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address) {
-  Slot* slot = CachedSlotFor(ctx);
-  if (slot == nullptr) slot = SlotForCurrentContextSlow(ctx);
+  Slot* slot = SlotFor(ctx);
   if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
   pool::BlockSizes sizes;
   // The same reuse policy as AllocatePooled; where it would synchronise inline, a miss here

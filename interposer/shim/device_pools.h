@@ -180,7 +180,8 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
                           CUresult* driver_error);
 // The runtime-level cudaMalloc's fast path: a block the pool of the current context already
 // holds (fences polled), or kUnavailable where AllocatePooled would synchronise or grow (the
-// caller then goes through the runtime and AllocatePooled, so nothing is attempted twice).
+// caller then goes through the runtime and AllocatePooled, which repeats only the lookup of a
+// cached block before it does so; nothing is recorded twice).
 ShimStatus AllocateCachedPooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address);
 
 // Idle bytes (reserved - allocated) of every live pool on `device`.

@@ -37,9 +37,6 @@ bool AnyPools() {
   return LiveSlots(&slot, 1) > 0;
 }
 
-// Frees may be routed even after exit began (they then touch only the pool's books).
-bool CanRouteFrees() { return Active() || Exiting(); }
-
 }  // namespace
 
 bool FlushCachesForRetry() {

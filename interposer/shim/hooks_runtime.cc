@@ -1,6 +1,6 @@
 // cudaMalloc / cudaFree of a shared CUDA runtime (libcudart.so.N), served by the pool without
-// going through the runtime: the runtime's own work on the pair (about 73 ns on the H200) is
-// most of what a pooled cudaMalloc + cudaFree costs beyond the driver-level hooks.
+// going through the runtime: the runtime's own work on the pair (about 80 ns on the H200, with
+// VRAMSCOPE_RUNTIME_HOOKS=0) is more than the driver-level hooks and the pool cost (about 70 ns).
 //
 // Only calls that reach these exports are seen: a program or library linked against the shared
 // runtime (PyTorch's libtorch_cuda.so / libc10_cuda.so, `nvcc -cudart shared`). A static runtime
@@ -124,7 +124,7 @@ VRAMSCOPE_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
 }
 
 VRAMSCOPE_EXPORT cudaError_t cudaFree(void* devPtr) {
-  if (devPtr != nullptr && (Active() || Exiting()) && Pooling()) {
+  if (devPtr != nullptr && CanRouteFrees() && Pooling()) {
     if (FreePooled(reinterpret_cast<std::uintptr_t>(devPtr), Cfg().mode == Mode::kStrict) ==
         ShimStatus::kOk) {
       return cudaSuccess;

@@ -163,19 +163,15 @@ RingAllocOrigin RingCallerOrigin(RingWriter* ring) {
   return origin;
 }
 
-void RingPooledAllocRecord(Slot* slot, std::uintptr_t address, std::uint64_t requested,
-                           std::uint64_t allocated) {
-  RingWriter* ring = Ring();
-  if (ring == nullptr) return;
+void RingPooledAllocRecord(RingWriter* ring, Slot* slot, std::uintptr_t address,
+                           std::uint64_t requested, std::uint64_t allocated) {
   const RingAllocOrigin origin = RingCallerOrigin(ring);
   (void)ring->RecordAlloc(static_cast<std::uint32_t>(slot->device), address, requested, allocated,
                           VRAMSCOPE_RING_ALLOC_POOLED, 0, origin.nvtx_range, origin.site);
 }
 
-void RingPooledFreeRecord(Slot* slot, std::uintptr_t address, std::uint64_t requested,
-                          std::uint64_t allocated) {
-  RingWriter* ring = Ring();
-  if (ring == nullptr) return;
+void RingPooledFreeRecord(RingWriter* ring, Slot* slot, std::uintptr_t address,
+                          std::uint64_t requested, std::uint64_t allocated) {
   (void)ring->RecordFree(static_cast<std::uint32_t>(slot->device), address, requested, allocated,
                          VRAMSCOPE_RING_ALLOC_POOLED);
 }

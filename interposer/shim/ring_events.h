@@ -71,18 +71,18 @@ struct RingAllocOrigin {
 RingAllocOrigin RingCallerOrigin(RingWriter* ring);
 
 // Pooled memory. `slot` holds the block; sizes come from the pool (AllocateSized/FreeSized).
-void RingPooledAllocRecord(Slot* slot, std::uintptr_t address, std::uint64_t requested,
-                           std::uint64_t allocated);
-void RingPooledFreeRecord(Slot* slot, std::uintptr_t address, std::uint64_t requested,
-                          std::uint64_t allocated);
+void RingPooledAllocRecord(RingWriter* ring, Slot* slot, std::uintptr_t address,
+                           std::uint64_t requested, std::uint64_t allocated);
+void RingPooledFreeRecord(RingWriter* ring, Slot* slot, std::uintptr_t address,
+                          std::uint64_t requested, std::uint64_t allocated);
 // The pool's hot path: the check is inline, the record (when a ring is open) is not.
 inline void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested,
                             std::uint64_t allocated) {
-  if (Ring() != nullptr) RingPooledAllocRecord(slot, address, requested, allocated);
+  if (RingWriter* ring = Ring()) RingPooledAllocRecord(ring, slot, address, requested, allocated);
 }
 inline void RingPooledFree(Slot* slot, std::uintptr_t address, std::uint64_t requested,
                            std::uint64_t allocated) {
-  if (Ring() != nullptr) RingPooledFreeRecord(slot, address, requested, allocated);
+  if (RingWriter* ring = Ring()) RingPooledFreeRecord(ring, slot, address, requested, allocated);
 }
 // The pool could not serve `requested`: an OOM record with the pool's verdict, then its state.
 void RingPooledOom(Slot* slot, std::uint64_t requested);

@@ -60,6 +60,9 @@ inline bool Active() {
 }
 inline const Config& Cfg() { return shim_internal::g_config; }
 inline bool Exiting() { return shim_internal::g_exiting.load(std::memory_order_acquire); }
+// The pools may be consulted (frees routed, pointers looked up) also after exit began: frees
+// then touch only the pools' books.
+inline bool CanRouteFrees() { return Active() || Exiting(); }
 
 // Writes the VRAMSCOPE_SUMMARY line to stderr.
 void PrintSummary();
