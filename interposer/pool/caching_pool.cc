@@ -8,15 +8,15 @@
 //
 // Both share the blocks, the best-fit FreeIndex, the pending-fence FIFO and the statistics.
 //
-// Quick reuse (the hot path): a block freed with a fence goes, once the fence completed and
-// unmerged, into a bin of its exact size, and the next request of that size takes it back as it
-// is: no merge, no best fit, no split. (A free with no fence merges at once, as before: what a
-// replay measures.) A program that frees and allocates the same sizes over and over (thrust's
-// temporaries, a training step) lives there. Bins are merged back into the free index before
-// the pool would ask the upstream for more, before it gives memory back, and under pressure, so
-// they never make it hold more than best fit over merged blocks would.
-// Everything runs under one mutex; no operation touches the heap on the cached path (SlotPool and
-// AddrMap reserve ahead with new(std::nothrow)), and nothing throws.
+// Quick reuse (the hot path): a block freed with a fence goes, once the fence completed (at once
+// for kSettledFence) and unmerged, into a bin of its exact size, and the next request of that size
+// takes it back as it is: no merge, no best fit, no split. (A free with no fence merges at once, as
+// before: what a replay measures.) A program that frees and allocates the same sizes over and over
+// (thrust's temporaries, a training step) lives there. Bins are merged back into the free index
+// before the pool would ask the upstream for more, before it gives memory back, and under pressure,
+// so they never make it hold more than best fit over merged blocks would. Everything runs under one
+// mutex; no operation touches the heap on the cached path (SlotPool and AddrMap reserve ahead with
+// new(std::nothrow)), and nothing throws.
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -166,6 +166,12 @@ class CachingPool final : public Pool {
     // Merging may insert into the ordered index; a failed reservation here only means the host
     // heap is gone, and SlotAllocator then stops the process rather than throw.
     (void)ReserveScratch();
+    if (fence == kSettledFence) {
+      // Completed already: kept whole for the next request of its size, as ReleasePending does.
+      block->fence = 0;
+      ReleaseToQuick(block);
+      return PoolStatus::kOk;
+    }
     if (fence != 0 && (!retire_ || fence_refs_.Reserve(1))) {
       block->state = BlockState::kPending;
       block->fence = fence;

@@ -246,6 +246,34 @@ TEST_P(PoolContractTest, BinnedBlocksAreFreeMemoryAndServeTheirSizeFirst) {
   ExpectConsistent(*pool, upstream);
 }
 
+// kSettledFence: the caller knows no queued work can touch the block (the shim's ordered
+// reuse). It is never pending, asks the tracker nothing, and the next request of its size gets
+// it back at once, unmerged; a double free of it stays refused.
+TEST_P(PoolContractTest, SettledFreesAreReusableAtOnce) {
+  VirtualUpstream upstream(UpstreamOptions());
+  FakeFences fences;
+  auto pool = Make(&upstream, &fences);
+  std::uintptr_t a = 0;
+  std::uintptr_t live = 0;
+  ASSERT_EQ(pool->Allocate(1 << 20, &a), PoolStatus::kOk);
+  ASSERT_EQ(pool->Allocate(4096, &live), PoolStatus::kOk);
+  ASSERT_EQ(pool->Free(a, kSettledFence), PoolStatus::kOk);
+  EXPECT_EQ(pool->Free(a, kSettledFence), PoolStatus::kInvalidAddress);
+  EXPECT_EQ(pool->Stats().pending_bytes, 0u);
+  EXPECT_EQ(pool->Stats().current_allocated_bytes, 4096u);
+  ExpectConsistent(*pool, upstream);
+  for (int i = 0; i < 100; ++i) {
+    std::uintptr_t again = 0;
+    ASSERT_EQ(pool->Allocate(1 << 20, &again), PoolStatus::kOk);
+    ASSERT_EQ(again, a);
+    ASSERT_EQ(pool->Free(again, kSettledFence), PoolStatus::kOk);
+  }
+  EXPECT_EQ(fences.is_complete_calls, 0u);
+  EXPECT_TRUE(fences.waited.empty());
+  ASSERT_EQ(pool->Free(live, 0), PoolStatus::kOk);
+  ExpectConsistent(*pool, upstream);
+}
+
 // Binned blocks never make the pool grow: a request no bin and no indexed block serves merges
 // the bins first, and the largest free block counts runs of binned neighbours.
 TEST_P(PoolContractTest, BinsAreMergedBeforeThePoolGrowsOrReleases) {

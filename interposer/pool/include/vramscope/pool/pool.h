@@ -20,6 +20,10 @@
 
 namespace vramscope::pool {
 
+// A free's fence that has already completed, for a caller that knows no queued work can touch
+// the block (the shim's ordered reuse): the block goes straight to the quick bin of its size.
+inline constexpr std::uint64_t kSettledFence = ~std::uint64_t{0};
+
 enum class [[nodiscard]] PoolStatus{
     kOk = 0,
     kOutOfMemory,      // upstream OOM after releasing idle memory and retrying once
@@ -95,7 +99,8 @@ class Pool {
   // Serves `size` bytes (1 .. capacity). On upstream OOM: releases idle cached memory, waits for
   // pending fences if that could help, retries once; then kOutOfMemory with the verdict in Stats().
   virtual PoolStatus Allocate(std::size_t size, std::uintptr_t* address) = 0;
-  // Frees what Allocate returned; the block is reusable once `fence` completes (0 = now).
+  // Frees what Allocate returned; the block is reusable once `fence` completes (0 = now, merged
+  // with its free neighbours; kSettledFence = now, kept whole for the next request of its size).
   virtual PoolStatus Free(std::uintptr_t address, std::uint64_t fence) = 0;
   // Allocate and Free that also report the block's sizes (`sizes` may be null), at no extra
   // cost: Lookup would take the lock again and walk the page's blocks.
