@@ -89,6 +89,15 @@ VRAMSCOPE_FAKE_EXPORT int vramscope_fake_pending_events(void) {
   return n;
 }
 
+// An entry point no <cuda.h> declares, standing for a newer driver's (ordered_test).
+VRAMSCOPE_FAKE_EXPORT CUresult cuVramscopeFakeFutureEntryPoint(void) { return CUDA_SUCCESS; }
+
+VRAMSCOPE_FAKE_EXPORT uint64_t vramscope_fake_unmaps_under_pending_work(void) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.unmaps_under_pending_work;
+}
+
 VRAMSCOPE_FAKE_EXPORT uint64_t vramscope_fake_call_count(const char* exact_name) {
   if (exact_name == nullptr) return 0;
   State& s = GlobalState();

@@ -60,6 +60,10 @@ int vramscope_fake_complete_next_event(void);
 // Number of recorded events not yet completed.
 int vramscope_fake_pending_events(void);
 
+// cuMemUnmap calls made while an event was pending: with manual events an event stands for a
+// kernel still running, and unmapping memory under it is an illegal address on a GPU.
+uint64_t vramscope_fake_unmaps_under_pending_work(void);
+
 // How many times the exported entry point with this exact name was called (e.g.
 // "cuMemAlloc_v2", "cuMemAllocAsync_ptsz", "cuGetProcAddress_v2"). Unknown names return 0.
 uint64_t vramscope_fake_call_count(const char* exact_name);

@@ -115,6 +115,7 @@ const Entry kTable[] = {
     VRAMSCOPE_E("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
     VRAMSCOPE_E("cuIpcOpenMemHandle", 4010, vramscope_fake_cuIpcOpenMemHandle_v4010),
     VRAMSCOPE_E("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    VRAMSCOPE_EP("cuLaunchKernel", 4000, cuLaunchKernel),
     VRAMSCOPE_E("cuMemAddressFree", 10020, cuMemAddressFree),
     VRAMSCOPE_E("cuMemAddressReserve", 10020, cuMemAddressReserve),
     VRAMSCOPE_E("cuMemAlloc", 3020, cuMemAlloc_v2),

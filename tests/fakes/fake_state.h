@@ -206,6 +206,9 @@ struct State {
   std::map<CUdeviceptr, Mapping> mappings;     // base -> mapping
 
   std::map<std::string, uint64_t> call_counts;
+  // cuMemUnmap calls made while an event was pending (with manual events, "a kernel still
+  // running": giving its memory back then would be an illegal address on a GPU).
+  uint64_t unmaps_under_pending_work = 0;
 };
 
 State& GlobalState();

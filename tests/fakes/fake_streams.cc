@@ -135,6 +135,20 @@ CUresult EventRecord(Call& call, CUevent ev, CUstream h, bool per_thread) {
   return CUDA_SUCCESS;
 }
 
+CUresult LaunchKernel(Call& call, CUfunction f, unsigned int blocks, unsigned int threads,
+                      CUstream h, bool per_thread) {
+  if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
+  State& s = call.state();
+  uintptr_t key = 0;
+  if (!StreamKey(s, h, per_thread, &key)) return CUDA_ERROR_INVALID_HANDLE;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (blocks == 0 || threads == 0 || threads > 1024) return CUDA_ERROR_INVALID_VALUE;
+  int device = 0;
+  if (CUresult r = StreamDevice(call, key, &device); r != CUDA_SUCCESS) return r;
+  if (s.captures.count(key) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_SUCCESS;
+}
+
 CUresult EventDestroy(Call& call, CUevent ev) {
   if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
   State& s = call.state();
@@ -403,6 +417,35 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
 VRAMSCOPE_FAKE_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
   Call call("cuEventRecord_ptsz");
   return fake::EventRecord(call, hEvent, hStream, true);
+}
+
+// The fake runs no kernels: a launch checks its stream and arguments and queues nothing. A
+// launch into a capture would need a kernel node, which the fake's graphs do not support.
+VRAMSCOPE_FAKE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX,
+                                              unsigned int gridDimY, unsigned int gridDimZ,
+                                              unsigned int blockDimX, unsigned int blockDimY,
+                                              unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                              CUstream hStream, void** kernelParams, void** extra) {
+  (void)sharedMemBytes;
+  (void)kernelParams;
+  (void)extra;
+  Call call("cuLaunchKernel");
+  return fake::LaunchKernel(call, f, gridDimX * gridDimY * gridDimZ,
+                            blockDimX * blockDimY * blockDimZ, hStream, false);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                                   unsigned int gridDimY, unsigned int gridDimZ,
+                                                   unsigned int blockDimX, unsigned int blockDimY,
+                                                   unsigned int blockDimZ,
+                                                   unsigned int sharedMemBytes, CUstream hStream,
+                                                   void** kernelParams, void** extra) {
+  (void)sharedMemBytes;
+  (void)kernelParams;
+  (void)extra;
+  Call call("cuLaunchKernel_ptsz");
+  return fake::LaunchKernel(call, f, gridDimX * gridDimY * gridDimZ,
+                            blockDimX * blockDimY * blockDimZ, hStream, true);
 }
 
 VRAMSCOPE_FAKE_EXPORT CUresult cuEventQuery(CUevent hEvent) {

@@ -245,6 +245,12 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   if (size == 0) return CUDA_ERROR_INVALID_VALUE;
   auto tiles = fake::Tiling(s, ptr, size);
   if (tiles.empty()) return CUDA_ERROR_INVALID_VALUE;
+  for (CUevent_st* ev : s.events) {
+    if (ev->status == CUevent_st::Status::kPending) {
+      ++s.unmaps_under_pending_work;
+      break;
+    }
+  }
   mmap(reinterpret_cast<void*>(ptr), size, PROT_NONE,
        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   for (auto it : tiles) {

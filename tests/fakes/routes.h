@@ -150,6 +150,10 @@ typedef PFN_vramscope_cuGraphInstantiate_v10000 PFN_vramscope_cuGraphInstantiate
     PFN_cuEventRecord_v2000)                                                                       \
   X(cuEventRecord_ptsz, cuEventRecord_ptsz, "cuEventRecord_ptsz", "cuEventRecord", 7000, 1,        \
     PFN_cuEventRecord_v7000_ptsz)                                                                  \
+  X(cuLaunchKernel, cuLaunchKernel, "cuLaunchKernel", "cuLaunchKernel", 4000, 0,                   \
+    PFN_cuLaunchKernel_v4000)                                                                      \
+  X(cuLaunchKernel_ptsz, cuLaunchKernel_ptsz, "cuLaunchKernel_ptsz", "cuLaunchKernel", 7000, 1,    \
+    PFN_cuLaunchKernel_v7000_ptsz)                                                                 \
   X(cuEventQuery, cuEventQuery, "cuEventQuery", "cuEventQuery", 2000, 0, PFN_cuEventQuery_v2000)   \
   X(cuEventSynchronize, cuEventSynchronize, "cuEventSynchronize", "cuEventSynchronize", 2000, 0,   \
     PFN_cuEventSynchronize_v2000)                                                                  \
