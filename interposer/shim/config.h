@@ -52,6 +52,8 @@ struct Config {
   // VRAMSCOPE_CUPTI=1: CUPTI memory activity records into the ring (cupti.h); `vramscope run`
   // sets it. Off by default under plain LD_PRELOAD.
   bool cupti = false;
+  // VRAMSCOPE_ORDERED=0: no ordered reuse (ordered.h); every pooled free waits for the fence.
+  bool ordered = true;
 };
 
 // Reads the environment; logs one warning for each value it cannot parse.

@@ -89,7 +89,9 @@ struct ShimCounters {
   // Device memory taken by passthrough calls (device, pitch, async, vmm_physical, array, graph
   // kinds): the program's own footprint in passthrough mode.
   Gauge passthrough_device_bytes;
-  Counter ipc_refused;  // cuIpcGetMemHandle on a pooled sub-allocation, refused
+  Counter ipc_refused;        // cuIpcGetMemHandle on a pooled sub-allocation, refused
+  Counter ordered_ended;      // ordered reuse ended (ordered.h): 0 or 1
+  Counter ordered_end_waits;  // stream waits inserted on the end event while it was pending
 };
 
 // The process's counters (zeroed in a fork child).

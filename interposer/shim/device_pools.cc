@@ -12,6 +12,7 @@
 #include "driver.h"
 #include "fence_worker.h"
 #include "log.h"
+#include "ordered.h"
 #include "ring_events.h"
 #include "shim.h"
 
@@ -134,7 +135,8 @@ Slot* CreateSlot(CUcontext ctx, int index) {
     }
   }
   slot->upstream.Configure(ctx, device, use_vmm, granularity, access, access_count);
-  slot->fences.Configure(ctx, device);
+  slot->fences.Configure(ctx, device, OrderedOn());
+  slot->upstream.SetFences(&slot->fences);
   slot->fences.batch_bytes = config.fence_batch_bytes;
   if (slot->fences.batch_bytes == 0) {
     std::size_t total = 0;
@@ -331,6 +333,7 @@ pool::UpstreamStatus DriverUpstream::Free(std::uintptr_t address, std::size_t by
   Released(address, bytes);
   // A dead context took the memory with it; after exit began the driver may be gone.
   if (!Usable()) return pool::UpstreamStatus::kOk;
+  if (fences_ != nullptr) fences_->BeforeReturningMemory();
   DriverCallScope scope(ctx_);
   const CUresult result = Real().cuMemFree_v2(address);
   DevCounters(device_).driver_free_calls.Add(1);
@@ -432,6 +435,7 @@ pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t b
     }
     more = count == 64;
     pthread_mutex_unlock(&mu_);
+    if (count != 0 && fences_ != nullptr && Usable()) fences_->BeforeReturningMemory();
     for (int i = 0; i < count; ++i) {
       Released(ranges[i].first, ranges[i].second);
       if (!Usable()) continue;
@@ -520,6 +524,7 @@ __attribute__((noinline)) Slot* SlotForCurrentContextSlow(CUcontext ctx) {
   const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
   Slot* slot = ScanFor(ctx);
   if (slot == nullptr) {
+    NoteOrderedContext(ctx);  // a second context ends ordered reuse (before taking the lock)
     pthread_mutex_lock(&g_slots_mu);
     slot = ScanFor(ctx);
     const int count = g_slot_count.load(std::memory_order_relaxed);
@@ -602,14 +607,17 @@ void MaybeRecordPoolState(Slot* slot, bool after_free) {
 }
 
 // Frees `address` in the slot's pool, with a FREE record of the sizes the pool reports; on
-// success `*frees` is the slot's count of frees since its last synchronisation.
+// success `*frees` is the slot's count of frees since its last synchronisation (0 under ordered
+// reuse, where the block is reusable at once and waits for no fence).
 __attribute__((always_inline)) inline pool::PoolStatus FreeInSlot(Slot* slot,
                                                                   std::uintptr_t address,
                                                                   std::uint64_t* frees) {
   pool::BlockSizes sizes;
-  const pool::PoolStatus status = slot->pool->FreeSized(address, slot->fences.Current(), &sizes);
+  const bool settled = OrderedOn();
+  const pool::PoolStatus status = slot->pool->FreeSized(
+      address, settled ? pool::kSettledFence : slot->fences.Current(), &sizes);
   if (status == pool::PoolStatus::kOk) {
-    *frees = slot->fences.NoteFree(sizes.allocated);
+    *frees = settled ? 0 : slot->fences.NoteFree(sizes.allocated);
     RingPooledFree(slot, address, sizes.requested, sizes.allocated);
   }
   return status;

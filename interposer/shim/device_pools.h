@@ -60,6 +60,8 @@ class DriverUpstream final : public pool::Upstream {
   }
   // True if `address` lies in a segment or reserved range this upstream holds.
   bool OwnsAddress(std::uintptr_t address) const;
+  // The slot's fences: memory goes back to the driver only once no settled free's work runs.
+  void SetFences(class EpochFences* fences) { fences_ = fences; }
 
   pool::UpstreamStatus Allocate(std::size_t bytes, std::uintptr_t* address) override;
   pool::UpstreamStatus Free(std::uintptr_t address, std::size_t bytes) override;
@@ -77,6 +79,7 @@ class DriverUpstream final : public pool::Upstream {
   void Released(std::uintptr_t address, std::size_t bytes);
 
   CUcontext ctx_ = nullptr;
+  class EpochFences* fences_ = nullptr;
   int device_ = 0;
   bool vmm_ = false;
   std::size_t granularity_ = 0;
@@ -91,9 +94,11 @@ class DriverUpstream final : public pool::Upstream {
 
 class EpochFences final : public pool::FenceTracker {
  public:
-  void Configure(CUcontext ctx, int device) {
+  // `settling`: frees of this context may be settled (ordered reuse is on).
+  void Configure(CUcontext ctx, int device, bool settling) {
     ctx_ = ctx;
     device_ = device;
+    settled_fence_.store(settling ? kUnended : 0, std::memory_order_release);
   }
   void MarkDead() { dead_.store(true, std::memory_order_release); }
 
@@ -109,6 +114,21 @@ class EpochFences final : public pool::FenceTracker {
 
   bool IsComplete(std::uint64_t fence) override {
     return completed_.load(std::memory_order_acquire) >= fence;
+  }
+
+  // Ordered reuse settled frees at once (ordered.h): safe for reuse, since the next owner's
+  // work follows the old work on the legacy stream, but not for giving the memory back to the
+  // driver, which would unmap it under kernels still running. EndSettling (when ordered reuse
+  // ends) takes the fence that covers every settled free; BeforeReturningMemory synchronises
+  // until it completed.
+  void EndSettling() {
+    std::uint64_t expected = kUnended;
+    const std::uint64_t fence = epoch_.fetch_add(1, std::memory_order_seq_cst);
+    (void)settled_fence_.compare_exchange_strong(expected, fence, std::memory_order_acq_rel);
+  }
+  void BeforeReturningMemory() {
+    const std::uint64_t fence = settled_fence_.load(std::memory_order_acquire);
+    if (fence != 0 && !IsComplete(fence)) (void)Sync(/*forced=*/true);
   }
   bool CompletesInOrder() const override { return true; }
   bool NeedsRetire() const override { return false; }
@@ -143,6 +163,9 @@ class EpochFences final : public pool::FenceTracker {
   std::atomic<bool> dead_{false};
   std::atomic<std::uint64_t> epoch_{1};      // stamped on frees happening now
   std::atomic<std::uint64_t> completed_{0};  // every epoch <= this is complete
+  // 0: no settled free; kUnended: settled frees, ordered reuse still on; else their fence.
+  static constexpr std::uint64_t kUnended = ~std::uint64_t{0};
+  std::atomic<std::uint64_t> settled_fence_{0};
   // About one VMM map (cuMemCreate + cuMemMap + cuMemSetAccess) or one cuMemAlloc.
   static constexpr std::uint64_t kCheapSyncNs = 50000;
   std::atomic<std::uint64_t> sync_ns_{0};  // moving average of Sync's cuCtxSynchronize

@@ -8,6 +8,7 @@
 #include <atomic>
 
 #include "log.h"
+#include "ordered.h"
 
 // Read by the dlsym entry stub (dlsym_hook.cc); written once, before any use, with a release
 // store. Plain pointer because the assembly loads it directly.
@@ -39,9 +40,10 @@ struct IdentityEntry {
   void* wrapper;
 };
 
-constexpr int kMaxIdentity = 128;
+constexpr int kMaxIdentity = 320;
 #define VRAMSCOPE_COUNT_ONE(name) +1
-static_assert(0 VRAMSCOPE_HOOKED_ENTRY_POINTS(VRAMSCOPE_COUNT_ONE) <= kMaxIdentity,
+static_assert(0 VRAMSCOPE_HOOKED_ENTRY_POINTS(VRAMSCOPE_COUNT_ONE)
+                      VRAMSCOPE_WATCHED_ENTRY_POINTS(VRAMSCOPE_COUNT_ONE) <= kMaxIdentity,
               "every hooked entry point needs a slot in the identity table");
 #undef VRAMSCOPE_COUNT_ONE
 
@@ -113,6 +115,10 @@ bool LoadDriver(bool may_load) {
     if (real != nullptr && count < kMaxIdentity) identity[count++] = {real, self}; \
   }
   VRAMSCOPE_HOOKED_ENTRY_POINTS(VRAMSCOPE_LOAD_HOOKED)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  VRAMSCOPE_WATCHED_ENTRY_POINTS(VRAMSCOPE_LOAD_HOOKED)
+#pragma GCC diagnostic pop
 #undef VRAMSCOPE_LOAD_HOOKED
 #define VRAMSCOPE_LOAD_USED(name) \
   table.name = reinterpret_cast<decltype(&::name)>(real_dlsym(handle, #name));
@@ -148,7 +154,14 @@ void* WrapperFor(void* real_function) {
 }
 
 void NoteUnwrapped(const char* route, const char* requested, void* function) {
-  if (!LogEnabled(LogLevel::kDebug) || function == nullptr) return;
+  if (function == nullptr) return;
+  if (requested != nullptr && requested[0] != '\0' && !IsKnownDriverEntryPoint(requested)) {
+    // A newer driver's entry point: it may queue work the shim does not watch.
+    VRAMSCOPE_LOG_ONCE(kInfo, "%s(\"%s\"): an entry point <cuda.h> %d does not declare", route,
+                       requested, CUDA_VERSION);
+    BreakOrdered("unknown_entry_point");
+  }
+  if (!LogEnabled(LogLevel::kDebug)) return;
   Dl_info info{};
   const char* exact = nullptr;
   if (dladdr(function, &info) != 0 && info.dli_sname != nullptr && info.dli_saddr == function) {

@@ -11,15 +11,21 @@
 #include <cstdint>
 
 #include "exports.h"
+#include "stream_hooks_gen.h"
 
 namespace vramscope::interposer {
 
+// The watched entry points include the deprecated pre-4.0 launches (cuLaunch, cuLaunchGrid).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 struct RealDriver {
 #define VRAMSCOPE_REAL_FIELD(name) decltype(&::name) name = nullptr;
   VRAMSCOPE_HOOKED_ENTRY_POINTS(VRAMSCOPE_REAL_FIELD)
+  VRAMSCOPE_WATCHED_ENTRY_POINTS(VRAMSCOPE_REAL_FIELD)
   VRAMSCOPE_USED_ENTRY_POINTS(VRAMSCOPE_REAL_FIELD)
 #undef VRAMSCOPE_REAL_FIELD
 };
+#pragma GCC diagnostic pop
 
 using DlsymFn = void* (*)(void*, const char*);
 

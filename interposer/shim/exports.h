@@ -151,6 +151,10 @@ CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
   X(cuMemGetAllocationGranularity)     \
   X(cuStreamIsCapturing)               \
   X(cuStreamIsCapturing_ptsz)          \
+  X(cuEventCreate)                     \
+  X(cuEventQuery)                      \
+  X(cuEventSynchronize)                \
+  X(cuEventDestroy_v2)                 \
   X(cuThreadExchangeStreamCaptureMode) \
   X(cuDeviceGetGraphMemAttribute)      \
   X(cuArrayGetMemoryRequirements)      \

@@ -3,11 +3,13 @@
 #include "counters.h"
 #include "device_pools.h"
 #include "hooks.h"
+#include "ordered.h"
 
 using namespace vramscope::interposer;
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuStreamBeginCapture);
+  WatchStream(hStream, false, "cuStreamBeginCapture");
   const CUresult result = real.cuStreamBeginCapture(hStream);
   NoteCaptureBegin(result);
   return result;
@@ -15,6 +17,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream) {
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuStreamBeginCapture_ptsz);
+  WatchStream(hStream, true, "cuStreamBeginCapture_ptsz");
   const CUresult result = real.cuStreamBeginCapture_ptsz(hStream);
   NoteCaptureBegin(result);
   return result;
@@ -23,6 +26,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream) {
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream,
                                                           CUstreamCaptureMode mode) {
   VRAMSCOPE_PROLOGUE(cuStreamBeginCapture_v2);
+  WatchStream(hStream, false, "cuStreamBeginCapture_v2");
   const CUresult result = real.cuStreamBeginCapture_v2(hStream, mode);
   NoteCaptureBegin(result);
   return result;
@@ -31,6 +35,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream,
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream,
                                                                CUstreamCaptureMode mode) {
   VRAMSCOPE_PROLOGUE(cuStreamBeginCapture_v2_ptsz);
+  WatchStream(hStream, true, "cuStreamBeginCapture_v2_ptsz");
   const CUresult result = real.cuStreamBeginCapture_v2_ptsz(hStream, mode);
   NoteCaptureBegin(result);
   return result;
@@ -42,6 +47,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, 
                                                               size_t numDependencies,
                                                               CUstreamCaptureMode mode) {
   VRAMSCOPE_PROLOGUE(cuStreamBeginCaptureToGraph);
+  WatchStream(hStream, false, "cuStreamBeginCaptureToGraph");
   const CUresult result = real.cuStreamBeginCaptureToGraph(hStream, hGraph, dependencies,
                                                            dependencyData, numDependencies, mode);
   NoteCaptureBegin(result);
@@ -52,6 +58,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(
     CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies,
     const CUgraphEdgeData* dependencyData, size_t numDependencies, CUstreamCaptureMode mode) {
   VRAMSCOPE_PROLOGUE(cuStreamBeginCaptureToGraph_ptsz);
+  WatchStream(hStream, true, "cuStreamBeginCaptureToGraph_ptsz");
   const CUresult result = real.cuStreamBeginCaptureToGraph_ptsz(
       hStream, hGraph, dependencies, dependencyData, numDependencies, mode);
   NoteCaptureBegin(result);

@@ -11,6 +11,7 @@
 // OOM there gives the pools' idle memory back and retries once, as for every passthrough call.
 #include "graph_memory.h"
 #include "hooks.h"
+#include "ordered.h"
 
 using namespace vramscope::interposer;
 
@@ -98,9 +99,22 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* phGra
       WithOomRetry([&] { return real.cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags); }));
 }
 
+namespace {
+
+// Instantiation with CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD queues the upload on hUploadStream.
+void WatchUploadStream(const CUDA_GRAPH_INSTANTIATE_PARAMS* params, bool per_thread,
+                       const char* where) {
+  if (params != nullptr && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0) {
+    WatchStream(params->hUploadStream, per_thread, where);
+  }
+}
+
+}  // namespace
+
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(
     CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
   VRAMSCOPE_PROLOGUE(cuGraphInstantiateWithParams);
+  WatchUploadStream(instantiateParams, false, "cuGraphInstantiateWithParams");
   return AfterGraphCall(WithOomRetry(
       [&] { return real.cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams); }));
 }
@@ -108,6 +122,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(
     CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
   VRAMSCOPE_PROLOGUE(cuGraphInstantiateWithParams_ptsz);
+  WatchUploadStream(instantiateParams, true, "cuGraphInstantiateWithParams_ptsz");
   return AfterGraphCall(WithOomRetry([&] {
     return real.cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, instantiateParams);
   }));
@@ -115,21 +130,25 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphUpload);
+  WatchStream(hStream, false, "cuGraphUpload");
   return AfterGraphCall(WithOomRetry([&] { return real.cuGraphUpload(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphUpload_ptsz);
+  WatchStream(hStream, true, "cuGraphUpload_ptsz");
   return AfterGraphCall(WithOomRetry([&] { return real.cuGraphUpload_ptsz(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphLaunch);
+  WatchStream(hStream, false, "cuGraphLaunch");
   return AfterGraphCall(WithOomRetry([&] { return real.cuGraphLaunch(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphLaunch_ptsz);
+  WatchStream(hStream, true, "cuGraphLaunch_ptsz");
   return AfterGraphCall(WithOomRetry([&] { return real.cuGraphLaunch_ptsz(hGraphExec, hStream); }));
 }
 

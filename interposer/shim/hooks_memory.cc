@@ -16,6 +16,7 @@
 #include "device_pools.h"
 #include "hooks.h"
 #include "log.h"
+#include "ordered.h"
 #include "registry.h"
 
 namespace vramscope::interposer {
@@ -219,6 +220,9 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUd
     vramscope::pool::BlockInfo info;
     if (Slot* slot = FindPooledBlock(dptr, &info); slot != nullptr) {
       if (!slot->upstream.vmm() && info.address == info.segment_base) {
+        // Another process's work on the block is invisible to ordered reuse: it ends here,
+        // after the work queued so far finished.
+        BreakOrderedAndWait("cuIpcGetMemHandle");
         return real.cuIpcGetMemHandle(pHandle, dptr);  // the importer maps exactly this block
       }
       Counters().ipc_refused.Add(1);

@@ -21,6 +21,7 @@
 #include "device_pools.h"
 #include "graph_memory.h"
 #include "hooks.h"
+#include "ordered.h"
 #include "registry.h"
 #include "ring_events.h"
 
@@ -274,6 +275,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemHostUnregister(void* p) {
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize,
                                                   CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemAllocAsync);
+  WatchStream(hStream, false, "cuMemAllocAsync");
   const bool graph = GraphOwned(real.cuStreamIsCapturing, hStream);
   const CUresult result =
       graph ? real.cuMemAllocAsync(dptr, bytesize, hStream)
@@ -285,6 +287,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t byte
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
                                                        CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemAllocAsync_ptsz);
+  WatchStream(hStream, true, "cuMemAllocAsync_ptsz");
   const bool graph = GraphOwned(real.cuStreamIsCapturing_ptsz, hStream);
   const CUresult result =
       graph ? real.cuMemAllocAsync_ptsz(dptr, bytesize, hStream)
@@ -296,6 +299,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize,
                                                           CUmemoryPool pool, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemAllocFromPoolAsync);
+  WatchStream(hStream, false, "cuMemAllocFromPoolAsync");
   const bool graph = GraphOwned(real.cuStreamIsCapturing, hStream);
   const CUresult result =
       graph ? real.cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream) : WithOomRetry([&] {
@@ -309,6 +313,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr
                                                                CUmemoryPool pool,
                                                                CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemAllocFromPoolAsync_ptsz);
+  WatchStream(hStream, true, "cuMemAllocFromPoolAsync_ptsz");
   const bool graph = GraphOwned(real.cuStreamIsCapturing_ptsz, hStream);
   const CUresult result =
       graph ? real.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream) : WithOomRetry([&] {
@@ -320,11 +325,13 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemFreeAsync);
+  WatchStream(hStream, false, "cuMemFreeAsync");
   return FreeAsync(real.cuMemFreeAsync, dptr, hStream);
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemFreeAsync_ptsz);
+  WatchStream(hStream, true, "cuMemFreeAsync_ptsz");
   return FreeAsync(real.cuMemFreeAsync_ptsz, dptr, hStream);
 }
 

@@ -18,6 +18,7 @@
 #include "fence_worker.h"
 #include "graph_memory.h"
 #include "log.h"
+#include "ordered.h"
 #include "registry.h"
 #include "ring_events.h"
 #include "stacks.h"
@@ -75,6 +76,11 @@ void ForkParent() {
   pthread_mutex_unlock(&g_init_mu);
 }
 
+// Ordered reuse serves pool mode only, and needs the context query its watch makes.
+bool OrderedAllowed(const Config& config) {
+  return config.mode == Mode::kPool && config.ordered && Real().cuCtxGetCurrent != nullptr;
+}
+
 void ForkChild() {
   ResetFenceWorkerInChild();
   UnlockRegistriesAfterFork();
@@ -91,6 +97,7 @@ void ForkChild() {
   new (&counters) ShimCounters();
   InitLogLevel();
   g_config = ReadConfig();
+  ConfigureOrdered(OrderedAllowed(g_config));
   counters.mode = static_cast<std::uint32_t>(g_config.mode);
   // The child records into its own ring, opened by its first hook.
   RingForkChild(ModeName(g_config.mode));
@@ -135,6 +142,7 @@ bool Initialise(bool may_load) {
         }
       }
       Counters().mode = static_cast<std::uint32_t>(g_config.mode);
+      ConfigureOrdered(OrderedAllowed(g_config));
       VRAMSCOPE_LOG(kInfo, "active, mode=%s", ModeName(g_config.mode));
       OpenRingAtInit(ModeName(g_config.mode));
       // Started by the next hook entry, outside this lock (CUPTI calls the driver, and dlopen
@@ -180,8 +188,12 @@ void PrintSummary() {
   const ShimCounters& counters = Counters();
   char line[2048];
   constexpr int kSize = sizeof(line);
-  int used = AppendF(line, 0, kSize, "vramscope: mode=%s policy=%s", ModeName(g_config.mode),
-                     policy != nullptr ? policy : "none");
+  // ordered=on, off (not allowed), or ended:<the entry point or event that ended it>.
+  const char* ordered = OrderedStatus();
+  const bool ended = strcmp(ordered, "on") != 0 && strcmp(ordered, "off") != 0;
+  int used =
+      AppendF(line, 0, kSize, "vramscope: mode=%s policy=%s ordered=%s%s", ModeName(g_config.mode),
+              policy != nullptr ? policy : "none", ended ? "ended:" : "", ordered);
   for (int device = 0; device < kMaxDevices; ++device) {
     const DeviceCounters& d = counters.device[device];
     if (d.allocs.Get() == 0 && d.frees.Get() == 0 && d.reserved_bytes.peak.load() == 0 &&

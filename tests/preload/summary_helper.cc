@@ -15,7 +15,7 @@ void LookUpUnwrapped() {
   void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) return;
   for (int i = 0; i < 2; ++i) {
-    (void)dlsym(handle, "cuMemcpyHtoD_v2");
+    (void)dlsym(handle, "cuDeviceGetName");
     void* fn = nullptr;
     CUdriverProcAddressQueryResult status{};
     (void)cuGetProcAddress_v2("cuCtxGetDevice", &fn, 12000, 0, &status);

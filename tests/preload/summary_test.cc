@@ -51,9 +51,12 @@ TEST(SummaryTest, OneLineAtExit) {
   const std::string mode = mode_env != nullptr && mode_env[0] != '\0' ? mode_env : "pool";
   std::smatch match;
   const std::regex line("vramscope: mode=" + mode +
-                        R"( policy=\S+( dev0 [^\n]*)? passthrough [^\n]*\n)");
+                        R"( policy=\S+ ordered=\S+( dev0 [^\n]*)? passthrough [^\n]*\n)");
   ASSERT_TRUE(std::regex_search(out, match, line)) << out;
   const std::string summary = match.str(0);
+  // The helper queues no work on any stream: ordered reuse stays on in pool mode, and only there.
+  EXPECT_NE(summary.find(mode == "pool" ? " ordered=on " : " ordered=off "), std::string::npos)
+      << summary;
   if (mode != "passthrough") {
     // Three pooled allocations of 3, 1 and 2 MiB; peak live 4 MiB requested; two frees.
     EXPECT_NE(summary.find(" dev0 peak_requested=4194304 "), std::string::npos) << summary;
@@ -92,7 +95,7 @@ TEST(SummaryTest, UnwrappedEntryPointsAreLoggedOnceAtDebugLevel) {
   const std::string debug = RunHelper(&status, "debug");
   EXPECT_EQ(status, 0) << debug;
   EXPECT_EQ(Count(debug,
-                  "dlsym(\"cuMemcpyHtoD_v2\") -> cuMemcpyHtoD_v2: driver entry point not "
+                  "dlsym(\"cuDeviceGetName\") -> cuDeviceGetName: driver entry point not "
                   "wrapped"),
             1)
       << debug;

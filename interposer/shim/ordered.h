@@ -1,0 +1,99 @@
+// Ordered reuse: the provable fast path of the free fence (DESIGN.md, "cudaFree is a
+// device-wide fence").
+//
+// A pooled free may not be reused while work queued before it can still touch the block. When
+// every piece of GPU work the process has queued went to the legacy default stream of one
+// context, that work is one FIFO: anything the next owner of the block queues runs after
+// everything the last owner queued. The block is then reusable at once, as PyTorch's allocator
+// reuses a block on its own stream: no synchronisation, and the same block goes back to the
+// next request of its size.
+//
+// The shim proves it by watching every entry point that queues work on a stream
+// (hooks_streams_gen.cc, generated from <cuda.h> by gen_stream_hooks.py, and the hand-written
+// hooks that take streams). Ordered reuse ends for good, the first time the process:
+//  - queues work on any stream but the legacy one: a created stream, CU_STREAM_PER_THREAD, or
+//    the per-thread default stream through a _ptsz / _ptds entry point (a stream that is created
+//    and never given work, as cuDNN's handle makes, does not end it);
+//  - queues work from a second context (a second device, a green or non-primary context);
+//  - creates a pool in a second context, or exports pooled memory by IPC;
+//  - looks up a driver entry point the <cuda.h> the shim was built with does not declare (a
+//    newer driver's, which might queue work unwatched).
+// Ending it records an event on the legacy stream, and until that event completed every watched
+// call that queues work elsewhere (the one that ended it first) makes its stream wait for it on
+// the GPU (cuStreamWaitEvent, before the call reaches the driver): no block handed out again
+// under ordered reuse can meet the new stream's work before the old work finished, and no host
+// thread blocks. An IPC export synchronises instead. From then on the amortised fence applies.
+//
+// Pool mode only (strict keeps the driver's full wait; passthrough pools nothing);
+// VRAMSCOPE_ORDERED=0 turns it off from the start.
+//
+// Thread safety: one process-wide atomic state; the checks below are one relaxed load once
+// ordered reuse has ended.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include <cuda.h>
+
+namespace vramscope::interposer {
+namespace ordered_internal {
+
+enum : int { kOn = 0, kEnding = 1, kOff = 2 };
+extern constinit std::atomic<int> g_state;
+
+void CheckContext(const char* where);
+void EndingWait(CUstream stream, bool per_thread);
+
+}  // namespace ordered_internal
+
+// At initialisation (and in a fork child): whether ordered reuse may start.
+void ConfigureOrdered(bool allowed);
+
+// A free happening now may be reused at once. Sequentially consistent: a free that saw ordered
+// reuse still on was stamped before BreakOrdered's synchronisation started.
+inline bool OrderedOn() {
+  return ordered_internal::g_state.load(std::memory_order_seq_cst) == ordered_internal::kOn;
+}
+
+// Ends ordered reuse (idempotent; `why` names the entry point or the event): records an event
+// on the ordered context's legacy stream, which work queued anywhere else waits for until it
+// completed (WatchStream), or, if it cannot, synchronises every pooled context. Never blocks on
+// the GPU otherwise.
+void BreakOrdered(const char* why);
+// The same, then waits on the host for the work queued before the end (an export to another
+// process, whose work the shim never sees).
+void BreakOrderedAndWait(const char* why);
+
+// Work is about to be queued on `stream` by the entry point `where`; `per_thread` for the
+// _ptsz / _ptds flavour, where a null stream is the calling thread's per-thread stream.
+inline void WatchStream(CUstream stream, bool per_thread, const char* where) {
+  const int state = ordered_internal::g_state.load(std::memory_order_acquire);
+  if (__builtin_expect(state == ordered_internal::kOff, 1)) return;
+  if (state == ordered_internal::kEnding) {
+    ordered_internal::EndingWait(stream, per_thread);
+    return;
+  }
+  const auto handle = reinterpret_cast<std::uintptr_t>(stream);
+  // CU_STREAM_LEGACY names the legacy stream in both flavours, a null stream in the legacy one.
+  if (handle == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY) ||
+      (handle == 0 && !per_thread)) {
+    ordered_internal::CheckContext(where);
+    return;
+  }
+  BreakOrdered(where);
+  ordered_internal::EndingWait(stream, per_thread);
+}
+
+// A pool is being created for `ctx`: a second context ends ordered reuse.
+void NoteOrderedContext(CUcontext ctx);
+
+// `name` (exact or base) is declared by the <cuda.h> the shim was built with
+// (hooks_streams_gen.cc).
+bool IsKnownDriverEntryPoint(const char* name);
+
+// For the summary: "on", "off" (not allowed) or the name of what ended it (an entry point,
+// "second_context", "second_context_pool", "unknown_entry_point").
+const char* OrderedStatus();
+
+}  // namespace vramscope::interposer
