@@ -40,6 +40,8 @@ under_shim=(env LD_PRELOAD="$shim" VRAMSCOPE_SUMMARY=1)
 summary_field() {  # summary_field LOGNAME FIELD -> value from the shim's exit summary line
   grep -h '^vramscope: mode=' "$logs/$1.err" | tail -1 | grep -o "[ ]$2=[0-9.]*" | head -1 | cut -d= -f2
 }
+# ordered=on (ordered reuse held to the end), ended:<what ended it>, or off.
+ordered_of() { grep -h '^vramscope: mode=' "$logs/$1.err" | tail -1 | grep -o ' ordered=[^ ]*' | cut -d= -f2-; }
 # `vramscope run` needs the bundle's libraries; the program it starts gets the environment the
 # script was given (Python frameworks carry their own protobuf and must not see the bundle's).
 if [ -n "${LD_LIBRARY_PATH:-}" ]; then
@@ -76,7 +78,7 @@ for ex in alloc_churn alloc_churn_shared_rt; do
   verdict="ok"
   [ "$same" = same ] || verdict="FAIL output differs"
   awk -v b="$b" -v s="$s" 'BEGIN{exit !(s+0 > 0 && s <= b)}' || verdict="FAIL slower"
-  row "$ex (2000 it.)" "${b} ms" "${s} ms, ${avoided:-?} calls saved" "$verdict ($same)"
+  row "$ex (2000 it.)" "${b} ms" "${s} ms, ${avoided:-?} calls saved" "$verdict ($same, ordered=$(ordered_of "$ex.shim"))"
 done
 
 echo "== 1b. vramscope run on the example (the main job): report against the shim's own counters"
@@ -131,7 +133,9 @@ verdict=$(awk -v b="$tbm" -v s="$tsm" -v c="$tcm" -v bb="$tb" -v sb="$ts" -v cb=
   if (s+0 <= 0) {print "FAIL no timing"; exit}
   printf "%s medians %.2fx faster (cached %.2fx), %.0f%% of cached; best %.2fx (cached %.2fx)", (b/s >= 2 && s <= c*1.10) ? "ok" : "FAIL", b/s, b/c, 100*c/s, bb/sb, bb/cb}')
 [ "$same" = same ] || verdict="FAIL output differs; $verdict"
-row "thrust loop 1 Mi keys (10 runs)" "median ${tbm} ms/it (best ${tb})" "median ${tsm} (best ${ts}); cached ${tcm} (${tc}); fence syncs ${tsyncs:-?}/run" "$verdict ($same)"
+treserved=$(summary_field thrust.shim1 peak_reserved)
+treq=$(summary_field thrust.shim1 peak_requested)
+row "thrust loop 1 Mi keys (10 runs)" "median ${tbm} ms/it (best ${tb})" "median ${tsm} (best ${ts}); cached ${tcm} (${tc}); fence syncs ${tsyncs:-?}/run; reserved ${treserved:-?} B for ${treq:-?} requested" "$verdict ($same, ordered=$(ordered_of thrust.shim1))"
 
 echo "== 3. PyTorch GPT-2 small training step"
 # Timing is noisy on this machine (up to 15% between identical runs): PyTorch's own cache and the
@@ -235,6 +239,10 @@ verdict=$(awk -v m="$maxmem" -v p="$peak" -v r="$treq" -v d="$obs_peak" -v x="$o
   else printf "FAIL %.2f%% apart", 100*e}')
 row "torch peak vs max_memory_alloc" "${maxmem} B" "${peak:-?} B" "$verdict"
 echo "losses: caching $(jfield torch.caching loss), shim $(jfield torch.shim loss)"
+for r in $(seq $reps); do
+  echo "torch.shim$r: ordered=$(ordered_of "torch.shim$r") peak_reserved=$(summary_field "torch.shim$r" peak_reserved) peak_requested=$(summary_field "torch.shim$r" peak_requested) fence_syncs=$(summary_field "torch.shim$r" fence_syncs)"
+done
+row "torch no-cache+shim reserved" "PyTorch max_reserved $(jfield torch.caching max_memory_reserved) B" "$(summary_field torch.shim1 peak_reserved) B" "reported ($(awk -v a="$(summary_field torch.shim1 peak_reserved)" -v b="$(summary_field torch.shim1 peak_requested)" 'BEGIN{if (b+0>0) printf "%.2fx requested", a/b; else print "?"}'), ordered=$(ordered_of torch.shim1))"
 
 echo "== 4. JAX and CuPy observed under passthrough"
 for fw in jax cupy; do
@@ -248,6 +256,25 @@ for fw in jax cupy; do
   row "$fw (passthrough)" "$(head -c 24 "$logs/$fw.base.out")" "${seen:0:24}" "$verdict ($same)"
 done
 
+echo "== 5a. ordered reuse: which runtime calls keep it, which end it (the shim's summary)"
+# Ordered reuse needs every launch, copy and stream the runtime makes to reach a watched driver
+# entry point. Expected: legacy default stream only -> on; a created stream, the per-thread
+# stream, a captured graph, or a program built with --default-stream per-thread -> ended.
+for probe in "ordered_probe legacy on" "ordered_probe stream ended" "ordered_probe per-thread ended" \
+             "ordered_probe graph ended" "ordered_probe_ptds legacy ended"; do
+  read -r prog mode want <<<"$probe"
+  run "probe.$prog.$mode.base" "$bin/$prog" "$mode"
+  run "probe.$prog.$mode" "${under_shim[@]}" "$bin/$prog" "$mode"
+  st=$?
+  got=$(ordered_of "probe.$prog.$mode")
+  same=$(cmp -s "$logs/probe.$prog.$mode.base.out" "$logs/probe.$prog.$mode.out" && echo same || echo DIFFERENT)
+  verdict=ok
+  [ $st -eq 0 ] || verdict="FAIL status $st"
+  [ "$same" = same ] || verdict="FAIL output differs"
+  case "$got" in "$want"*) ;; *) verdict="FAIL ordered=$got, want $want" ;; esac
+  row "ordered: $prog $mode" "-" "ordered=${got:-?}" "$verdict ($same)"
+done
+
 echo "== 5. stream reuse stress"
 for mode in pool strict; do
   VRAMSCOPE_MODE=$mode run "stress.$mode" "${under_shim[@]}" "$bin/stream_stress" 8 400
@@ -255,6 +282,13 @@ for mode in pool strict; do
   races=$(grep -ho 'races=[0-9]*' "$logs/stress.$mode.out" | cut -d= -f2)
   row "stream stress ($mode)" "-" "races=${races:-?}" "$([ $st -eq 0 ] && [ "${races:-1}" = 0 ] && echo ok || echo "FAIL status $st")"
 done
+# Ordered reuse: eight threads on the legacy stream only (blocks reused at once), then its end
+# (a non-blocking stream created, a block of the old size filled there while the old kernel runs).
+VRAMSCOPE_MODE=pool run stress.legacy "${under_shim[@]}" "$bin/stream_stress" --legacy 8 400
+st=$?
+races=$(grep -ho 'races=[0-9]*' "$logs/stress.legacy.out" | cut -d= -f2)
+reused=$(grep -ho 'end_reused=[0-9]*' "$logs/stress.legacy.out" | cut -d= -f2)
+row "stream stress (legacy, ordered)" "-" "races=${races:-?}, end_reused=${reused:-?}" "$([ $st -eq 0 ] && [ "${races:-1}" = 0 ] && echo ok || echo "FAIL status $st") (ordered=$(ordered_of stress.legacy), fence_syncs=$(summary_field stress.legacy fence_syncs))"
 
 echo "== 6. compute-sanitizer memcheck under the shim"
 if command -v compute-sanitizer >/dev/null; then
@@ -322,6 +356,9 @@ for size in 4096 67108864; do
   run "bench.shim.$size" "${under_shim[@]}" "$bin/alloc_bench" 200000 "$size" 5
   echo "alloc_bench $size B under the shim: $(cat "$logs/bench.shim.$size.out")"
 done
+# Without ordered reuse (VRAMSCOPE_ORDERED=0): every free waits for the amortised fence.
+run bench.shim.fenced env VRAMSCOPE_ORDERED=0 "${under_shim[@]}" "$bin/alloc_bench" 200000 1048576 7
+echo "alloc_bench 1 MiB, ordered reuse off: $(cat "$logs/bench.shim.fenced.out") ($(ordered_of bench.shim.fenced); ordered run: $(ordered_of bench.shim))"
 # Without the helper thread watching for requests (VRAMSCOPE_FENCE_SPIN_US=0): what it saves.
 run bench.shim.nospin env VRAMSCOPE_FENCE_SPIN_US=0 "${under_shim[@]}" "$bin/alloc_bench" 200000 1048576 5
 echo "alloc_bench 1 MiB, helper not watching: $(cat "$logs/bench.shim.nospin.out")"

@@ -7,12 +7,20 @@
 // the kernel is done). Any reuse race shows up as a kernel finding another stream's pattern in
 // its block. Every byte is checked again on the host for a sample of iterations.
 //
-// Usage: stream_stress [STREAMS] [ITERATIONS]
+// With --legacy the threads all launch on the legacy default stream and create no stream: the
+// shim's ordered reuse (interposer/shim/ordered.h) hands a freed block out again at once, which
+// the legacy stream's order makes safe. Then the main thread launches a long kernel on a block,
+// frees it, creates a non-blocking stream (ordered reuse ends there) and fills a block of the
+// same size on the new stream at once: the shim must make that work wait for the old kernel.
+// "end_reused" counts the blocks that came back while their old kernel still ran.
+//
+// Usage: stream_stress [--legacy] [STREAMS] [ITERATIONS]
 // Prints "stream_stress: ... races=0" and exits 0 when no race was seen, 1 otherwise.
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -43,7 +51,39 @@ __global__ void FillSpinVerify(std::uint32_t* data, std::size_t n, std::uint32_t
   if (bad) atomicAdd(bad_words, bad);
 }
 
+// The end of ordered reuse, several times over: a long kernel on the legacy stream checks its
+// block; the block is freed at once; a new non-blocking stream fills a block of the same size.
+// Returns the number of blocks handed out again while their old kernel was still running.
+int OrderedEnd(int rounds, unsigned long long* bad_words) {
+  constexpr std::size_t kWords = std::size_t{1} << 20;
+  int reused = 0;
+  std::vector<cudaStream_t> streams(rounds);
+  for (int r = 0; r < rounds; ++r) {
+    std::uint32_t* old_block;
+    CHECK(cudaMalloc(&old_block, kWords * sizeof(std::uint32_t)));
+    // ~2 ms of spinning between the fill and the check.
+    FillSpinVerify<<<32, 256>>>(old_block, kWords, 0xA5000000u + r, 4000000, bad_words);
+    CHECK(cudaGetLastError());
+    CHECK(cudaFree(old_block));
+    CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+    std::uint32_t* new_block;
+    CHECK(cudaMalloc(&new_block, kWords * sizeof(std::uint32_t)));
+    if (new_block == old_block && cudaStreamQuery(nullptr) == cudaErrorNotReady) ++reused;
+    FillSpinVerify<<<32, 256, 0, streams[r]>>>(new_block, kWords, 0x5A000000u + r, 1000, bad_words);
+    CHECK(cudaGetLastError());
+    CHECK(cudaFree(new_block));
+  }
+  CHECK(cudaDeviceSynchronize());
+  for (cudaStream_t s : streams) CHECK(cudaStreamDestroy(s));
+  return reused;
+}
+
 int main(int argc, char** argv) {
+  const bool legacy = argc > 1 && std::string(argv[1]) == "--legacy";
+  if (legacy) {
+    --argc;
+    ++argv;
+  }
   const int streams = argc > 1 ? std::atoi(argv[1]) : 8;
   const int iterations = argc > 2 ? std::atoi(argv[2]) : 400;
   CHECK(cudaFree(nullptr));
@@ -55,8 +95,8 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (int s = 0; s < streams; ++s) {
     threads.emplace_back([&, s] {
-      cudaStream_t stream;
-      CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      cudaStream_t stream = nullptr;  // --legacy: the legacy default stream
+      if (!legacy) CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       std::uint32_t state = 777u + s;
       for (int it = 0; it < iterations; ++it) {
         state = state * 1664525u + 1013904223u;
@@ -81,13 +121,15 @@ int main(int argc, char** argv) {
         if (cudaFree(block) != cudaSuccess) failures.fetch_add(1);
       }
       CHECK(cudaStreamSynchronize(stream));
-      CHECK(cudaStreamDestroy(stream));
+      if (!legacy) CHECK(cudaStreamDestroy(stream));
     });
   }
   for (auto& t : threads) t.join();
+  const int end_reused = legacy ? OrderedEnd(20, bad_words) : 0;
   CHECK(cudaDeviceSynchronize());
   const unsigned long long races = *bad_words + host_bad.load();
-  std::printf("stream_stress: streams=%d iterations=%d races=%llu free_failures=%d\n", streams,
-              iterations, races, failures.load());
+  std::printf("stream_stress: %s=%d iterations=%d races=%llu free_failures=%d end_reused=%d\n",
+              legacy ? "legacy_threads" : "streams", streams, iterations, races, failures.load(),
+              end_reused);
   return races == 0 && failures.load() == 0 ? 0 : 1;
 }
