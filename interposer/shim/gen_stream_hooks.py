@@ -6,8 +6,10 @@ the legacy default stream of one context. The shim proves that by watching every
 point that queues work on a stream: this script lists them from <cuda.h> itself, preprocessed
 twice (legacy names, then with CUDA_API_PER_THREAD_DEFAULT_STREAM for the _ptsz and _ptds
 names), so a new toolkit's additions show up as a diff, not as a silent gap. It also lists every
-entry point name <cuda.h> declares: a program that looks up one beyond them (a newer driver's)
-ends ordered reuse, since the shim cannot know whether it queues work.
+entry point name <cuda.h> declares, and the graphics-interop and profiler headers (cudaGL.h,
+cudaEGL.h, cudaVDPAU.h, cudaProfiler.h: the runtime looks those up at start; they work on
+graphics resources, never on memory the pool hands out): a program that looks up a name beyond
+them (a newer driver's) ends ordered reuse, since the shim cannot know whether it queues work.
 
 Writes stream_hooks_gen.h (declarations cuda.h hides, and the X-list of watched entry points)
 and hooks_streams_gen.cc (one wrapper per entry point: watch, then call the driver; and the
@@ -15,6 +17,8 @@ known names).
 
   gen_stream_hooks.py [--cuda-include DIR] [--cpp CPP] [--out DIR]   regenerate
   gen_stream_hooks.py --check [...]                                   exit 1 if the files differ
+  gen_stream_hooks.py --check --runtime LIB... [...]                  also exit 1 if a cu* name
+                                                      in LIB (the CUDA runtime) is not known
 """
 import argparse
 import os
@@ -42,6 +46,9 @@ HOOKED_ELSEWHERE = {
 # Work with no stream argument that goes to the legacy stream (or, as _ptds, to the per-thread
 # one): the synchronous copies and memsets, and the pre-4.0 launches.
 LEGACY_NO_STREAM_EXTRA = {"cuLaunch", "cuLaunchGrid"}
+
+# Driver entry points declared outside <cuda.h>.
+INTEROP_HEADERS = ["cudaGL.h", "cudaEGL.h", "cudaVDPAU.h", "cudaProfiler.h"]
 
 DECL = re.compile(r"\bCUresult\s+(cu\w+)\s*\(([^;{}]*?)\)\s*;", re.S)
 STREAM_PARAM = re.compile(r"^(const\s+)?CUstream\s+(\w+)$")
@@ -187,14 +194,13 @@ KNOWN_TOP = """
 namespace vramscope::interposer {
 namespace {
 
-// Every entry point name <cuda.h> declares, exact and base (no _vN, _ptsz, _ptds), sorted.
+// Every entry point name <cuda.h> and the interop and profiler headers declare, exact and base
+// (no _vN, _ptsz, _ptds), and their macros; sorted.
 constexpr const char* kKnown[] = {
 """
 KNOWN_BOTTOM = """};
 
-}  // namespace
-
-bool IsKnownDriverEntryPoint(const char* name) {
+bool Listed(const char* name) {
   std::size_t lo = 0;
   std::size_t hi = sizeof(kKnown) / sizeof(kKnown[0]);
   while (lo < hi) {
@@ -210,6 +216,27 @@ bool IsKnownDriverEntryPoint(const char* name) {
   return false;
 }
 
+}  // namespace
+
+// The name as given, else its base (without _ptsz / _ptds, then without _vN).
+bool IsKnownDriverEntryPoint(const char* name) {
+  if (Listed(name)) return true;
+  char base[128];
+  std::size_t n = std::strlen(name);
+  if (n >= sizeof(base)) return false;
+  std::memcpy(base, name, n + 1);
+  if (n > 5 && (std::strcmp(base + n - 5, "_ptsz") == 0 || std::strcmp(base + n - 5, "_ptds") == 0)) {
+    n -= 5;
+    base[n] = '\\0';
+  }
+  std::size_t digits = 0;
+  while (digits < n && base[n - 1 - digits] >= '0' && base[n - 1 - digits] <= '9') ++digits;
+  if (digits != 0 && n > digits + 2 && base[n - 1 - digits] == 'v' && base[n - 2 - digits] == '_') {
+    base[n - 2 - digits] = '\\0';
+  }
+  return Listed(base);
+}
+
 }  // namespace vramscope::interposer
 """
 
@@ -222,6 +249,9 @@ def main():
     parser.add_argument("--out", default=here)
     parser.add_argument("--check", action="store_true",
                         help="compare with the files in --out; exit 1 if they differ")
+    parser.add_argument("--runtime", nargs="*", default=[],
+                        help="with --check: libraries (the CUDA runtime) whose cu* names must all "
+                        "be known, so that its lookups never end ordered reuse")
     args = parser.parse_args()
     legacy = declarations(preprocess(args.cpp, args.cuda_include, False))
     per_thread = declarations(preprocess(args.cpp, args.cuda_include, True))
@@ -232,10 +262,32 @@ def main():
         version = "CUDA_VERSION " + m.group(1)
     internal = declarations(preprocess(args.cpp, args.cuda_include, False, internal=True))
     raw = open(os.path.join(args.cuda_include, "cuda.h")).read()
+    interop = []
+    for name in INTEROP_HEADERS:
+        path = os.path.join(args.cuda_include, name)
+        if os.path.exists(path):
+            text = open(path).read()
+            raw += text
+            interop += re.findall(r"\b(cu[A-Z]\w*)\s*\(", text)
     header, source = render(collect(legacy, per_thread), legacy, version,
-                            known_names(list(legacy) + list(per_thread) + list(internal), raw))
+                            known_names(list(legacy) + list(per_thread) + list(internal) + interop,
+                                        raw))
     files = {"stream_hooks_gen.h": header, "hooks_streams_gen.cc": source}
     if args.check:
+        known = set(re.findall(r'^    "(cu\w+)",$', source, re.M))
+        for lib in args.runtime:
+            if not os.path.exists(lib):
+                continue
+            data = open(lib, "rb").read()
+            names = set(m.decode() for m in re.findall(rb"(?<![\w])cu[A-Z]\w+(?=\x00)", data))
+            unknown = sorted(n for n in names
+                             if n not in known and
+                             re.sub(r"_v\d+$", "", base_of(n)) not in known)
+            if unknown:
+                print("%s looks up entry points the shim does not know (they would end ordered "
+                      "reuse): %s" % (lib, ", ".join(unknown)))
+                return 1
+            print("%s: all %d cu* names known" % (lib, len(names)))
         stale = []
         for name, text in files.items():
             path = os.path.join(args.out, name)

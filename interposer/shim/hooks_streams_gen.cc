@@ -780,7 +780,8 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuWaitExternalSemaphoresAsync_ptsz(const CUext
 namespace vramscope::interposer {
 namespace {
 
-// Every entry point name <cuda.h> declares, exact and base (no _vN, _ptsz, _ptds), sorted.
+// Every entry point name <cuda.h> and the interop and profiler headers declare, exact and base
+// (no _vN, _ptsz, _ptds), and their macros; sorted.
 constexpr const char* kKnown[] = {
     "cuArray3DCreate",
     "cuArray3DCreate_v2",
@@ -883,7 +884,17 @@ constexpr const char* kKnown[] = {
     "cuDeviceTotalMem_v2",
     "cuDeviceUnregisterAsyncNotification",
     "cuDriverGetVersion",
+    "cuEGLStreamConsumerAcquireFrame",
+    "cuEGLStreamConsumerConnect",
+    "cuEGLStreamConsumerConnectWithFlags",
+    "cuEGLStreamConsumerDisconnect",
+    "cuEGLStreamConsumerReleaseFrame",
+    "cuEGLStreamProducerConnect",
+    "cuEGLStreamProducerDisconnect",
+    "cuEGLStreamProducerPresentFrame",
+    "cuEGLStreamProducerReturnFrame",
     "cuEventCreate",
+    "cuEventCreateFromEGLSync",
     "cuEventDestroy",
     "cuEventDestroy_v2",
     "cuEventElapsedTime",
@@ -908,6 +919,18 @@ constexpr const char* kKnown[] = {
     "cuFuncSetCacheConfig",
     "cuFuncSetSharedMemConfig",
     "cuFuncSetSharedSize",
+    "cuGLCtxCreate",
+    "cuGLGetDevices",
+    "cuGLInit",
+    "cuGLMapBufferObject",
+    "cuGLMapBufferObjectAsync",
+    "cuGLMapBufferObjectAsync_v2",
+    "cuGLMapBufferObject_v2",
+    "cuGLRegisterBufferObject",
+    "cuGLSetBufferObjectMapFlags",
+    "cuGLUnmapBufferObject",
+    "cuGLUnmapBufferObjectAsync",
+    "cuGLUnregisterBufferObject",
     "cuGetErrorName",
     "cuGetErrorString",
     "cuGetExportTable",
@@ -1005,8 +1028,12 @@ constexpr const char* kKnown[] = {
     "cuGraphRetainUserObject",
     "cuGraphUpload",
     "cuGraphUpload_ptsz",
+    "cuGraphicsEGLRegisterImage",
+    "cuGraphicsGLRegisterBuffer",
+    "cuGraphicsGLRegisterImage",
     "cuGraphicsMapResources",
     "cuGraphicsMapResources_ptsz",
+    "cuGraphicsResourceGetMappedEglFrame",
     "cuGraphicsResourceGetMappedMipmappedArray",
     "cuGraphicsResourceGetMappedPointer",
     "cuGraphicsResourceGetMappedPointer_v2",
@@ -1016,6 +1043,8 @@ constexpr const char* kKnown[] = {
     "cuGraphicsUnmapResources",
     "cuGraphicsUnmapResources_ptsz",
     "cuGraphicsUnregisterResource",
+    "cuGraphicsVDPAURegisterOutputSurface",
+    "cuGraphicsVDPAURegisterVideoSurface",
     "cuGreenCtxCreate",
     "cuGreenCtxDestroy",
     "cuGreenCtxGetDevResource",
@@ -1290,6 +1319,9 @@ constexpr const char* kKnown[] = {
     "cuPointerGetAttribute",
     "cuPointerGetAttributes",
     "cuPointerSetAttribute",
+    "cuProfilerInitialize",
+    "cuProfilerStart",
+    "cuProfilerStop",
     "cuSignalExternalSemaphoresAsync",
     "cuSignalExternalSemaphoresAsync_ptsz",
     "cuStreamAddCallback",
@@ -1414,13 +1446,14 @@ constexpr const char* kKnown[] = {
     "cuUserObjectCreate",
     "cuUserObjectRelease",
     "cuUserObjectRetain",
+    "cuVDPAUCtxCreate",
+    "cuVDPAUGetDevice",
+    "cuWGLGetDevice",
     "cuWaitExternalSemaphoresAsync",
     "cuWaitExternalSemaphoresAsync_ptsz",
 };
 
-}  // namespace
-
-bool IsKnownDriverEntryPoint(const char* name) {
+bool Listed(const char* name) {
   std::size_t lo = 0;
   std::size_t hi = sizeof(kKnown) / sizeof(kKnown[0]);
   while (lo < hi) {
@@ -1434,6 +1467,27 @@ bool IsKnownDriverEntryPoint(const char* name) {
     }
   }
   return false;
+}
+
+}  // namespace
+
+// The name as given, else its base (without _ptsz / _ptds, then without _vN).
+bool IsKnownDriverEntryPoint(const char* name) {
+  if (Listed(name)) return true;
+  char base[128];
+  std::size_t n = std::strlen(name);
+  if (n >= sizeof(base)) return false;
+  std::memcpy(base, name, n + 1);
+  if (n > 5 && (std::strcmp(base + n - 5, "_ptsz") == 0 || std::strcmp(base + n - 5, "_ptds") == 0)) {
+    n -= 5;
+    base[n] = '\0';
+  }
+  std::size_t digits = 0;
+  while (digits < n && base[n - 1 - digits] >= '0' && base[n - 1 - digits] <= '9') ++digits;
+  if (digits != 0 && n > digits + 2 && base[n - 1 - digits] == 'v' && base[n - 2 - digits] == '_') {
+    base[n - 2 - digits] = '\0';
+  }
+  return Listed(base);
 }
 
 }  // namespace vramscope::interposer
