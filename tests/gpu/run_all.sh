@@ -143,7 +143,7 @@ echo "== 3. PyTorch GPT-2 small training step"
 reps=5
 for rep in $(seq $reps); do
   PYTHONUNBUFFERED=1 run torch.caching$rep "$python" tests/gpu/torch_gpt2.py 16
-  PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.shim$rep "${under_shim[@]}" "$python" tests/gpu/torch_gpt2.py 16
+  PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 VRAMSCOPE_LOG=info run torch.shim$rep "${under_shim[@]}" "$python" tests/gpu/torch_gpt2.py 16
 done
 PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.nocache "$python" tests/gpu/torch_gpt2.py 4
 mean_of() {  # mean_of NAME: mean ms_per_step of NAME1..NAMEreps; NAME1's logs become NAME's
@@ -239,6 +239,7 @@ verdict=$(awk -v m="$maxmem" -v p="$peak" -v r="$treq" -v d="$obs_peak" -v x="$o
   else printf "FAIL %.2f%% apart", 100*e}')
 row "torch peak vs max_memory_alloc" "${maxmem} B" "${peak:-?} B" "$verdict"
 echo "losses: caching $(jfield torch.caching loss), shim $(jfield torch.shim loss)"
+grep -h "ordered reuse ends" "$logs/torch.shim1.err" | head -1
 for r in $(seq $reps); do
   echo "torch.shim$r: ordered=$(ordered_of "torch.shim$r") peak_reserved=$(summary_field "torch.shim$r" peak_reserved) peak_requested=$(summary_field "torch.shim$r" peak_requested) fence_syncs=$(summary_field "torch.shim$r" fence_syncs)"
 done
