@@ -233,8 +233,9 @@ void PrintSummary() {
                    static_cast<unsigned long long>(k.bytes.peak.load()),
                    static_cast<unsigned long long>(k.allocs.Get()));
   }
-  used = AppendF(line, used, kSize, " ipc_refused=%llu\n",
-                 static_cast<unsigned long long>(counters.ipc_refused.Get()));
+  used = AppendF(line, used, kSize, " ipc_refused=%llu ordered_end_waits=%llu\n",
+                 static_cast<unsigned long long>(counters.ipc_refused.Get()),
+                 static_cast<unsigned long long>(counters.ordered_end_waits.Get()));
   if (line[used - 1] != '\n') line[used - 1] = '\n';
   WriteStderr(line, static_cast<std::size_t>(used));
 }
