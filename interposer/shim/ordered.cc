@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,6 +22,7 @@ constinit std::atomic<int> ordered_internal::g_state{ordered_internal::kOn};
 namespace {
 
 using ordered_internal::g_state;
+using ordered_internal::kBreaking;
 using ordered_internal::kEnding;
 using ordered_internal::kOff;
 using ordered_internal::kOn;
@@ -31,6 +33,8 @@ constinit std::atomic<const char*> g_reason{nullptr};
 // before the end. Never destroyed (a thread may still be about to wait on it).
 constinit std::atomic<CUevent> g_end_event{nullptr};
 constinit std::atomic<bool> g_allowed{true};
+
+void EndingWait(CUstream stream, bool per_thread);
 
 CUcontext CurrentContextOrNull() {
   CUcontext ctx = nullptr;
@@ -108,7 +112,7 @@ void ConfigureOrdered(bool allowed) {
 
 void BreakOrdered(const char* why) {
   int expected = kOn;
-  if (!g_state.compare_exchange_strong(expected, kEnding, std::memory_order_seq_cst)) return;
+  if (!g_state.compare_exchange_strong(expected, kBreaking, std::memory_order_seq_cst)) return;
   g_reason.store(why, std::memory_order_release);
   Counters().ordered_ended.Add(1);
   {
@@ -122,9 +126,9 @@ void BreakOrdered(const char* why) {
     g_state.store(kOff, std::memory_order_seq_cst);
     return;
   }
-  if (g_end_event.load(std::memory_order_acquire) == nullptr) {
-    g_state.store(kOff, std::memory_order_seq_cst);  // no pool yet: nothing was reused
-  }
+  // No pool yet: nothing was reused, nothing to wait for.
+  g_state.store(g_end_event.load(std::memory_order_acquire) != nullptr ? kEnding : kOff,
+                std::memory_order_seq_cst);
 }
 
 void BreakOrderedAndWait(const char* why) {
@@ -135,24 +139,39 @@ void BreakOrderedAndWait(const char* why) {
   (void)g_state.compare_exchange_strong(expected, kOff, std::memory_order_seq_cst);
 }
 
-void ordered_internal::CheckContext(const char* where) {
+bool ordered_internal::CheckContextBreaks(const char* where) {
   const CUcontext ctx = CurrentContextOrNull();
-  if (ctx == nullptr) return;  // the driver refuses the call: nothing is queued
+  if (ctx == nullptr) return false;  // the driver refuses the call: nothing is queued
   CUcontext expected = g_ctx.load(std::memory_order_acquire);
-  if (expected == ctx) return;
+  if (expected == ctx) return false;
   if (expected == nullptr &&
       g_ctx.compare_exchange_strong(expected, ctx, std::memory_order_acq_rel)) {
-    return;
+    return false;
   }
-  if (expected == ctx) return;
+  if (expected == ctx) return false;
   (void)where;
   BreakOrdered("second_context");
-  EndingWait(nullptr, false);
+  return true;
 }
 
-// Ordered reuse is ending: work about to go to a stream that is not the ordered context's
-// legacy stream first waits (on the GPU) for everything queued there before the end.
-void ordered_internal::EndingWait(CUstream stream, bool per_thread) {
+void ordered_internal::WhileEnding(CUstream stream, bool per_thread) {
+  for (;;) {
+    const int state = g_state.load(std::memory_order_acquire);
+    if (state == kOff) return;
+    if (state == kEnding) {
+      EndingWait(stream, per_thread);
+      return;
+    }
+    sched_yield();  // kBreaking: another thread is recording the end (microseconds)
+  }
+}
+
+namespace {
+
+// Ordered reuse is ending (kEnding: the end event is recorded): work about to go to a stream that
+// is not the ordered context's legacy stream first waits (on the GPU) for everything queued
+// there before the end.
+void EndingWait(CUstream stream, bool per_thread) {
   const CUevent event = g_end_event.load(std::memory_order_acquire);
   const RealDriver& real = Real();
   // Relaxed capture mode on this thread: cuEventQuery would otherwise invalidate a global-mode
@@ -185,6 +204,8 @@ void ordered_internal::EndingWait(CUstream stream, bool per_thread) {
   }
   Counters().ordered_end_waits.Add(1);
 }
+
+}  // namespace
 
 void NoteOrderedContext(CUcontext ctx) {
   if (g_state.load(std::memory_order_acquire) != kOn || ctx == nullptr) return;

@@ -39,11 +39,16 @@
 namespace vramscope::interposer {
 namespace ordered_internal {
 
-enum : int { kOn = 0, kEnding = 1, kOff = 2 };
+// kOn -> kBreaking (the end being marked: other watched calls wait for it, briefly) -> kEnding
+// (the end event recorded, not yet complete) -> kOff. Frees are settled only in kOn.
+enum : int { kOn = 0, kBreaking = 1, kEnding = 2, kOff = 3 };
 extern constinit std::atomic<int> g_state;
 
-void CheckContext(const char* where);
-void EndingWait(CUstream stream, bool per_thread);
+// True if the current context is not the ordered one, which ended ordered reuse.
+bool CheckContextBreaks(const char* where);
+// Work for `stream` while ordered reuse is ending: waits out kBreaking, then makes the stream
+// wait for the end event (EndingWait) unless it already completed.
+void WhileEnding(CUstream stream, bool per_thread);
 
 }  // namespace ordered_internal
 
@@ -51,7 +56,7 @@ void EndingWait(CUstream stream, bool per_thread);
 void ConfigureOrdered(bool allowed);
 
 // A free happening now may be reused at once. Sequentially consistent: a free that saw ordered
-// reuse still on was stamped before BreakOrdered's synchronisation started.
+// reuse still on was stamped before BreakOrdered took the end's fence and recorded its event.
 inline bool OrderedOn() {
   return ordered_internal::g_state.load(std::memory_order_seq_cst) == ordered_internal::kOn;
 }
@@ -59,7 +64,7 @@ inline bool OrderedOn() {
 // Ends ordered reuse (idempotent; `why` names the entry point or the event): records an event
 // on the ordered context's legacy stream, which work queued anywhere else waits for until it
 // completed (WatchStream), or, if it cannot, synchronises every pooled context. Never blocks on
-// the GPU otherwise.
+// the GPU otherwise. Returns at once if another thread is ending it (WhileEnding waits).
 void BreakOrdered(const char* why);
 // The same, then waits on the host for the work queued before the end (an export to another
 // process, whose work the shim never sees).
@@ -70,19 +75,18 @@ void BreakOrderedAndWait(const char* why);
 inline void WatchStream(CUstream stream, bool per_thread, const char* where) {
   const int state = ordered_internal::g_state.load(std::memory_order_acquire);
   if (__builtin_expect(state == ordered_internal::kOff, 1)) return;
-  if (state == ordered_internal::kEnding) {
-    ordered_internal::EndingWait(stream, per_thread);
-    return;
+  if (state == ordered_internal::kOn) {
+    const auto handle = reinterpret_cast<std::uintptr_t>(stream);
+    // CU_STREAM_LEGACY names the legacy stream in both flavours, a null stream in the legacy
+    // one. Work there from the ordered context follows everything before it, the end included.
+    if (handle == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY) ||
+        (handle == 0 && !per_thread)) {
+      if (!ordered_internal::CheckContextBreaks(where)) return;
+    } else {
+      BreakOrdered(where);
+    }
   }
-  const auto handle = reinterpret_cast<std::uintptr_t>(stream);
-  // CU_STREAM_LEGACY names the legacy stream in both flavours, a null stream in the legacy one.
-  if (handle == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY) ||
-      (handle == 0 && !per_thread)) {
-    ordered_internal::CheckContext(where);
-    return;
-  }
-  BreakOrdered(where);
-  ordered_internal::EndingWait(stream, per_thread);
+  ordered_internal::WhileEnding(stream, per_thread);
 }
 
 // A pool is being created for `ctx`: a second context ends ordered reuse.
