@@ -533,6 +533,9 @@ __attribute__((noinline)) Slot* SlotForCurrentContextSlow(CUcontext ctx) {
       if (slot != nullptr) {
         g_slots[count].store(slot, std::memory_order_release);
         g_slot_count.store(count + 1, std::memory_order_release);
+        // Ordered reuse may have ended between CreateSlot and the publication above, where the
+        // end's EndSettling could not see this slot (idempotent).
+        if (!OrderedOn()) slot->fences.EndSettling();
       }
     } else if (slot == nullptr) {
       VRAMSCOPE_LOG_ONCE(kWarn, "more than %d contexts: new contexts are not pooled", kMaxSlots);

@@ -122,6 +122,7 @@ class EpochFences final : public pool::FenceTracker {
   // ends) takes the fence that covers every settled free; BeforeReturningMemory synchronises
   // until it completed.
   void EndSettling() {
+    if (settled_fence_.load(std::memory_order_acquire) != kUnended) return;
     std::uint64_t expected = kUnended;
     const std::uint64_t fence = epoch_.fetch_add(1, std::memory_order_seq_cst);
     (void)settled_fence_.compare_exchange_strong(expected, fence, std::memory_order_acq_rel);
