@@ -12,22 +12,25 @@
 // (hooks_streams_gen.cc, generated from <cuda.h> by gen_stream_hooks.py, and the hand-written
 // hooks that take streams). Ordered reuse ends for good, the first time the process:
 //  - queues work on any stream but the legacy one: a created stream, CU_STREAM_PER_THREAD, or
-//    the per-thread default stream through a _ptsz / _ptds entry point (a stream that is created
-//    and never given work, as cuDNN's handle makes, does not end it);
+//    the per-thread default stream through a _ptsz / _ptds entry point (creating a stream does
+//    not end it; its first work does);
 //  - queues work from a second context (a second device, a green or non-primary context);
 //  - creates a pool in a second context, or exports pooled memory by IPC;
-//  - looks up a driver entry point the <cuda.h> the shim was built with does not declare (a
-//    newer driver's, which might queue work unwatched).
+//  - looks up a driver entry point that neither the <cuda.h> the shim was built with nor the
+//    interop and profiler headers declare (a newer driver's, which might queue work unwatched).
 // Ending it records an event on the legacy stream, and until that event completed every watched
 // call that queues work elsewhere (the one that ended it first) makes its stream wait for it on
 // the GPU (cuStreamWaitEvent, before the call reaches the driver): no block handed out again
 // under ordered reuse can meet the new stream's work before the old work finished, and no host
 // thread blocks. An IPC export synchronises instead. From then on the amortised fence applies.
+// Reuse under ordered reuse is ordered; giving the memory back to the driver is not, so memory
+// freed under it is unmapped or freed only after a synchronisation covers it
+// (EpochFences::BeforeReturningMemory).
 //
 // Pool mode only (strict keeps the driver's full wait; passthrough pools nothing);
 // VRAMSCOPE_ORDERED=0 turns it off from the start.
 //
-// Thread safety: one process-wide atomic state; the checks below are one relaxed load once
+// Thread safety: one process-wide atomic state; the checks below are one acquire load once
 // ordered reuse has ended.
 #pragma once
 
