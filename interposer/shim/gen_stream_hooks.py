@@ -27,8 +27,7 @@ import subprocess
 import sys
 
 # Entry points with a stream argument that queue no work (queries, synchronisation, stream
-# bookkeeping, capture ends): a created stream only matters once work goes to it, and creation
-# itself is watched.
+# bookkeeping, capture ends): a stream only matters once work goes to it.
 NOT_WORK = {
     "cuStreamGetPriority", "cuStreamGetDevice", "cuStreamGetFlags", "cuStreamGetId",
     "cuStreamGetCtx", "cuStreamGetCtx_v2", "cuStreamIsCapturing", "cuStreamGetCaptureInfo_v3",
@@ -86,24 +85,23 @@ def base_of(name):
 
 
 def collect(legacy, per_thread):
-    hooks = []  # (name, params, stream expression or None, per_thread flavour, kind)
+    hooks = []  # (name, params, stream expression or None, per_thread flavour)
     for name, params in sorted(legacy.items()):
         streams = [STREAM_PARAM.match(p) for p in params]
         streams = [m.group(2) for m in streams if m]
         if name == "cuLaunchKernelEx":
-            hooks.append((name, params, "config != nullptr ? config->hStream : nullptr", False,
-                          "work"))
+            hooks.append((name, params, "config != nullptr ? config->hStream : nullptr", False))
         elif streams:
             if name in NOT_WORK or name in HOOKED_ELSEWHERE:
                 continue
-            hooks.append((name, params, streams[0], False, "work"))
+            hooks.append((name, params, streams[0], False))
     # Legacy synchronous copies and sets: the legacy counterparts of the _ptds names.
     for name, params in sorted(per_thread.items()):
         if name.endswith("_ptds") and base_of(name) in legacy:
-            hooks.append((base_of(name), legacy[base_of(name)], None, False, "work"))
+            hooks.append((base_of(name), legacy[base_of(name)], None, False))
     for name in sorted(LEGACY_NO_STREAM_EXTRA):
         if name in legacy:
-            hooks.append((name, legacy[name], None, False, "work"))
+            hooks.append((name, legacy[name], None, False))
     for name, params in sorted(per_thread.items()):
         if not (name.endswith("_ptsz") or name.endswith("_ptds")):
             continue
@@ -116,7 +114,7 @@ def collect(legacy, per_thread):
             expr = "config != nullptr ? config->hStream : nullptr"
         else:
             expr = streams[0] if streams else None
-        hooks.append((name, params, expr, True, "work"))
+        hooks.append((name, params, expr, True))
     names = [h[0] for h in hooks]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -152,7 +150,7 @@ def known_names(declared, header):
 
 def render(hooks, legacy, version, known):
     h = [HEADER_TOP.format(version=version)]
-    for name, params, _, per_thread, _ in hooks:
+    for name, params, _, _ in hooks:
         if name in legacy:
             continue
         h.append("CUresult CUDAAPI %s(%s);\n" % (name, ", ".join(params)))
@@ -177,7 +175,7 @@ def render(hooks, legacy, version, known):
 
 using namespace vramscope::interposer;
 """ % version]
-    for name, params, expr, per_thread, kind in hooks:
+    for name, params, expr, per_thread in hooks:
         args = ", ".join(arg_name(p) for p in params)
         c.append("\nVRAMSCOPE_EXPORT CUresult CUDAAPI %s(%s) {\n" % (name, ", ".join(params)))
         c.append("  VRAMSCOPE_PROLOGUE(%s);\n" % name)
