@@ -32,9 +32,19 @@ constinit std::atomic<const char*> g_reason{nullptr};
 // Recorded on the ordered context's legacy stream when ordered reuse ended: everything queued
 // before the end. Never destroyed (a thread may still be about to wait on it).
 constinit std::atomic<CUevent> g_end_event{nullptr};
-constinit std::atomic<bool> g_allowed{true};
 
 void EndingWait(CUstream stream, bool per_thread);
+
+// True if `ctx` is the ordered context, or becomes it (the first one seen).
+bool IsOrderedContext(CUcontext ctx) {
+  CUcontext expected = g_ctx.load(std::memory_order_acquire);
+  if (expected == ctx) return true;
+  if (expected == nullptr &&
+      g_ctx.compare_exchange_strong(expected, ctx, std::memory_order_acq_rel)) {
+    return true;
+  }
+  return expected == ctx;  // another thread made it the ordered context meanwhile
+}
 
 CUcontext CurrentContextOrNull() {
   CUcontext ctx = nullptr;
@@ -103,7 +113,6 @@ void LogEnd(const char* why) {
 }  // namespace
 
 void ConfigureOrdered(bool allowed) {
-  g_allowed.store(allowed, std::memory_order_relaxed);
   g_ctx.store(nullptr, std::memory_order_relaxed);
   g_end_event.store(nullptr, std::memory_order_relaxed);
   g_reason.store(nullptr, std::memory_order_relaxed);
@@ -139,17 +148,10 @@ void BreakOrderedAndWait(const char* why) {
   (void)g_state.compare_exchange_strong(expected, kOff, std::memory_order_seq_cst);
 }
 
-bool ordered_internal::CheckContextBreaks(const char* where) {
+bool ordered_internal::CheckContextBreaks() {
   const CUcontext ctx = CurrentContextOrNull();
-  if (ctx == nullptr) return false;  // the driver refuses the call: nothing is queued
-  CUcontext expected = g_ctx.load(std::memory_order_acquire);
-  if (expected == ctx) return false;
-  if (expected == nullptr &&
-      g_ctx.compare_exchange_strong(expected, ctx, std::memory_order_acq_rel)) {
-    return false;
-  }
-  if (expected == ctx) return false;
-  (void)where;
+  // No context: the driver refuses the call, nothing is queued.
+  if (ctx == nullptr || IsOrderedContext(ctx)) return false;
   BreakOrdered("second_context");
   return true;
 }
@@ -177,7 +179,7 @@ void EndingWait(CUstream stream, bool per_thread) {
   // Relaxed capture mode on this thread: cuEventQuery would otherwise invalidate a global-mode
   // capture live in the process.
   DriverCallScope scope(nullptr);
-  if (event == nullptr || real.cuEventQuery(event) == CUDA_SUCCESS) {
+  if (real.cuEventQuery(event) == CUDA_SUCCESS) {
     int expected = kEnding;
     (void)g_state.compare_exchange_strong(expected, kOff, std::memory_order_seq_cst);
     return;
@@ -209,19 +211,13 @@ void EndingWait(CUstream stream, bool per_thread) {
 
 void NoteOrderedContext(CUcontext ctx) {
   if (g_state.load(std::memory_order_acquire) != kOn || ctx == nullptr) return;
-  CUcontext expected = g_ctx.load(std::memory_order_acquire);
-  if (expected == ctx) return;
-  if (expected == nullptr &&
-      g_ctx.compare_exchange_strong(expected, ctx, std::memory_order_acq_rel)) {
-    return;
-  }
-  if (expected != ctx) BreakOrdered("second_context_pool");
+  if (!IsOrderedContext(ctx)) BreakOrdered("second_context_pool");
 }
 
 const char* OrderedStatus() {
-  if (!g_allowed.load(std::memory_order_relaxed)) return "off";
   const char* reason = g_reason.load(std::memory_order_acquire);
-  return reason != nullptr ? reason : "on";
+  if (reason != nullptr) return reason;
+  return g_state.load(std::memory_order_acquire) == kOn ? "on" : "off";
 }
 
 }  // namespace vramscope::interposer

@@ -48,7 +48,7 @@ enum : int { kOn = 0, kBreaking = 1, kEnding = 2, kOff = 3 };
 extern constinit std::atomic<int> g_state;
 
 // True if the current context is not the ordered one, which ended ordered reuse.
-bool CheckContextBreaks(const char* where);
+bool CheckContextBreaks();
 // Work for `stream` while ordered reuse is ending: waits out kBreaking, then makes the stream
 // wait for the end event (EndingWait) unless it already completed.
 void WhileEnding(CUstream stream, bool per_thread);
@@ -84,7 +84,7 @@ inline void WatchStream(CUstream stream, bool per_thread, const char* where) {
     // one. Work there from the ordered context follows everything before it, the end included.
     if (handle == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY) ||
         (handle == 0 && !per_thread)) {
-      if (!ordered_internal::CheckContextBreaks(where)) return;
+      if (!ordered_internal::CheckContextBreaks()) return;
     } else {
       BreakOrdered(where);
     }
