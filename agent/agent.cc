@@ -1,6 +1,8 @@
 #include "vramscope/agent/agent.h"
 
 #include <absl/strings/str_format.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -13,12 +15,51 @@
 #include "drain/ring_reader.h"
 #include "vramscope/agent/log.h"
 #include "vramscope/ring.h"
+#include "vramscope/ring/ring_dir.h"
 
 namespace vramscope::agent {
 
 std::string DefaultRingDir() {
-  const char* dir = ::getenv("VRAMSCOPE_RING_DIR");
-  return dir != nullptr && *dir != '\0' ? dir : VRAMSCOPE_RING_DEFAULT_DIR;
+  const interposer::RingDirChoice choice = interposer::ChooseRingDir();
+  return choice.source == interposer::RingDirSource::kExplicit ? choice.dir
+                                                               : interposer::DefaultRingDir();
+}
+
+bool UsesDefaultRingDir() {
+  return interposer::ChooseRingDir().source != interposer::RingDirSource::kExplicit;
+}
+
+absl::Status PrepareDefaultRingDir(const std::string& dir) {
+  const bool root = ::geteuid() == 0;
+  const mode_t mode = root ? 01777 : 0700;
+  if (::mkdir(dir.c_str(), mode) == 0) {
+    // mkdir's mode passed through the umask; set it exactly, on the directory just made (opened
+    // without following a symlink, so nothing swapped in can be chmod-ed).
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st {};
+    const bool ok =
+        fd >= 0 && ::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && ::fchmod(fd, mode) == 0;
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    if (!ok) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cannot set the mode of the ring directory %s: %s", dir, ::strerror(error)));
+    }
+    Log(LogLevel::kInfo, absl::StrFormat("created the ring directory %s (mode %04o)", dir, mode));
+  } else if (errno != EEXIST) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot create the ring directory %s: %s", dir, ::strerror(errno)));
+  }
+  const interposer::RingDirCheck check = interposer::CheckRingDir(dir.c_str());
+  if (check.fd >= 0) ::close(check.fd);
+  if (check.verdict != interposer::RingDirVerdict::kSafe) {
+    char why[128];
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the ring directory %s %s, so traced processes would not write there; remove it, or "
+        "pass --ring-dir and set VRAMSCOPE_RING_DIR to the same directory for the programs",
+        dir, interposer::DescribeRingDirCheck(check, why, sizeof(why))));
+  }
+  return absl::OkStatus();
 }
 
 Agent::Agent(AgentOptions options)

@@ -1,6 +1,6 @@
 // vramscope-agent: drains the shim's event rings on this node and streams them to the collector.
-// Exit codes: 0 ok; 1 --once could not deliver everything; 2 usage (or unusable --spool-dir);
-// 3 cannot reach the collector.
+// Exit codes: 0 ok; 1 --once could not deliver everything; 2 usage (or unusable --spool-dir or
+// default ring directory); 3 cannot reach the collector.
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
@@ -30,7 +30,10 @@ events to vramscope-collector over gRPC, resending after reconnects; with --spoo
 unacknowledged batch is also on disk, and a restarted agent sends it.
 
   --collector=HOST:PORT      collector address (default 127.0.0.1:7411)
-  --ring-dir=DIR             where the rings are (default $VRAMSCOPE_RING_DIR, else /dev/shm)
+  --ring-dir=DIR             where the rings are (default $VRAMSCOPE_RING_DIR, else
+                             /dev/shm/vramscope, which the agent creates: mode 1777 as
+                             root, 0700 otherwise; where the shim writes when
+                             VRAMSCOPE_RING_DIR is unset)
   --batch-events=N           events per batch at most (default 4096)
   --poll-interval-ms=N       how often to look for new rings and records (default 50)
   --max-memory-bytes=SIZE    unacknowledged batches kept in memory (with --spool-dir: copies
@@ -48,8 +51,9 @@ unacknowledged batch is also on disk, and a restarted agent sends it.
   --once-timeout=SECONDS     how long --once waits for the collector (default 30)
   --help                     this text
 
-Exit codes: 0 ok; 1 --once could not deliver everything; 2 usage, unusable --spool-dir, or
-(--once) unreadable ring directory; 3 (--once) the collector could not be reached.
+Exit codes: 0 ok; 1 --once could not deliver everything; 2 usage, unusable --spool-dir, a
+default ring directory that cannot be created or is unsafe, or (--once) unreadable ring
+directory; 3 (--once) the collector could not be reached.
 
 SIZE takes a K, M, G or T suffix (powers of 1024). Only rings of the agent's own user are read,
 unless it runs as root. Nothing is lost across a collector restart either way; across an agent
@@ -168,6 +172,15 @@ int Main(int argc, char** argv) {
     }
   }
   options.all_users = ::geteuid() == 0;
+  if (options.ring_dir.empty() && UsesDefaultRingDir()) {
+    // The default directory is the agent's to make: a plain LD_PRELOAD run writes there only if
+    // it exists and is safe.
+    options.ring_dir = DefaultRingDir();
+    if (absl::Status s = PrepareDefaultRingDir(options.ring_dir); !s.ok()) {
+      std::fprintf(stderr, "vramscope-agent: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
 
   sigset_t signals;
   sigemptyset(&signals);

@@ -140,8 +140,9 @@ RingError RingWriter::Open(const RingOpenOptions& options) {
     return RingError::kInvalidArgument;
   }
   const char* dir = options.dir;
-  if (dir == nullptr || dir[0] == '\0') dir = getenv("VRAMSCOPE_RING_DIR");
-  if (dir == nullptr || dir[0] == '\0') dir = VRAMSCOPE_RING_DEFAULT_DIR;
+  if (dir == nullptr || dir[0] == '\0') return RingError::kInvalidArgument;
+  // Names relative to dir_fd when the caller holds the directory open, else full paths.
+  const int at = options.dir_fd >= 0 ? options.dir_fd : AT_FDCWD;
 
   const std::uint64_t start_time_ns = ClockNs(CLOCK_REALTIME);
   const std::uint64_t start_monotonic_ns = ClockNs(CLOCK_MONOTONIC);
@@ -158,10 +159,14 @@ RingError RingWriter::Open(const RingOpenOptions& options) {
   }
   memcpy(tmp_path, path_, static_cast<std::size_t>(len));
   memcpy(tmp_path + len, ".tmp", 5);
+  // With dir_fd: the name after "<dir>/".
+  const std::size_t name_at = options.dir_fd >= 0 ? strlen(dir) + 1 : 0;
+  const char* const final_name = path_ + name_at;
+  const char* const tmp_name = tmp_path + name_at;
 
   const std::size_t bytes =
       VRAMSCOPE_RING_HEADER_SIZE + static_cast<std::size_t>(capacity) * VRAMSCOPE_RING_RECORD_SIZE;
-  const int fd = open(tmp_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  const int fd = openat(at, tmp_name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     last_errno_ = errno;
     path_[0] = '\0';
@@ -176,7 +181,7 @@ RingError RingWriter::Open(const RingOpenOptions& options) {
   if (reserve != 0) {
     last_errno_ = reserve;
     close(fd);
-    unlink(tmp_path);
+    unlinkat(at, tmp_name, 0);
     path_[0] = '\0';
     return RingError::kCannotCreate;
   }
@@ -185,7 +190,7 @@ RingError RingWriter::Open(const RingOpenOptions& options) {
   if (map == MAP_FAILED) {
     last_errno_ = errno;
     close(fd);
-    unlink(tmp_path);
+    unlinkat(at, tmp_name, 0);
     path_[0] = '\0';
     return RingError::kCannotMap;
   }
@@ -209,11 +214,11 @@ RingError RingWriter::Open(const RingOpenOptions& options) {
   // The magic last: a reader that sees it sees the rest of the header.
   __atomic_store_n(&header->magic, VRAMSCOPE_RING_MAGIC, __ATOMIC_RELEASE);
 
-  if (rename(tmp_path, path_) != 0) {
+  if (renameat(at, tmp_name, at, final_name) != 0) {
     last_errno_ = errno;
     munmap(map, bytes);
     close(fd);
-    unlink(tmp_path);
+    unlinkat(at, tmp_name, 0);
     path_[0] = '\0';
     return RingError::kCannotCreate;
   }

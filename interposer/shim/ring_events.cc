@@ -1,7 +1,9 @@
 #include "ring_events.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <new>
 
@@ -10,6 +12,7 @@
 #include "log.h"
 #include "nvtx.h"
 #include "stacks.h"
+#include "vramscope/ring/ring_dir.h"
 
 namespace vramscope::interposer {
 namespace ring_internal {
@@ -34,12 +37,32 @@ constexpr int kOpening = 100;
 alignas(RingWriter) constinit unsigned char g_writer_storage[sizeof(RingWriter)] = {};
 constinit RingWriter* g_writer = nullptr;
 constinit const char* g_mode_name = "pool";
+// Where the ring goes (ring_dir.h), decided at init and again in a fork child. The path is copied:
+// the program may change its environment later.
+constinit RingDirSource g_dir_source = RingDirSource::kOff;
+constinit char g_dir[400] = {};
 // Devices whose device_info is filled in (bit per ordinal).
 constinit std::atomic<std::uint32_t> g_devices_noted{0};
 
 RingWriter* Writer() {
   if (g_writer == nullptr) g_writer = new (g_writer_storage) RingWriter();
   return g_writer;
+}
+
+// Reads the rule of ring_dir.h into g_dir_source/g_dir; false when rings are off.
+bool ChooseDir() {
+  const RingDirChoice choice = ChooseRingDir();
+  g_dir_source = choice.source;
+  if (choice.source == RingDirSource::kOff) {
+    VRAMSCOPE_LOG_ONCE(kInfo, "VRAMSCOPE_RING_DIR=%s: no event ring", choice.dir);
+    return false;
+  }
+  const int n = snprintf(g_dir, sizeof(g_dir), "%s", choice.dir);
+  if (n < 0 || static_cast<std::size_t>(n) >= sizeof(g_dir)) {
+    // Never a truncated path: it would name another directory.
+    g_dir[0] = '\0';
+  }
+  return true;
 }
 
 }  // namespace
@@ -49,17 +72,47 @@ void ring_internal::OpenPendingRing() {
   if (!g_ring_state.compare_exchange_strong(expected, kOpening, std::memory_order_acq_rel)) {
     return;
   }
-  RingWriter* writer = Writer();
   RingOpenOptions options;
   options.mode = g_mode_name;
+  options.dir = g_dir;
+  if (g_dir[0] == '\0') {
+    VRAMSCOPE_LOG_ONCE(kWarn,
+                       "the event ring directory's path is too long (%zu bytes at most); "
+                       "running without recording events",
+                       sizeof(g_dir) - 1);
+    g_ring_state.store(static_cast<int>(RingState::kFailed), std::memory_order_release);
+    return;
+  }
+  if (g_dir_source == RingDirSource::kDefault) {
+    // The default directory is used only as vramscope-agent makes it: present, and safe to create
+    // a file in (ring_dir.h). The file is then created relative to the descriptor checked.
+    const RingDirCheck check = CheckRingDir(g_dir);
+    if (check.verdict == RingDirVerdict::kMissing) {
+      VRAMSCOPE_LOG_ONCE(kInfo,
+                         "no agent ring directory %s; set VRAMSCOPE_RING_DIR or start "
+                         "vramscope-agent (running without recording events)",
+                         g_dir);
+    } else if (check.verdict != RingDirVerdict::kSafe) {
+      char why[128];
+      VRAMSCOPE_LOG_ONCE(kWarn,
+                         "not writing an event ring to %s: it %s; set VRAMSCOPE_RING_DIR or fix "
+                         "the directory (running without recording events)",
+                         g_dir, DescribeRingDirCheck(check, why, sizeof(why)));
+    }
+    if (check.verdict != RingDirVerdict::kSafe) {
+      g_ring_state.store(static_cast<int>(RingState::kFailed), std::memory_order_release);
+      return;
+    }
+    options.dir_fd = check.fd;
+  }
+  RingWriter* writer = Writer();
   const RingError error = writer->Open(options);
+  if (options.dir_fd >= 0) close(options.dir_fd);
   if (error != RingError::kOk) {
-    const char* dir = getenv("VRAMSCOPE_RING_DIR");
     VRAMSCOPE_LOG_ONCE(kWarn,
                        "cannot open the event ring in %s (%s: %s); running without recording "
                        "events",
-                       dir != nullptr ? dir : "?", RingErrorName(error),
-                       strerror(writer->last_errno()));
+                       g_dir, RingErrorName(error), strerror(writer->last_errno()));
     g_ring_state.store(static_cast<int>(RingState::kFailed), std::memory_order_release);
     return;
   }
@@ -71,8 +124,7 @@ void ring_internal::OpenPendingRing() {
 
 void OpenRingAtInit(const char* mode_name) {
   if (g_ring_state.load(std::memory_order_acquire) != static_cast<int>(RingState::kOff)) return;
-  const char* dir = getenv("VRAMSCOPE_RING_DIR");
-  if (dir == nullptr || dir[0] == '\0') return;
+  if (!ChooseDir()) return;
   g_mode_name = mode_name;
   g_ring_state.store(static_cast<int>(RingState::kPending), std::memory_order_release);
   ring_internal::OpenPendingRing();
@@ -84,8 +136,11 @@ void RingForkChild(const char* mode_name) {
   if (g_writer != nullptr) g_writer->Close();
   g_devices_noted.store(0, std::memory_order_relaxed);
   g_mode_name = mode_name;
+  // A parent that chose a directory (whether or not its ring opened) gives the child a try of its
+  // own, by the environment the child has now: the agent may have started since.
   if (g_ring_state.load(std::memory_order_relaxed) != static_cast<int>(RingState::kOff)) {
-    g_ring_state.store(static_cast<int>(RingState::kPending), std::memory_order_release);
+    g_ring_state.store(static_cast<int>(ChooseDir() ? RingState::kPending : RingState::kOff),
+                       std::memory_order_release);
   }
 }
 

@@ -1,11 +1,14 @@
 // The shim's side of the event ring (interposer/ring, layout vramscope/ring.h): opening it, and
 // the records the hooks and the pools write.
 //
-// The ring is opened only when VRAMSCOPE_RING_DIR is set (`vramscope run` sets it), lazily: by
-// the first hook that initialises the shim, and in a fork child by the first hook after the
-// fork (the child gets its own file and clean counters; a child that never calls the driver
-// leaves no ring). If it cannot be opened the shim warns once and runs without events; the
-// program is never affected.
+// Where the ring goes is interposer/ring/ring_dir.h's rule: VRAMSCOPE_RING_DIR when set (`vramscope
+// run` sets a private one), none when it is `off` or empty, and when it is unset the default
+// directory /dev/shm/vramscope that vramscope-agent creates, only if it exists and is safe
+// (CheckRingDir). The ring is opened lazily: by the first hook that initialises the shim, and in a
+// fork child by the first hook after the fork (the child gets its own file and clean counters; a
+// child that never calls the driver leaves no ring). The shim logs once at info level where its
+// ring is or why it writes none (VRAMSCOPE_LOG=info); a default directory that exists but is
+// unsafe, or a ring that cannot be created, is a warning, once. The program is never affected.
 //
 // Thread safety: Ring() and the Record* helpers may be called from any thread at any time; the
 // writer is lock-free and never allocates. Open/fork/exit run under the shim's init lock or in
@@ -36,7 +39,7 @@ void OpenPendingRing();
 // The open ring, or nullptr when the process is not recording.
 inline RingWriter* Ring() { return ring_internal::g_ring.load(std::memory_order_acquire); }
 
-// Init path (shim lock held, driver loaded): opens the ring if VRAMSCOPE_RING_DIR is set.
+// Init path (shim lock held, driver loaded): opens the ring where ring_dir.h's rule says.
 void OpenRingAtInit(const char* mode_name);
 // Every hook (EnsureDriver's fast path): opens a ring left pending by a fork child.
 inline void MaybeOpenPendingRing() {

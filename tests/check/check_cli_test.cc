@@ -181,6 +181,18 @@ TEST_F(CheckCliTest, CorruptOrMissingFilesExitTwoNamingTheFile) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("is not a vramscope.v1.Report"), std::string::npos) << r.err;
 
+  // 100 KB of `{"a":` nesting: refused before protobuf parses it (its time grows with the square
+  // of the depth).
+  std::string deep;
+  while (deep.size() < 100000) deep += "{\"a\":";
+  Write("now.json", deep);
+  r = CheckFiles();
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(
+      r.err.find("report: " + Path("now.json") + ": JSON nested deeper than 64 levels at byte 320"),
+      std::string::npos)
+      << r.err;
+
   unlink(Path("base.json").c_str());
   Write("now.json", Report("./app", 1, 1, 1));
   r = CheckFiles();

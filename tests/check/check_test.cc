@@ -82,6 +82,27 @@ TEST(ReportFileTest, RejectsCorruptInputNamingTheFile) {
   }
 }
 
+TEST(ReportFileTest, RejectsDeepNestingBeforeParsing) {
+  // protobuf's parser takes minutes over these (the square of the depth); the pre-scan refuses
+  // them at the 65th level.
+  for (const std::string& deep :
+       {std::string(100000, '['),
+        "{\"reports\": " + std::string(50000, '[') + std::string(50000, ']') + "}",
+        "{\"command_line\": " + std::string(50000, '[') + std::string(50000, ']') + "}"}) {
+    const auto reports = ParseReportsJson(deep, "deep.json");
+    ASSERT_FALSE(reports.ok());
+    EXPECT_EQ(reports.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(reports.status().message().find("deep.json: JSON nested deeper than 64 levels"),
+              std::string::npos)
+        << reports.status();
+  }
+  // Brackets inside strings are text: a command line of 100 KB of brackets is a report.
+  const auto bracketed = ParseReportsJson(
+      "{\"command_line\": [\"" + std::string(50000, '[') + std::string(50000, '{') + "\"]}", "f");
+  ASSERT_TRUE(bracketed.ok()) << bracketed.status();
+  EXPECT_EQ((*bracketed)[0].command_line(0).size(), 100000u);
+}
+
 TEST(ReportFileTest, RejectsDuplicateDevicesAndRanges) {
   EXPECT_FALSE(ParseReportsJson(
                    R"({"devices": [{"device": {"ordinal": 1}}, {"device": {"ordinal": 1}}]})", "f")

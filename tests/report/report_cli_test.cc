@@ -95,6 +95,10 @@ TEST_F(ReportCliTest, BadInputExitsTwoAndWritesNothing) {
   WriteFile(foreign, "{\"name\": \"not a report\"}");
   const std::string empty = dir_.path() + "/empty.json";
   WriteFile(empty, "");
+  // 100 KB of nesting: refused by the pre-scan before protobuf's parser, whose time grows with
+  // the square of the depth, sees it.
+  const std::string deep = dir_.path() + "/deep.json";
+  WriteFile(deep, "{\"reports\": " + std::string(50000, '[') + std::string(50000, ']') + "}");
   struct Case {
     std::string file;
     std::string message;
@@ -103,6 +107,7 @@ TEST_F(ReportCliTest, BadInputExitsTwoAndWritesNothing) {
       {corrupt, "is not a JSON object"},
       {foreign, "is not a vramscope.v1.Report"},
       {empty, "is empty"},
+      {deep, deep + ": JSON nested deeper than 64 levels at byte 75"},
       {dir_.path(), "not a file"},
   };
   for (const Case& c : cases) {

@@ -11,6 +11,7 @@
 #include "drain/ring_directory.h"
 #include "drain/ring_reader.h"
 #include "ring_test_util.h"
+#include "vramscope/ring/ring_dir.h"
 
 namespace vramscope::interposer {
 namespace {
@@ -67,13 +68,21 @@ TEST(RingWriterTest, OpenRejectsBadArguments) {
   EXPECT_EQ(writer.Open({.dir = dir.path().c_str(), .capacity = 64}), RingError::kAlreadyOpen);
 }
 
-TEST(RingWriterTest, OpenUsesRingDirEnvironment) {
-  TempDir dir;
-  setenv("VRAMSCOPE_RING_DIR", dir.path().c_str(), 1);
+TEST(RingWriterTest, OpenNeedsADirectoryAndCanCreateRelativeToADescriptor) {
   RingWriter writer;
-  ASSERT_EQ(writer.Open({}), RingError::kOk);
-  unsetenv("VRAMSCOPE_RING_DIR");
-  EXPECT_EQ(std::string(writer.path()).rfind(dir.path() + "/", 0), 0u);
+  // Which directory is ChooseRingDir's decision (ring_dir.h), never a fallback in the writer.
+  EXPECT_EQ(writer.Open({}), RingError::kInvalidArgument);
+  TempDir dir;
+  const RingDirCheck check = CheckRingDir(dir.path().c_str());
+  ASSERT_EQ(check.verdict, RingDirVerdict::kSafe);
+  ASSERT_GE(check.fd, 0);
+  ASSERT_EQ(writer.Open({.dir = dir.path().c_str(), .dir_fd = check.fd}), RingError::kOk);
+  close(check.fd);
+  const std::string path = writer.path();
+  EXPECT_EQ(path.rfind(dir.path() + "/vramscope.", 0), 0u) << path;
+  struct stat st {};
+  EXPECT_EQ(stat(path.c_str(), &st), 0) << path;
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
 TEST(RingWriterTest, CountersFollowTheKindRule) {

@@ -78,9 +78,11 @@ int main(int argc, char** argv) {
   }
   if (leak > allocs) leak = allocs;
 
-  // Like the shim: no ring directory configured means no recording, and the program still runs.
+  // Like the shim under `vramscope run`: no ring directory configured means no recording, and the
+  // program still runs.
+  const char* const dir = getenv("VRAMSCOPE_RING_DIR");
   RingWriter ring;
-  const bool recording = getenv("VRAMSCOPE_RING_DIR") != nullptr && ring.Open({}) == RingError::kOk;
+  const bool recording = dir != nullptr && ring.Open({.dir = dir}) == RingError::kOk;
   if (recording) {
     const std::uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
     ring.SetDeviceInfo(0, "Fake GPU", uuid, 80ull << 30);
@@ -90,7 +92,7 @@ int main(int argc, char** argv) {
     if (child == 0) {
       RingWriter own;  // the child of a fork starts clean, with its own ring
       ring.Close();
-      if (recording && own.Open({}) == RingError::kOk) {
+      if (recording && own.Open({.dir = dir}) == RingError::kOk) {
         Workload(own, allocs / 2, size, 0, false);
         own.MarkExited(0);
       }

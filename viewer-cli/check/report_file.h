@@ -3,7 +3,8 @@
 //
 // Errors: absl::Status whose message names the file and says what is wrong: kFailedPrecondition
 // when it cannot be read, kInvalidArgument for content that is not a report (bad JSON, unknown
-// fields, a device or NVTX range listed twice in one process). Thread-safe.
+// fields, a device or NVTX range listed twice in one process; input nested deeper or longer than
+// lib/json's limits, refused before protobuf parses it). Thread-safe.
 #pragma once
 
 #include <absl/status/statusor.h>

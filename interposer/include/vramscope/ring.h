@@ -7,10 +7,11 @@
  *
  * File
  *   One file per process: <dir>/vramscope.<uid>.<pid>.<start_time_ns>.ring, where <dir> is
- *   $VRAMSCOPE_RING_DIR or /dev/shm. The writer creates it as "<name>.tmp", initialises the
- *   header, and renames it, so a file with the final name always has a complete header. The
- *   application never unlinks it: the ring outlives a crash or SIGKILL, and the reader removes
- *   it once drained and the writer is gone.
+ *   $VRAMSCOPE_RING_DIR, or when that is unset VRAMSCOPE_RING_DEFAULT_DIR if it exists and is
+ *   safe (vramscope/ring/ring_dir.h has the rule). The writer creates it as "<name>.tmp",
+ *   initialises the header, and renames it, so a file with the final name always has a complete
+ *   header. The application never unlinks it: the ring outlives a crash or SIGKILL, and the
+ *   reader removes it once drained and the writer is gone.
  *
  *   [ header: VRAMSCOPE_RING_HEADER_SIZE bytes ][ capacity x VRAMSCOPE_RING_RECORD_SIZE records ]
  *
@@ -58,7 +59,8 @@ extern "C" {
 #define VRAMSCOPE_RING_DEFAULT_CAPACITY (1u << 16)
 #define VRAMSCOPE_RING_FILE_PREFIX "vramscope."
 #define VRAMSCOPE_RING_FILE_SUFFIX ".ring"
-#define VRAMSCOPE_RING_DEFAULT_DIR "/dev/shm"
+/* Where rings go when VRAMSCOPE_RING_DIR is unset: vramscope-agent creates it (ring_dir.h). */
+#define VRAMSCOPE_RING_DEFAULT_DIR "/dev/shm/vramscope"
 #define VRAMSCOPE_RING_COMMAND_LINE_SIZE 1024u
 /* NVTX push: name and domain share 28 inline bytes plus up to 3 TEXT records of 40 bytes. */
 #define VRAMSCOPE_RING_NVTX_INLINE_TEXT 28u

@@ -40,15 +40,26 @@ class RingDirectory;
 class RingReader;
 
 struct AgentOptions {
-  std::string ring_dir;  // empty: $VRAMSCOPE_RING_DIR, else /dev/shm (vramscope/ring.h)
+  std::string ring_dir;  // empty: DefaultRingDir()
   int batch_events = 4096;
   bool all_users = false;  // read every user's rings (the agent forces this off unless root)
   OutboxOptions outbox;
   UplinkOptions uplink;
 };
 
-// The ring directory the shim writes to by default.
+// Where the shim writes its ring (interposer/ring/ring_dir.h): $VRAMSCOPE_RING_DIR when it names a
+// directory, else the default directory (/dev/shm/vramscope, VRAMSCOPE_RING_DEFAULT_DIR).
 std::string DefaultRingDir();
+// True when DefaultRingDir() is the default directory (VRAMSCOPE_RING_DIR unset, off or empty).
+bool UsesDefaultRingDir();
+
+// Makes the default ring directory usable by the shims that write there: creates `dir` when it is
+// missing, mode 1777 (sticky: every user's processes write, none can touch another's ring) when the
+// agent runs as root, else 0700 (only this user's processes), and checks an existing one by the
+// shim's rule (CheckRingDir: a directory, not a symlink, owned by root or this user, sticky if
+// others may write). kFailedPrecondition, naming the directory and the reason, when it cannot be
+// created or is not safe (the shim would refuse it too).
+absl::Status PrepareDefaultRingDir(const std::string& dir);
 
 class Agent {
  public:

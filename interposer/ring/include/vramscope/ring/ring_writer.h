@@ -31,7 +31,7 @@ namespace vramscope::interposer {
 enum class [[nodiscard]] RingError{
     kOk = 0,
     kAlreadyOpen,      // Open on an open writer
-    kInvalidArgument,  // capacity not a power of two in range, path too long
+    kInvalidArgument,  // capacity not a power of two in range, no dir, path too long
     kCannotCreate,     // open/fallocate/rename failed (errno in last_errno; ENOSPC: no room)
     kCannotMap,        // mmap failed
 };
@@ -39,8 +39,13 @@ enum class [[nodiscard]] RingError{
 const char* RingErrorName(RingError error);
 
 struct RingOpenOptions {
-  // Directory for the ring file; nullptr or "" = $VRAMSCOPE_RING_DIR, else /dev/shm.
+  // Directory for the ring file (required: nullptr or "" is kInvalidArgument). Which directory a
+  // process uses is decided by ChooseRingDir (ring_dir.h), not here.
   const char* dir = nullptr;
+  // When >= 0: `dir`, already open (CheckRingDir's descriptor). The file is created relative to
+  // it (openat/renameat), so the directory that was checked is the one written; `dir` then only
+  // names it in path(). Not closed by Open.
+  int dir_fd = -1;
   // Records, a power of two in [VRAMSCOPE_RING_MIN_CAPACITY, VRAMSCOPE_RING_MAX_CAPACITY].
   std::uint32_t capacity = VRAMSCOPE_RING_DEFAULT_CAPACITY;
   // VRAMSCOPE_MODE as the shim runs: "pool", "passthrough", "strict" (truncated to 15 bytes).
