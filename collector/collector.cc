@@ -214,8 +214,7 @@ absl::StatusOr<std::string> SetAsideDamage(int* fd, const std::string& path, uin
     return out >= 0;
   });
   if (!aside.ok()) return aside.status();
-  absl::StatusOr<Copied> copied =
-      CopyData(*fd, path, valid, file_bytes, out, *aside, 0, max_copy);
+  absl::StatusOr<Copied> copied = CopyData(*fd, path, valid, file_bytes, out, *aside, 0, max_copy);
   absl::Status status = copied.status();
   // Trailing holes are part of the tail too: the copy gets the same length, still sparse.
   if (status.ok() && ::ftruncate(out, static_cast<off_t>(copied->end - valid)) != 0) {
@@ -410,7 +409,7 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
     } else {
       absl::StatusOr<std::string> aside =
           SetAsideDamage(&process->fd, path, scan.valid_bytes, scan.file_bytes,
-                                                         options_.max_aside_copy_bytes, options_.fsync);
+                         options_.max_aside_copy_bytes, options_.fsync);
       truncated = aside.ok();
       note(LogLevel::kError,
            absl::StrFormat(
