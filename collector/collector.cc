@@ -1,10 +1,12 @@
 #include "vramscope/collector/collector.h"
 
+#include <absl/status/status.h>
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -28,14 +30,35 @@ bool SameKey(const v1::ProcessKey& a, const v1::ProcessKey& b) {
   return a.host() == b.host() && a.pid() == b.pid() && a.start_time_ns() == b.start_time_ns();
 }
 
-std::string SanitizedHost(const std::string& host) {
-  std::string out = host.empty() ? "unknown-host" : host;
-  for (char& c : out) {
+// A stable 64-bit hash of the whole process key (FNV-1a over a length-prefixed encoding, so that
+// no two keys encode alike). It must not change between versions: it is part of file names.
+uint64_t KeyHash(const v1::ProcessKey& key) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) {
+      h ^= (value >> (8 * i)) & 0xFF;
+      h *= 0x100000001b3ull;
+    }
+  };
+  mix(key.host().size(), 8);
+  for (char c : key.host()) mix(static_cast<unsigned char>(c), 1);
+  mix(key.pid(), 4);
+  mix(key.start_time_ns(), 8);
+  return h;
+}
+
+// `<host>_<pid>_<start>_<hash>`: the host cut to 64 characters of [A-Za-z0-9.-] (others, and a
+// leading dot, become '_'), so the name is safe whatever the host holds; the hash of the full key
+// keeps hosts that differ only past the cut or in replaced characters apart.
+std::string LogBaseName(const v1::ProcessKey& key) {
+  std::string host = key.host().empty() ? "unknown-host" : key.host().substr(0, 64);
+  for (char& c : host) {
     bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
               c == '.' || c == '-';
     if (!ok) c = '_';
   }
-  return out.substr(0, 64);
+  if (host[0] == '.') host[0] = '_';
+  return absl::StrFormat("%s_%d_%d_%016x", host, key.pid(), key.start_time_ns(), KeyHash(key));
 }
 
 absl::Status FsyncDir(const std::string& dir) {
@@ -49,33 +72,175 @@ absl::Status FsyncDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
-// Copies bytes [offset, end) of `path` to `aside` so that a truncation never destroys evidence.
-absl::Status CopyTail(const std::string& path, uint64_t offset, const std::string& aside) {
-  int in = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) return absl::InternalError(absl::StrFormat("open %s: %s", path, strerror(errno)));
-  int out = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (out < 0) {
-    int err = errno;
-    ::close(in);
-    return absl::InternalError(absl::StrFormat("create %s: %s", aside, strerror(err)));
+// The next data extent of `fd` in [from, to): {start, end}, or {to, to} when only holes are left.
+// Filesystems without SEEK_DATA report everything as data.
+std::pair<uint64_t, uint64_t> NextData(int fd, uint64_t from, uint64_t to) {
+  off_t data = ::lseek(fd, static_cast<off_t>(from), SEEK_DATA);
+  if (data < 0) return errno == ENXIO ? std::make_pair(to, to) : std::make_pair(from, to);
+  if (static_cast<uint64_t>(data) >= to) return {to, to};
+  off_t hole = ::lseek(fd, data, SEEK_HOLE);
+  uint64_t end = hole < 0 ? to : std::min<uint64_t>(static_cast<uint64_t>(hole), to);
+  return {static_cast<uint64_t>(data), end};
+}
+
+// Bytes of [from, to) that are data, not holes.
+uint64_t DataBytes(int fd, uint64_t from, uint64_t to) {
+  uint64_t total = 0;
+  while (from < to) {
+    auto [start, end] = NextData(fd, from, to);
+    total += end - start;
+    from = end;
   }
-  absl::Status status;
-  char buffer[1 << 16];
-  off_t pos = static_cast<off_t>(offset);
-  while (status.ok()) {
-    ssize_t n = ::pread(in, buffer, sizeof(buffer), pos);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      status = absl::InternalError(absl::StrFormat("read %s: %s", path, strerror(errno)));
-      break;
+  return total;
+}
+
+struct Copied {
+  uint64_t data_bytes = 0;  // bytes read and written
+  uint64_t end = 0;         // source offset everything before which was copied (or was a hole)
+};
+
+// Copies the data of [from, to) of `in` to `out` at offset `out_base + (position - from)`, holes
+// left as holes, stopping once `max_bytes` were copied.
+absl::StatusOr<Copied> CopyData(int in, const std::string& in_path, uint64_t from, uint64_t to,
+                                int out, const std::string& out_path, uint64_t out_base,
+                                uint64_t max_bytes) {
+  Copied copied;
+  copied.end = from;
+  std::string buffer(1 << 20, '\0');
+  while (copied.end < to && copied.data_bytes < max_bytes) {
+    auto [start, end] = NextData(in, copied.end, to);
+    copied.end = start;
+    while (copied.end < end && copied.data_bytes < max_bytes) {
+      size_t chunk = static_cast<size_t>(
+          std::min<uint64_t>({buffer.size(), end - copied.end, max_bytes - copied.data_bytes}));
+      ssize_t n = ::pread(in, buffer.data(), chunk, static_cast<off_t>(copied.end));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::InternalError(absl::StrFormat("read %s: %s", in_path, strerror(errno)));
+      }
+      if (n == 0) return copied;  // the file shrank under us
+      for (ssize_t done = 0; done < n;) {
+        ssize_t w = ::pwrite(out, buffer.data() + done, static_cast<size_t>(n - done),
+                             static_cast<off_t>(out_base + copied.end - from + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+          return absl::InternalError(
+              absl::StrFormat("write %s: %s", out_path, strerror(w < 0 ? errno : EIO)));
+        }
+        done += w;
+      }
+      copied.end += static_cast<uint64_t>(n);
+      copied.data_bytes += static_cast<uint64_t>(n);
     }
-    if (n == 0) break;
-    status = AppendAll(out, 0, absl::string_view(buffer, static_cast<size_t>(n)), nullptr, aside);
-    pos += n;
   }
-  ::close(in);
+  return copied;
+}
+
+// Makes `make(name)` succeed for the first free name of `<base>`, `<base>-2`, `<base>-3`, ...:
+// an earlier aside (or a leftover of an interrupted recovery) is never overwritten.
+template <typename Make>
+absl::StatusOr<std::string> FirstFreeName(const std::string& base, Make make) {
+  for (int n = 1; n <= 1000; ++n) {
+    std::string name = n == 1 ? base : absl::StrFormat("%s-%d", base, n);
+    if (make(name)) return name;
+    if (errno != EEXIST) {
+      return absl::InternalError(absl::StrFormat("create %s: %s", name, strerror(errno)));
+    }
+  }
+  return absl::InternalError(absl::StrFormat("%s-2 .. -1000 all exist", base));
+}
+
+// Takes the damaged bytes [valid, file_bytes) out of the log open as `*fd` at `path` without
+// losing them and without writing more than `max_copy` bytes, whatever their size:
+//   * their data (holes are skipped: a sparse tail costs nothing) fits the cap: copied to
+//     `<path>.corrupt-<valid>`, holes kept, and the log truncated;
+//   * otherwise, when the good prefix fits the cap: the original file is kept whole as
+//     `<path>.corrupt-<valid>` (a hard link, nothing copied) and `path` replaced by a new file
+//     holding the prefix; `*fd` then refers to the new file;
+//   * both over the cap: the first `max_copy` bytes of the tail's data are copied, the rest is
+//     dropped with the truncation.
+// Returns what happened to the bytes, for the error line; on failure the log is untouched.
+absl::StatusOr<std::string> SetAsideDamage(int* fd, const std::string& path, uint64_t valid,
+                                           uint64_t file_bytes, uint64_t max_copy, bool fsync) {
+  const uint64_t tail_data = DataBytes(*fd, valid, file_bytes);
+  const std::string base = absl::StrFormat("%s.corrupt-%d", path, valid);
+  if (tail_data > max_copy && valid <= max_copy) {
+    // Recovery's own scratch name: not `.vslog`, so a crash here leaves nothing to load, and
+    // the next start truncates and reuses it.
+    const std::string fresh = path + ".recovering";
+    int out = ::open(fresh.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (out < 0) {
+      return absl::InternalError(absl::StrFormat("create %s: %s", fresh, strerror(errno)));
+    }
+    absl::StatusOr<Copied> copied = CopyData(*fd, path, 0, valid, out, fresh, 0, valid);
+    absl::Status status = copied.status();
+    if (status.ok() && copied->end != valid) {
+      status = absl::DataLossError(absl::StrFormat("%s shrank while being read", path));
+    }
+    if (status.ok() && (::ftruncate(out, static_cast<off_t>(valid)) != 0 || ::fdatasync(out))) {
+      status = absl::InternalError(absl::StrFormat("write %s: %s", fresh, strerror(errno)));
+    }
+    absl::StatusOr<std::string> aside;
+    if (status.ok()) {
+      aside = FirstFreeName(
+          base, [&](const std::string& name) { return ::link(path.c_str(), name.c_str()) == 0; });
+      status = aside.status();
+    }
+    if (status.ok() && ::rename(fresh.c_str(), path.c_str()) != 0) {
+      status =
+          absl::InternalError(absl::StrFormat("rename %s to %s: %s", fresh, path, strerror(errno)));
+      ::unlink(aside->c_str());
+    }
+    if (!status.ok()) {
+      ::close(out);
+      ::unlink(fresh.c_str());
+      return status;
+    }
+    ::close(*fd);
+    *fd = out;
+    if (fsync) {
+      absl::Status synced = FsyncDir(std::filesystem::path(path).parent_path().string());
+      if (!synced.ok()) Log(LogLevel::kError, synced.message());
+    }
+    return absl::StrFormat(
+        "kept in %s (the whole original file; the log was rewritten with the "
+        "%d bytes before it)",
+        *aside, valid);
+  }
+
+  int out = -1;
+  absl::StatusOr<std::string> aside = FirstFreeName(base, [&](const std::string& name) {
+    out = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    return out >= 0;
+  });
+  if (!aside.ok()) return aside.status();
+  absl::StatusOr<Copied> copied = CopyData(*fd, path, valid, file_bytes, out, *aside, 0, max_copy);
+  absl::Status status = copied.status();
+  // Trailing holes are part of the tail too: the copy gets the same length, still sparse.
+  if (status.ok() && ::ftruncate(out, static_cast<off_t>(copied->end - valid)) != 0) {
+    status = absl::InternalError(absl::StrFormat("truncate %s: %s", *aside, strerror(errno)));
+  }
+  if (status.ok() && fsync && ::fdatasync(out) != 0) {
+    status = absl::InternalError(absl::StrFormat("fdatasync %s: %s", *aside, strerror(errno)));
+  }
   ::close(out);
-  return status;
+  if (!status.ok()) {
+    ::unlink(aside->c_str());
+    return status;
+  }
+  if (::ftruncate(*fd, static_cast<off_t>(valid)) != 0) {
+    return absl::InternalError(
+        absl::StrFormat("cannot truncate %s to %d bytes: %s", path, valid, strerror(errno)));
+  }
+  if (copied->end < file_bytes) {
+    return absl::StrFormat(
+        "copied to %s only up to offset %d (%d bytes of data, the cap); the %d bytes after "
+        "that were dropped",
+        *aside, copied->end, copied->data_bytes, file_bytes - copied->end);
+  }
+  const uint64_t holes = file_bytes - valid - copied->data_bytes;
+  return absl::StrCat("moved to ", *aside,
+                      holes == 0 ? "" : absl::StrFormat(" (%d of them holes, kept sparse)", holes));
 }
 
 }  // namespace
@@ -124,8 +289,18 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Open(CollectorOptions opti
   if (options.data_dir.empty()) {
     return absl::InvalidArgumentError("no data directory: pass --data-dir=DIR");
   }
+  // The logs hold command lines and allocation sites: the directory is the owner's alone (0700
+  // when created here; an existing directory keeps its mode). Parents get the usual mode.
   std::error_code ec;
-  std::filesystem::create_directories(options.data_dir, ec);
+  std::filesystem::path dir(options.data_dir);
+  if (dir.filename().empty()) dir = dir.parent_path();  // "DIR/"
+  if (dir.has_parent_path()) std::filesystem::create_directories(dir.parent_path(), ec);
+  if (!ec && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    ec = std::error_code(errno, std::generic_category());
+  }
+  if (!ec && !std::filesystem::is_directory(dir, ec) && !ec) {
+    ec = std::make_error_code(std::errc::not_a_directory);
+  }
   if (ec) {
     return absl::FailedPreconditionError(
         absl::StrFormat("cannot create the data directory %s: %s", options.data_dir, ec.message()));
@@ -149,10 +324,12 @@ absl::Status Collector::Load(LoadReport* report) {
         absl::StrFormat("cannot list the data directory %s: %s", options_.data_dir, ec.message()));
   }
   std::sort(paths.begin(), paths.end());
+  Log(LogLevel::kInfo,
+      absl::StrFormat("recovering %d process logs from %s", paths.size(), options_.data_dir));
   for (const std::string& path : paths) LoadFile(path, report);
   Log(LogLevel::kInfo,
       absl::StrFormat("loaded %d process logs from %s (%d batches, %d events, %d bytes); %d files "
-                      "skipped, %d errors, %d torn tails truncated",
+                      "skipped, %d errors, %d warnings",
                       report->files_loaded, options_.data_dir, report->batches, report->events,
                       disk_bytes(), report->files_skipped, report->errors.size(),
                       report->warnings.size()));
@@ -160,39 +337,48 @@ absl::Status Collector::Load(LoadReport* report) {
 }
 
 void Collector::LoadFile(const std::string& path, LoadReport* report) {
-  {
-    std::error_code ec;
-    uint64_t size = std::filesystem::file_size(path, ec);
-    if (!ec && size < kLogMagic.size()) {
-      std::string head(size, '\0');
-      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      bool prefix = fd >= 0 && ::read(fd, head.data(), size) == static_cast<ssize_t>(size) &&
-                    absl::StartsWith(kLogMagic, head);
-      if (fd >= 0) ::close(fd);
-      if (prefix) {
-        // The collector died while creating the file, before its first record.
-        Log(LogLevel::kInfo, absl::StrFormat("%s: an unfinished empty log; removed", path));
-        ::unlink(path.c_str());
-        return;
-      }
-    }
+  auto note = [report](LogLevel level, const std::string& message) {
+    (level == LogLevel::kError ? report->errors : report->warnings).push_back(message);
+    Log(level, message);
+  };
+  auto skip = [&](LogLevel level, const std::string& message) {
+    ++report->files_skipped;
+    note(level, message);
+  };
+  // One descriptor from here on: reading, truncating and, once loaded, appending all act on the
+  // file that was checked, never on whatever the name points at later.
+  absl::StatusOr<int> opened = OpenRegularFile(path, O_RDWR);
+  if (!opened.ok()) {
+    // A FIFO, link or device where a log belongs is someone else's doing: warn and go on.
+    skip(absl::IsFailedPrecondition(opened.status()) ? LogLevel::kWarning : LogLevel::kError,
+         std::string(opened.status().message()));
+    return;
   }
   auto process = std::make_unique<Process>();
   absl::MutexLock process_lock(&process->mu);
-  bool have_key = false;
+  process->fd = *opened;  // closed with `process` unless it is kept
+  struct stat st {};
+  if (::fstat(process->fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < kLogMagic.size()) {
+    std::string head(static_cast<size_t>(st.st_size), '\0');
+    if (::pread(process->fd, head.data(), head.size(), 0) == st.st_size &&
+        absl::StartsWith(kLogMagic, head)) {
+      // The collector died while creating the file, before its first record.
+      Log(LogLevel::kInfo, absl::StrFormat("%s: an unfinished empty log; removed", path));
+      ::unlink(path.c_str());
+      return;
+    }
+  }
   uint64_t events = 0;
   LogScan scan;
-  absl::Status status = ReadLog(
-      path,
+  absl::Status status = ReadLogFd(
+      process->fd, path,
       [&](uint64_t, absl::string_view payload) -> absl::Status {
         v1::EventBatch batch;
         if (!batch.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
           return absl::DataLossError("payload is not an EventBatch");
         }
-        if (!have_key) {
-          process->key = batch.process();
-          have_key = true;
-        } else if (!SameKey(batch.process(), process->key)) {
+        // The key is the first accepted batch's (acked is 0 until then).
+        if (process->acked != 0 && !SameKey(batch.process(), process->key)) {
           return absl::DataLossError(absl::StrFormat("batch of process %s in the log of %s",
                                                      ProcessKeyString(batch.process()),
                                                      ProcessKeyString(process->key)));
@@ -201,6 +387,7 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
           return absl::DataLossError(absl::StrFormat("sequence %d where %d was expected",
                                                      batch.sequence(), process->acked + 1));
         }
+        if (process->acked == 0) process->key = batch.process();
         process->acked = batch.sequence();
         process->stats.Consume(batch);
         events += static_cast<uint64_t>(batch.events_size());
@@ -208,42 +395,37 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
       },
       &scan);
   if (!status.ok()) {
-    ++report->files_skipped;
-    report->errors.push_back(std::string(status.message()));
-    Log(LogLevel::kError, status.message());
+    skip(LogLevel::kError, std::string(status.message()));
     return;
   }
   if (scan.damaged) {
     uint64_t cut = scan.file_bytes - scan.valid_bytes;
     std::string kept = absl::StrFormat("%d good records before it (up to sequence %d) kept",
                                        scan.records, process->acked);
+    bool truncated = false;
     if (scan.damaged_is_tail) {
-      std::string message = absl::StrFormat("%s: %s; truncated the torn tail (%d bytes), %s", path,
-                                            scan.damage, cut, kept);
-      report->warnings.push_back(message);
-      Log(LogLevel::kWarning, message);
+      note(LogLevel::kWarning, absl::StrFormat("%s: %s; truncated the torn tail (%d bytes), %s",
+                                               path, scan.damage, cut, kept));
     } else {
-      std::string aside = absl::StrFormat("%s.corrupt-%d", path, scan.valid_bytes);
-      absl::Status copied = CopyTail(path, scan.valid_bytes, aside);
-      std::string message = absl::StrFormat(
-          "%s: corrupt %s; %s; the %d bytes from there on were %s and cut from the log", path,
-          scan.damage, kept, cut,
-          copied.ok() ? absl::StrCat("moved to ", aside)
-                      : absl::StrCat("NOT saved (", copied.message(), ")"));
-      report->errors.push_back(message);
-      Log(LogLevel::kError, message);
+      absl::StatusOr<std::string> aside =
+          SetAsideDamage(&process->fd, path, scan.valid_bytes, scan.file_bytes,
+                         options_.max_aside_copy_bytes, options_.fsync);
+      truncated = aside.ok();
+      note(LogLevel::kError,
+           absl::StrFormat(
+               "%s: corrupt %s; %s; the %d bytes from there on were %s and cut from "
+               "the log",
+               path, scan.damage, kept, cut,
+               aside.ok() ? *aside : absl::StrCat("NOT saved (", aside.status().message(), ")")));
     }
-    if (::truncate(path.c_str(), static_cast<off_t>(scan.valid_bytes)) != 0) {
-      std::string message = absl::StrFormat("%s: cannot truncate to %d bytes: %s; file skipped",
-                                            path, scan.valid_bytes, strerror(errno));
-      ++report->files_skipped;
-      report->errors.push_back(message);
-      Log(LogLevel::kError, message);
+    if (!truncated && ::ftruncate(process->fd, static_cast<off_t>(scan.valid_bytes)) != 0) {
+      skip(LogLevel::kError, absl::StrFormat("%s: cannot truncate to %d bytes: %s; file skipped",
+                                             path, scan.valid_bytes, strerror(errno)));
       return;
     }
     report->truncated_bytes += cut;
   }
-  if (!have_key) {
+  if (process->acked == 0) {
     // Nothing but the magic: the collector died between creating the file and its first record.
     Log(LogLevel::kInfo, absl::StrFormat("%s: holds no batches; removed", path));
     ::unlink(path.c_str());
@@ -252,21 +434,15 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
   std::string key = ProcessKeyString(process->key);
   absl::MutexLock lock(&mu_);
   if (processes_.contains(key)) {
-    std::string message =
-        absl::StrFormat("%s: a second log of process %s; skipped (move one of the two out of %s)",
-                        path, key, options_.data_dir);
-    ++report->files_skipped;
-    report->errors.push_back(message);
-    Log(LogLevel::kError, message);
+    skip(LogLevel::kError,
+         absl::StrFormat("%s: a second log of process %s; skipped (move one of the two out of %s)",
+                         path, key, options_.data_dir));
     return;
   }
-  process->fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (process->fd < 0) {
-    std::string message =
-        absl::StrFormat("%s: cannot open for appending: %s; file skipped", path, strerror(errno));
-    ++report->files_skipped;
-    report->errors.push_back(message);
-    Log(LogLevel::kError, message);
+  int flags = ::fcntl(process->fd, F_GETFL);
+  if (flags < 0 || ::fcntl(process->fd, F_SETFL, flags | O_APPEND) != 0) {
+    skip(LogLevel::kError,
+         absl::StrFormat("%s: cannot open for appending: %s; file skipped", path, strerror(errno)));
     return;
   }
   process->path = path;
@@ -280,33 +456,33 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
 
 absl::Status Collector::CreateLog(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Called with process->mu held.
-  std::string base =
-      absl::StrFormat("%s/%s_%d_%d", options_.data_dir, SanitizedHost(process->key.host()),
-                      process->key.pid(), process->key.start_time_ns());
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    std::string path =
-        attempt == 0 ? absl::StrCat(base, ".vslog") : absl::StrFormat("%s-%d.vslog", base, attempt);
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0640);
-    if (fd < 0 && errno == EEXIST) continue;
-    if (fd < 0) {
-      int err = errno;
-      std::string message = absl::StrFormat("cannot create the log %s: %s", path, strerror(err));
-      return err == ENOSPC || err == EDQUOT ? absl::ResourceExhaustedError(message)
-                                            : absl::InternalError(message);
-    }
-    absl::Status status = AppendAll(fd, 0, kLogMagic, options_.write_fn, path);
-    if (status.ok() && options_.fsync) status = FsyncDir(options_.data_dir);
-    if (!status.ok()) {
-      ::close(fd);
-      ::unlink(path.c_str());
-      return status;
-    }
-    process->fd = fd;
-    process->path = path;
-    process->file_bytes = kLogMagic.size();
-    return absl::OkStatus();
+  const std::string base = absl::StrCat(options_.data_dir, "/", LogBaseName(process->key));
+  std::string path = absl::StrCat(base, ".vslog");
+  int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    // Taken: a file this collector skipped at start (damaged, a FIFO, a second log of this
+    // process), or a hash collision. A random suffix cannot run out.
+    path = absl::StrCat(base, "-XXXXXX.vslog");
+    fd = ::mkostemps(path.data(), 6, O_APPEND | O_CLOEXEC);
   }
-  return absl::InternalError(absl::StrFormat("cannot find a free log name for %s", base));
+  if (fd < 0) {
+    int err = errno;
+    std::string message = absl::StrFormat("cannot create the log %s: %s", path, strerror(err));
+    return err == ENOSPC || err == EDQUOT ? absl::ResourceExhaustedError(message)
+                                          : absl::InternalError(message);
+  }
+  absl::Status status = AppendAll(fd, 0, kLogMagic, options_.write_fn, path);
+  if (status.ok() && options_.fsync) status = FsyncDir(options_.data_dir);
+  if (!status.ok()) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    return status;
+  }
+  process->fd = fd;
+  process->path = path;
+  process->file_bytes = kLogMagic.size();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::string_view wire) {

@@ -4,9 +4,11 @@
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_format.h>
+#include <absl/synchronization/mutex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -45,6 +47,10 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
 
 SIZE takes a K, M, G or T suffix (powers of 1024).
 )";
+
+// The running server, for the signal thread; null while recovering.
+ABSL_CONST_INIT absl::Mutex g_server_mu(absl::kConstInit);
+CollectorServer* g_server ABSL_GUARDED_BY(g_server_mu) = nullptr;
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "vramscope-collector: %s\n\n%s", error.c_str(), kUsage);
@@ -89,6 +95,14 @@ std::string DefaultDataDir() {
 }
 
 int Main(int argc, char** argv) {
+  // First, before any thread exists (recovery's, gRPC's): SIGINT/SIGTERM are taken by one thread
+  // with sigwait, and every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
   ServerOptions server_options;
   CollectorOptions options;
   options.data_dir = DefaultDataDir();
@@ -144,23 +158,48 @@ int Main(int argc, char** argv) {
     }
   }
 
-  // SIGINT/SIGTERM are taken by one thread with sigwait; block them before gRPC starts threads.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A signal that came while the flags were read ends the run here.
+  const timespec no_wait{};
+  if (int signal = sigtimedwait(&signals, nullptr, &no_wait); signal > 0) {
+    Log(LogLevel::kInfo, absl::StrFormat("signal %d before start: exiting", signal));
+    return 0;
+  }
+  // Until the server runs, a signal ends the process at once: recovery may be busy for long or
+  // blocked in a read, and it is safe to end at any point (it survives SIGKILL the same way: the
+  // damaged bytes are copied aside before a log is cut, a log is replaced only by rename).
+  std::thread waiter([signals] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    absl::MutexLock lock(&g_server_mu);
+    if (g_server == nullptr) {
+      Log(LogLevel::kInfo,
+          absl::StrFormat("signal %d during recovery: exiting (the next start recovers again)",
+                          signal));
+      ::_exit(0);
+    }
+    Log(LogLevel::kInfo, absl::StrFormat("signal %d: shutting down", signal));
+    g_server->Shutdown();
+  });
+  // On a failure below the waiter stays blocked; it touches only globals, so it may be left.
+  auto fail = [&waiter] {
+    waiter.detach();
+    return 1;
+  };
 
   absl::StatusOr<std::unique_ptr<Collector>> collector = Collector::Open(options);
   if (!collector.ok()) {
     Log(LogLevel::kError, collector.status().message());
-    return 1;
+    return fail();
   }
   absl::StatusOr<std::unique_ptr<CollectorServer>> server =
       CollectorServer::Start(collector->get(), server_options);
   if (!server.ok()) {
     Log(LogLevel::kError, server.status().message());
-    return 1;
+    return fail();
+  }
+  {
+    absl::MutexLock lock(&g_server_mu);
+    g_server = server->get();
   }
   int port = (*server)->port();
   if (!port_file.empty()) {
@@ -169,7 +208,12 @@ int Main(int argc, char** argv) {
     if (f == nullptr || std::fprintf(f, "%d\n", port) < 0 || std::fclose(f) != 0 ||
         std::rename(tmp.c_str(), port_file.c_str()) != 0) {
       Log(LogLevel::kError, absl::StrFormat("cannot write --port-file=%s", port_file));
-      return 1;
+      (*server)->Shutdown();
+      {
+        absl::MutexLock lock(&g_server_mu);
+        g_server = nullptr;
+      }
+      return fail();
     }
   }
   Log(LogLevel::kInfo,
@@ -179,12 +223,6 @@ int Main(int argc, char** argv) {
                       options.fsync ? "always" : "never", server_options.max_message_bytes,
                       options.max_disk_bytes == 0 ? std::string("unlimited")
                                                   : absl::StrCat(options.max_disk_bytes)));
-  std::thread waiter([&] {
-    int signal = 0;
-    sigwait(&signals, &signal);
-    Log(LogLevel::kInfo, absl::StrFormat("signal %d: shutting down", signal));
-    (*server)->Shutdown();
-  });
   (*server)->Wait();
   waiter.join();
   Log(LogLevel::kInfo,

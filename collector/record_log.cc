@@ -64,6 +64,25 @@ absl::StatusOr<size_t> ReadAt(int fd, char* out, size_t size, uint64_t offset,
   return done;
 }
 
+const char* FileTypeName(mode_t mode) {
+  switch (mode & S_IFMT) {
+    case S_IFLNK:
+      return "a symbolic link";
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFSOCK:
+      return "a socket";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    case S_IFDIR:
+      return "a directory";
+    default:
+      return "not a plain file";
+  }
+}
+
 }  // namespace
 
 uint32_t Crc32(absl::string_view data, uint32_t crc) {
@@ -125,19 +144,56 @@ absl::Status AppendAll(int fd, uint64_t file_size, absl::string_view bytes, cons
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> OpenRegularFile(absl::string_view path, int flags) {
+  std::string path_str(path);
+  auto refuse = [&](mode_t mode) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s: not a regular file (%s); skipped: move it out of the data directory",
+                        path, FileTypeName(mode)));
+  };
+  // lstat first: a FIFO or device is never opened at all (opening some devices has effects).
+  struct stat st {};
+  if (::lstat(path_str.c_str(), &st) != 0) {
+    return absl::InternalError(absl::StrFormat("%s: cannot stat: %s", path, strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) return refuse(st.st_mode);
+  // The name may have been swapped since: O_NOFOLLOW and O_NONBLOCK keep open from following a
+  // link or waiting for a FIFO's writer, and fstat checks what was actually opened.
+  int fd = ::open(path_str.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP) return refuse(S_IFLNK);
+    if (errno == EISDIR) return refuse(S_IFDIR);
+    return absl::InternalError(absl::StrFormat("%s: cannot open: %s", path, strerror(errno)));
+  }
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrFormat("%s: cannot stat: %s", path, strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return refuse(st.st_mode);
+  }
+  // Regular files ignore O_NONBLOCK, but the descriptor may outlive recovery as the append fd.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
 absl::Status ReadLog(absl::string_view path,
                      const std::function<absl::Status(uint64_t, absl::string_view)>& on_record,
                      LogScan* scan) {
   *scan = LogScan{};
-  std::string path_str(path);
-  int fd = ::open(path_str.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrFormat("%s: cannot open: %s", path, strerror(errno)));
-  }
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
+  absl::StatusOr<int> fd = OpenRegularFile(path, O_RDONLY);
+  if (!fd.ok()) return fd.status();
+  absl::Status status = ReadLogFd(*fd, path, on_record, scan);
+  ::close(*fd);
+  return status;
+}
+
+absl::Status ReadLogFd(int fd, absl::string_view path,
+                       const std::function<absl::Status(uint64_t, absl::string_view)>& on_record,
+                       LogScan* scan) {
+  *scan = LogScan{};
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     return absl::InternalError(absl::StrFormat("%s: cannot stat: %s", path, strerror(errno)));

@@ -5,9 +5,12 @@
 #include <errno.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -276,6 +279,222 @@ TEST_F(CollectorTest, SnapshotFiltersAndStripsHeavyFields) {
     EXPECT_EQ(device.timeline_size(), 0);
     EXPECT_EQ(device.leaks_size(), 0);
   }
+}
+
+// Everything in the data directory whose name ends in .vslog.
+std::vector<std::string> Logs(const std::string& dir) {
+  std::vector<std::string> logs;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() == ".vslog") logs.push_back(entry.path().string());
+  }
+  std::sort(logs.begin(), logs.end());
+  return logs;
+}
+
+TEST_F(CollectorTest, NonRegularFilesAreSkippedAndNeverFollowed) {
+  // A real log with a torn tail elsewhere, and a link to it in the data directory: following it
+  // would load someone else's file and truncate it.
+  TempDir elsewhere;
+  {
+    CollectorOptions options;
+    options.data_dir = elsewhere.path();
+    auto other = *Collector::Open(options);
+    ASSERT_TRUE(other->Ingest(Batch(Key(40), 1, 4)).ok());
+  }
+  const std::string target = Logs(elsewhere.path()).at(0);
+  WriteFile(target, ReadFile(target) + "torn");
+  const uint64_t target_size = std::filesystem::file_size(target);
+  std::filesystem::create_symlink(target, dir_.path() + "/link.vslog");
+  std::filesystem::create_directory(dir_.path() + "/dir.vslog");
+
+  LoadReport load;
+  auto collector = Open(&load);
+  EXPECT_EQ(load.files_loaded, 0);
+  EXPECT_EQ(load.files_skipped, 2);
+  EXPECT_THAT(load.warnings, ::testing::UnorderedElementsAre(
+                                 HasSubstr("dir.vslog: not a regular file (a directory)"),
+                                 HasSubstr("link.vslog: not a regular file (a symbolic link)")));
+  EXPECT_EQ(std::filesystem::file_size(target), target_size);
+  EXPECT_EQ(collector->ListProcesses(true).processes_size(), 0);
+  LogScan scan;
+  EXPECT_EQ(ReadLog(dir_.path() + "/link.vslog", nullptr, &scan).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CollectorTest, SparseCorruptTailIsSetAsideWithoutWritingItsHoles) {
+  {
+    auto collector = Open();
+    for (uint64_t seq = 1; seq <= 3; ++seq) {
+      ASSERT_TRUE(collector->Ingest(Batch(Key(41), seq, 4)).ok());
+    }
+  }
+  const std::string log = OnlyLog();
+  const uint64_t good = std::filesystem::file_size(log);
+  constexpr uint64_t kSize = uint64_t{8} << 30;
+  ASSERT_EQ(::truncate(log.c_str(), static_cast<off_t>(kSize)), 0);  // a hole: no disk used
+
+  LoadReport load;
+  auto collector = Open(&load);
+  ASSERT_EQ(load.errors.size(), 1u) << ::testing::PrintToString(load.warnings);
+  EXPECT_THAT(load.errors[0], HasSubstr("kept sparse"));
+  EXPECT_EQ(collector->GetReport(Key(41))->events(), 12u);
+  EXPECT_EQ(std::filesystem::file_size(log), good);
+  const std::string aside = log + ".corrupt-" + std::to_string(good);
+  EXPECT_EQ(std::filesystem::file_size(aside), kSize - good);
+  EXPECT_LT(testing::DiskUsage(dir_.path()), uint64_t{1} << 20);
+  EXPECT_EQ(*collector->Ingest(Batch(Key(41), 4, 4)), 4u);
+}
+
+TEST_F(CollectorTest, LargeCorruptTailAfterASmallPrefixKeepsTheWholeOriginalAside) {
+  CollectorOptions options;
+  options.max_aside_copy_bytes = 4096;
+  {
+    auto collector = Open(nullptr, options);
+    for (uint64_t seq = 1; seq <= 2; ++seq) {
+      ASSERT_TRUE(collector->Ingest(Batch(Key(42), seq, 4)).ok());
+    }
+  }
+  const std::string log = OnlyLog();
+  const std::string prefix = ReadFile(log);
+  ASSERT_LT(prefix.size(), 4096u);
+  // 64 KiB of dense garbage: its length field (0x5a5a5a5a) is over the record limit.
+  const std::string original = prefix + std::string(64 << 10, '\x5a');
+  WriteFile(log, original);
+
+  LoadReport load;
+  auto collector = Open(&load, options);
+  ASSERT_EQ(load.errors.size(), 1u);
+  EXPECT_THAT(load.errors[0], HasSubstr("exceeds the"));
+  EXPECT_THAT(load.errors[0], HasSubstr("the whole original file"));
+  EXPECT_EQ(ReadFile(log), prefix);
+  EXPECT_EQ(ReadFile(log + ".corrupt-" + std::to_string(prefix.size())), original);
+  // The new file is the log now: appends go there and survive a restart.
+  EXPECT_EQ(*collector->Ingest(Batch(Key(42), 3, 4)), 3u);
+  collector.reset();
+  LoadReport again;
+  collector = Open(&again, options);
+  EXPECT_TRUE(again.errors.empty() && again.warnings.empty());
+  EXPECT_EQ(collector->GetReport(Key(42))->events(), 12u);
+  EXPECT_FALSE(std::filesystem::exists(log + ".recovering"));
+}
+
+TEST_F(CollectorTest, LargeCorruptTailAfterALargePrefixIsCopiedUpToTheCap) {
+  CollectorOptions options;
+  options.max_aside_copy_bytes = 4096;
+  {
+    auto collector = Open(nullptr, options);
+    for (uint64_t seq = 1; seq <= 20; ++seq) {
+      ASSERT_TRUE(collector->Ingest(Batch(Key(43), seq, 20)).ok());
+    }
+  }
+  const std::string log = OnlyLog();
+  const std::string prefix = ReadFile(log);
+  ASSERT_GT(prefix.size(), 4096u);
+  WriteFile(log, prefix + std::string(64 << 10, '\x5a'));
+
+  LoadReport load;
+  auto collector = Open(&load, options);
+  ASSERT_EQ(load.errors.size(), 1u);
+  EXPECT_THAT(load.errors[0], HasSubstr("were dropped"));
+  EXPECT_EQ(ReadFile(log), prefix);
+  EXPECT_EQ(ReadFile(log + ".corrupt-" + std::to_string(prefix.size())), std::string(4096, '\x5a'));
+  EXPECT_EQ(collector->GetReport(Key(43))->events(), 400u);
+}
+
+TEST_F(CollectorTest, ProcessesAlikeInTheirFirst64HostBytesGetTheirOwnLogs) {
+  // Same pid and start; hosts alike up to 64 bytes, or alike once sanitised, or hostile.
+  std::vector<v1::ProcessKey> keys;
+  for (int i = 0; i <= 100; ++i) keys.push_back(Key(77, std::string(64, 'h') + std::to_string(i)));
+  for (std::string host :
+       {std::string("../../escape"), std::string("a/b"), std::string(".."), std::string("."),
+        std::string(""), std::string("nul\0byte", 8), std::string("nul\0bytf", 8),
+        std::string("\x01\n\t\x7f"), std::string("h\xc3\xa9te"), std::string(4000, '/')}) {
+    keys.push_back(Key(77, host));
+  }
+  {
+    auto collector = Open();
+    for (const v1::ProcessKey& key : keys) {
+      ASSERT_TRUE(collector->Ingest(Batch(key, 1, 4)).ok()) << key.ShortDebugString();
+      ASSERT_TRUE(collector->Ingest(Batch(key, 2, 4)).ok()) << key.ShortDebugString();
+    }
+  }
+  const std::vector<std::string> logs = Logs(dir_.path());
+  ASSERT_EQ(logs.size(), keys.size());
+  for (const std::string& log : logs) {
+    const std::string name = std::filesystem::path(log).filename().string();
+    EXPECT_LE(name.size(), 120u) << name;
+    EXPECT_NE(name[0], '.') << name;
+    for (char c : name) {
+      EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_')
+          << name;
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir_.path()).parent_path() /
+                                       "escape_77_1700000000000000077.vslog"));
+  LoadReport load;
+  auto collector = Open(&load);
+  EXPECT_EQ(load.files_loaded, static_cast<int>(keys.size()));
+  EXPECT_TRUE(load.errors.empty()) << ::testing::PrintToString(load.errors);
+  for (const v1::ProcessKey& key : keys) {
+    EXPECT_EQ(collector->GetReport(key)->events(), 8u) << key.ShortDebugString();
+  }
+}
+
+TEST_F(CollectorTest, LogsNamedTheOldWayStillRecoverAndGrow) {
+  // Before names carried a hash: <host>_<pid>_<start>.vslog, and -N on a clash.
+  const std::vector<std::pair<v1::ProcessKey, std::string>> old = {
+      {Key(50), "node1_50_1700000000000000050.vslog"},
+      {Key(51), "node1_51_1700000000000000051-1.vslog"},
+  };
+  for (const auto& [key, name] : old) {
+    WriteFile(dir_.path() + "/" + name, std::string(kLogMagic) +
+                                            FrameRecord(Batch(key, 1, 4).SerializeAsString()) +
+                                            FrameRecord(Batch(key, 2, 4).SerializeAsString()));
+  }
+  LoadReport load;
+  auto collector = Open(&load);
+  EXPECT_EQ(load.files_loaded, 2);
+  const uint64_t before = std::filesystem::file_size(dir_.path() + "/" + old[0].second);
+  EXPECT_EQ(*collector->Ingest(Batch(Key(50), 3, 4)), 3u);
+  EXPECT_GT(std::filesystem::file_size(dir_.path() + "/" + old[0].second), before);
+  EXPECT_EQ(Logs(dir_.path()).size(), 2u);
+  EXPECT_EQ(collector->GetReport(Key(51))->events(), 8u);
+}
+
+TEST_F(CollectorTest, TakenLogNameFallsBackToAFreshOne) {
+  std::string name;
+  {
+    TempDir elsewhere;
+    CollectorOptions options;
+    options.data_dir = elsewhere.path();
+    auto other = *Collector::Open(options);
+    ASSERT_TRUE(other->Ingest(Batch(Key(60), 1, 4)).ok());
+    name = std::filesystem::path(Logs(elsewhere.path()).at(0)).filename().string();
+  }
+  WriteFile(dir_.path() + "/" + name, "squatter");
+  {
+    auto collector = Open();
+    ASSERT_TRUE(collector->Ingest(Batch(Key(60), 1, 4)).ok());
+  }
+  EXPECT_EQ(ReadFile(dir_.path() + "/" + name), "squatter");
+  ASSERT_EQ(Logs(dir_.path()).size(), 2u);
+  LoadReport load;
+  auto collector = Open(&load);
+  EXPECT_EQ(load.files_loaded, 1);
+  EXPECT_EQ(load.files_skipped, 1);  // the squatter, not a log
+  EXPECT_EQ(collector->GetReport(Key(60))->events(), 4u);
+}
+
+TEST_F(CollectorTest, DataDirectoryAndLogsAreTheOwnersOnly) {
+  CollectorOptions options;
+  options.data_dir = dir_.path() + "/a/data";
+  auto collector = *Collector::Open(options);
+  ASSERT_TRUE(collector->Ingest(Batch(Key(61), 1, 4)).ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(options.data_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  ASSERT_EQ(::stat(Logs(options.data_dir).at(0).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
 }
 
 }  // namespace

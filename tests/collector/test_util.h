@@ -3,6 +3,7 @@
 #define VRAMSCOPE_TESTS_COLLECTOR_TEST_UTIL_H_
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -95,6 +96,21 @@ inline std::string ReadFile(const std::string& path) {
 inline void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
+}
+
+// Bytes of disk a file, or a directory's files (not recursive), actually occupy (st_blocks):
+// a sparse file's holes count nothing.
+inline std::uint64_t DiskUsage(const std::string& path) {
+  auto usage = [](const std::string& file) -> std::uint64_t {
+    struct stat st {};
+    return ::lstat(file.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_blocks) * 512 : 0;
+  };
+  if (!std::filesystem::is_directory(path)) return usage(path);
+  std::uint64_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(path)) {
+    total += usage(entry.path().string());
+  }
+  return total;
 }
 
 // A program's `key=value` lines (one per line; other lines ignored) as numbers.

@@ -3,10 +3,14 @@
 // damaged data directory at start-up, the disk limit, vramscope-agent --once end to end, and the
 // agent SIGKILLed with unacknowledged batches, restarted on the same --spool-dir.
 #include <absl/strings/str_cat.h>
+#include <absl/time/clock.h>
+#include <absl/time/time.h>
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -95,6 +99,33 @@ class FaultTest : public ::testing::Test {
     }
     return dropped;
   }
+
+  // A log of `batches` batches of 5 events for `key`, written by the core in process.
+  void StoreLog(const v1::ProcessKey& key, uint64_t batches) {
+    collector::CollectorOptions options;
+    options.data_dir = data_.path();
+    auto core = *collector::Collector::Open(options);
+    for (uint64_t seq = 1; seq <= batches; ++seq)
+      ASSERT_TRUE(core->Ingest(Batch(key, seq, 5)).ok());
+  }
+
+  // Starts a collector over data_ and asks it for `key`'s report (expecting `events` events):
+  // the time from the start until that was answered. Waits at most 5 s for the port.
+  absl::Duration StartAndServe(Subprocess& process, const v1::ProcessKey& key, uint64_t events) {
+    const absl::Time start = absl::Now();
+    EXPECT_TRUE(
+        process.Start({collector_bin_, "--listen=127.0.0.1:0", "--data-dir=" + data_.path()}));
+    if (!process.WaitForOutput("(port ", absl::Seconds(5))) {
+      ADD_FAILURE() << "no port after 5 s: " << process.output();
+      return absl::InfiniteDuration();
+    }
+    EXPECT_EQ(Report(process.WaitForPort(), key).events(), events);
+    return absl::Now() - start;
+  }
+
+  static constexpr uint32_t kBusyProcesses = 200;
+  static constexpr uint64_t kBusyBatches = 10;
+  static constexpr int kBusyEvents = 500;
 
   std::string collector_bin_;
   std::string agent_bin_;
@@ -201,6 +232,81 @@ TEST_F(FaultTest, DamagedDataDirectoryIsReportedAndTheRestLoads) {
   EXPECT_EQ(Report(port, Key(602)).events(), 7u);
   process.Kill(SIGTERM);
   EXPECT_EQ(process.Wait(), 0);
+}
+
+// A FIFO named like a log: opening it for reading would wait for a writer forever, and with it
+// the collector, deaf to SIGTERM.
+TEST_F(FaultTest, FifoInTheDataDirectoryIsSkipped) {
+  StoreLog(Key(801), 3);
+  ASSERT_EQ(::mkfifo((data_.path() + "/x.vslog").c_str(), 0600), 0);
+  Subprocess process;
+  const absl::Duration took = StartAndServe(process, Key(801), 15);
+  ASSERT_LT(took, absl::Seconds(1)) << process.output();  // else SIGKILLed on return
+  EXPECT_THAT(process.output(), HasSubstr("x.vslog: not a regular file (a FIFO)"));
+  process.Kill(SIGTERM);
+  EXPECT_EQ(process.Wait(), 0);
+}
+
+// 8 GiB that are one hole after the magic: the tail is damage (a zero record), and setting it
+// aside must not write its zeros out (that took 37 s and 8 GiB of disk).
+TEST_F(FaultTest, SparseLogOfEightGibIsSetAsideAtOnce) {
+  StoreLog(Key(802), 2);
+  const std::string sparse = data_.path() + "/sparse.vslog";
+  testing::WriteFile(sparse, std::string(collector::kLogMagic));
+  ASSERT_EQ(::truncate(sparse.c_str(), off_t{8} << 30), 0);
+  Subprocess process;
+  const absl::Duration took = StartAndServe(process, Key(802), 10);
+  ASSERT_LT(took, absl::Seconds(1)) << process.output();  // else SIGKILLed on return
+  EXPECT_THAT(process.output(), HasSubstr("sparse.vslog: corrupt record at offset 8"));
+  EXPECT_THAT(process.output(), HasSubstr("kept sparse"));
+  EXPECT_LT(testing::DiskUsage(data_.path()), uint64_t{1} << 20);
+  process.Kill(SIGTERM);
+  EXPECT_EQ(process.Wait(), 0);
+}
+
+// SIGTERM already pending when the collector starts (blocked in the parent, so it survives the
+// exec): handled before recovery, nothing served.
+TEST_F(FaultTest, SignalPendingAtStartStopsBeforeRecovery) {
+  StoreLog(Key(803), 2);
+  sigset_t term;
+  sigset_t old;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &term, &old), 0);
+  Subprocess process;
+  const bool started =
+      process.Start({collector_bin_, "--listen=127.0.0.1:0", "--data-dir=" + data_.path()});
+  if (started) process.Kill(SIGTERM);
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, &old, nullptr), 0);
+  ASSERT_TRUE(started);
+  EXPECT_EQ(process.Wait(), 0);
+  EXPECT_THAT(process.output(), HasSubstr("signal 15 before start: exiting"));
+  EXPECT_THAT(process.output(), ::testing::Not(HasSubstr("serving on")));
+}
+
+// SIGTERM while recovery is busy with many logs: the collector exits at once, exit code 0,
+// without serving first.
+TEST_F(FaultTest, SignalDuringRecoveryExitsPromptly) {
+  {
+    collector::CollectorOptions options;
+    options.data_dir = data_.path();
+    auto core = *collector::Collector::Open(options);
+    for (uint32_t pid = 1000; pid < 1000 + kBusyProcesses; ++pid) {
+      for (uint64_t seq = 1; seq <= kBusyBatches; ++seq) {
+        ASSERT_TRUE(core->Ingest(Batch(Key(pid), seq, kBusyEvents)).ok());
+      }
+    }
+  }
+  Subprocess process;
+  ASSERT_TRUE(
+      process.Start({collector_bin_, "--listen=127.0.0.1:0", "--data-dir=" + data_.path()}));
+  ASSERT_TRUE(process.WaitForOutput("recovering", absl::Seconds(5))) << process.output();
+  process.Kill(SIGTERM);
+  const absl::Time signalled = absl::Now();
+  EXPECT_EQ(process.Wait(), 0);
+  EXPECT_LT(absl::Now() - signalled, absl::Seconds(1));
+  EXPECT_THAT(process.output(), HasSubstr("signal 15 during recovery: exiting"));
+  EXPECT_THAT(process.output(), ::testing::Not(HasSubstr("serving on")));
 }
 
 TEST_F(FaultTest, DiskLimitRefusesThenAResartWithRoomTakesEverything) {

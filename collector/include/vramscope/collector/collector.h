@@ -47,16 +47,19 @@ struct CollectorOptions {
   bool fsync = false;
   // Replaces write(2) for log appends (tests inject ENOSPC). Empty = write(2).
   WriteFn write_fn;
+  // Recovery copies at most this many bytes to set a corrupt log's damaged part aside (holes are
+  // never copied; see README "Storage format"). Tests lower it.
+  uint64_t max_aside_copy_bytes = uint64_t{64} << 20;
 };
 
 // What Open found in the data directory. Every entry of `warnings` and `errors` was also logged.
 struct LoadReport {
   int files_loaded = 0;
-  int files_skipped = 0;  // unreadable, not a log, or a duplicate process
+  int files_skipped = 0;  // not a regular file, unreadable, not a log, or a duplicate process
   uint64_t batches = 0;
   uint64_t events = 0;
   uint64_t truncated_bytes = 0;
-  std::vector<std::string> warnings;  // torn tails truncated
+  std::vector<std::string> warnings;  // torn tails truncated, files that are not regular files
   std::vector<std::string> errors;    // corrupt files or records
 };
 

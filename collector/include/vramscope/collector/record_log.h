@@ -16,6 +16,7 @@
 #define VRAMSCOPE_COLLECTOR_RECORD_LOG_H_
 
 #include <absl/status/status.h>
+#include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
 #include <sys/types.h>
 
@@ -59,14 +60,28 @@ struct LogScan {
   std::string damage;
 };
 
+// Opens an existing file of the data directory: regular files only. A symbolic link, FIFO,
+// socket, device or directory is refused with FAILED_PRECONDITION naming what it is, without
+// being opened (lstat first) or, if it was swapped in between, without blocking on it or following
+// it (O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, then fstat). `flags` is O_RDONLY or O_RDWR; the
+// returned descriptor is in blocking mode. Other failures are INTERNAL.
+absl::StatusOr<int> OpenRegularFile(absl::string_view path, int flags);
+
 // Reads `path` record by record, calling `on_record(offset, payload)` for each record whose
 // length and CRC check out. `on_record` may reject a record (a payload that does not parse, a
 // sequence gap) by returning an error: that record then counts as damaged and reading stops.
-// Returns an error only when the file cannot be read at all or does not start with the magic;
+// Returns an error only when the file cannot be read at all, is not a regular file
+// (FAILED_PRECONDITION, see OpenRegularFile) or does not start with the magic (DATA_LOSS);
 // damage after the magic is described in the returned LogScan.
 absl::Status ReadLog(absl::string_view path,
                      const std::function<absl::Status(uint64_t, absl::string_view)>& on_record,
                      LogScan* scan);
+
+// The same over an open descriptor (from OpenRegularFile); `path` only names it in messages.
+// Reads with pread: the file offset is left alone.
+absl::Status ReadLogFd(int fd, absl::string_view path,
+                       const std::function<absl::Status(uint64_t, absl::string_view)>& on_record,
+                       LogScan* scan);
 
 }  // namespace vramscope::collector
 
