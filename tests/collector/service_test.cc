@@ -226,6 +226,16 @@ TEST_F(ServiceTest, AnInvalidBatchIsRefusedAloneAndTheStreamGoesOn) {
   EXPECT_EQ(report.devices(0).alloc_count(), 19u);     // batches 1 and 3
   EXPECT_EQ(report.devices(0).dropped_records(), 5u);  // batch 2, counted as lost
   EXPECT_EQ(collector_->batches_refused(), 3u);
+
+  // Resent after a reconnect (its rejection lost): judged again, refused again, stored once.
+  acks.clear();
+  ASSERT_TRUE(SendAcks({bad_nvtx}, &acks).ok());
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_TRUE(acks[0].rejected());
+  EXPECT_EQ(acks[0].acked_sequence(), 3u);
+  grpc::ClientContext again_context;
+  ASSERT_TRUE(stub_->GetReport(&again_context, request, &report).ok());
+  EXPECT_EQ(report.devices(0).dropped_records(), 5u);
 }
 
 TEST_F(ServiceTest, WatchStreamsUpdatesAtTheInterval) {
