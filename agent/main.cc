@@ -1,6 +1,7 @@
 // vramscope-agent: drains the shim's event rings on this node and streams them to the collector.
-// Exit codes: 0 ok; 1 --once could not deliver everything; 2 usage (or unusable --spool-dir or
-// default ring directory); 3 cannot reach the collector.
+// Exit codes: 0 ok; 1 --once could not deliver everything (the collector rejected batches, or
+// did not acknowledge them in time); 2 usage (or unusable --spool-dir or default ring
+// directory); 3 cannot reach the collector.
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
@@ -51,9 +52,14 @@ unacknowledged batch is also on disk, and a restarted agent sends it.
   --once-timeout=SECONDS     how long --once waits for the collector (default 30)
   --help                     this text
 
-Exit codes: 0 ok; 1 --once could not deliver everything; 2 usage, unusable --spool-dir, a
-default ring directory that cannot be created or is unsafe, or (--once) unreadable ring
-directory; 3 (--once) the collector could not be reached.
+A batch the collector rejects as invalid is not resent: with --spool-dir it is kept in
+DIR/rejected/ (with FILE.reason), without one it is dropped; either way it is counted and
+logged once per process, and everything else goes on.
+
+Exit codes: 0 ok; 1 --once could not deliver everything (the collector rejected batches, or
+did not acknowledge them within --once-timeout); 2 usage, unusable --spool-dir, a default ring
+directory that cannot be created or is unsafe, or (--once) unreadable ring directory; 3 (--once)
+the collector could not be reached.
 
 SIZE takes a K, M, G or T suffix (powers of 1024). Only rings of the agent's own user are read,
 unless it runs as root. Nothing is lost across a collector restart either way; across an agent
@@ -98,11 +104,12 @@ std::optional<uint64_t> ParseSize(absl::string_view text) {
 std::string FormatCounters(const AgentCounters& c) {
   return absl::StrFormat(
       "counters: %s, rings open %d finished %d skipped %d; batches cut %d (%d events) sent %d "
-      "acked %d resent %d spooled %d replayed %d dropped %d (%d events) pending %d; unusable "
-      "spool files %d; reconnects %d",
+      "acked %d resent %d spooled %d replayed %d dropped %d (%d events) rejected %d (%d events, "
+      "%d processes) pending %d; unusable spool files %d; reconnects %d",
       c.connected ? "connected" : "NOT connected", c.rings_open, c.rings_finished, c.rings_skipped,
       c.batches_cut, c.events_cut, c.batches_sent, c.batches_acked, c.batches_resent,
-      c.batches_spooled, c.batches_replayed, c.batches_dropped, c.events_dropped, c.pending_batches,
+      c.batches_spooled, c.batches_replayed, c.batches_dropped, c.events_dropped,
+      c.batches_rejected, c.events_rejected, c.processes_rejected, c.pending_batches,
       c.spool_files_rejected, c.reconnects);
 }
 
@@ -214,16 +221,30 @@ int Main(int argc, char** argv) {
     AgentCounters counters = agent.counters();
     Log(LogLevel::kInfo,
         absl::StrFormat("drained %d events; %s", drained, FormatCounters(counters)));
-    if (delivered) return 0;
+    if (delivered && counters.batches_rejected == 0) return 0;
     if (!agent.uplink().ever_connected()) {
       Log(LogLevel::kError,
           absl::StrFormat("cannot reach the collector at %s: %s", options.uplink.collector,
                           agent.uplink().last_error().ToString()));
       return 3;
     }
-    Log(LogLevel::kError,
-        absl::StrFormat("%d batches not acknowledged within %ds: %s", counters.pending_batches,
-                        once_timeout_seconds, agent.uplink().last_error().ToString()));
+    // The collector answered: it is reachable. Rejected batches are its verdict on their
+    // contents (resending cannot help); they are told apart from batches it never answered.
+    if (counters.batches_rejected > 0) {
+      Log(LogLevel::kError,
+          absl::StrFormat(
+              "%d batches of %d processes were rejected by the collector: %s (first reason)%s",
+              counters.batches_rejected, counters.processes_rejected,
+              agent.outbox().first_reject_reason(),
+              options.outbox.spool_dir.empty()
+                  ? "; dropped (no --spool-dir)"
+                  : absl::StrCat("; kept in ", options.outbox.spool_dir, "/rejected")));
+    }
+    if (!delivered) {
+      Log(LogLevel::kError,
+          absl::StrFormat("%d batches not acknowledged within %ds: %s", counters.pending_batches,
+                          once_timeout_seconds, agent.uplink().last_error().ToString()));
+    }
     return 1;
   }
 

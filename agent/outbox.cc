@@ -48,6 +48,9 @@ static_assert(sizeof(SpoolHeader) == 40);
 constexpr absl::string_view kBatchSuffix = ".batch";
 constexpr absl::string_view kTempSuffix = ".tmp";
 constexpr absl::string_view kCorruptSuffix = ".corrupt";
+// Batches the collector rejected, moved out of the spool (not replayed), each with FILE.reason.
+constexpr absl::string_view kRejectedDir = "rejected";
+constexpr absl::string_view kReasonSuffix = ".reason";
 
 uint32_t Crc32(const char* data, size_t size) {
   return static_cast<uint32_t>(
@@ -123,6 +126,30 @@ bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64
   if (::close(fd) != 0 || ::rename(temp.c_str(), path.c_str()) != 0) {
     *error = strerror(errno);
     ::unlink(temp.c_str());
+    return false;
+  }
+  return true;
+}
+
+bool WriteTextFile(const std::string& path, absl::string_view text, std::string* error) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *error = strerror(errno);
+    return false;
+  }
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *error = n < 0 ? strerror(errno) : "short write";
+      ::close(fd);
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) {
+    *error = strerror(errno);
     return false;
   }
   return true;
@@ -628,6 +655,60 @@ void Outbox::Ack(const v1::ProcessKey& key, uint64_t acked_sequence) {
     process.acked = acked_sequence;
   }
   PopAcked();
+}
+
+void Outbox::Reject(const v1::ProcessKey& key, uint64_t sequence, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  const std::string name = ProcessKeyString(key);
+  auto found = std::find_if(pending_.begin(), pending_.end(), [&](const Entry& entry) {
+    return entry.sequence == sequence && entry.process == name;
+  });
+  if (found == pending_.end()) return;  // forgotten already
+  ++counters_.batches_rejected;
+  counters_.events_rejected += static_cast<uint64_t>(found->events);
+  if (first_reject_reason_.empty()) first_reject_reason_ = reason;
+  std::string kept = "dropped (no --spool-dir to keep it in)";
+  if (!found->spool_path.empty()) {
+    // Kept for whoever needs to see what the collector refused; out of the spool proper, so a
+    // later run does not replay it.
+    const std::filesystem::path from(found->spool_path);
+    const std::filesystem::path dir = from.parent_path() / std::string(kRejectedDir);
+    const std::filesystem::path to = dir / from.filename();
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (!ec) std::filesystem::rename(from, to, ec);
+    if (!ec) {
+      std::string error;
+      const std::string note = to.string() + std::string(kReasonSuffix);
+      if (!WriteTextFile(note, absl::StrCat(reason, "\n"), &error)) {
+        Log(LogLevel::kWarning, absl::StrFormat("cannot write %s: %s", note, error));
+      }
+      counters_.spool_bytes -= found->bytes;
+      found->spool_path.clear();
+      kept = absl::StrCat("kept in ", to.string());
+    } else {
+      kept = absl::StrFormat("dropped (cannot move it to %s: %s)", dir.string(), ec.message());
+    }
+  }
+  Process& process = processes_[name];
+  if (!process.rejected) {
+    process.rejected = true;
+    ++counters_.processes_rejected;
+    Log(LogLevel::kWarning,
+        absl::StrFormat("the collector rejected batch %d of process %s (%d events): %s; %s. "
+                        "Further rejected batches of this process are counted, not logged",
+                        sequence, name, found->events, reason, kept));
+  }
+  const size_t index = static_cast<size_t>(found - pending_.begin());
+  Forget(*found);
+  pending_.erase(found);
+  if (index < sent_count_) --sent_count_;
+  PopAcked();
+}
+
+std::string Outbox::first_reject_reason() const {
+  absl::MutexLock lock(&mu_);
+  return first_reject_reason_;
 }
 
 std::shared_ptr<const v1::EventBatch> Outbox::NextToSend(absl::Duration timeout) {

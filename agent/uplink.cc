@@ -83,6 +83,8 @@ absl::StatusOr<uint64_t> Uplink::Probe(const v1::ProcessKey& process, absl::Dura
     return status.ok() ? absl::UnavailableError("the collector closed the stream unanswered")
                        : FromGrpc(status);
   }
+  // A rejected probe (a key the collector cannot file) is an answer too: it holds nothing of
+  // that process; the batches will be rejected and quarantined one by one.
   return ack.acked_sequence();
 }
 
@@ -143,6 +145,11 @@ absl::Status Uplink::RunStream(grpc::ClientContext* context, bool* acked_any) {
   std::thread reader([&] {
     v1::IngestAck ack;
     while (stream->Read(&ack)) {
+      // A rejected batch is quarantined before the acknowledgement that may cover its sequence
+      // (the collector records it as consumed) would forget it.
+      if (ack.rejected()) {
+        outbox_->Reject(ack.process(), ack.rejected_sequence(), ack.reject_reason());
+      }
       outbox_->Ack(ack.process(), ack.acked_sequence());
       *acked_any = true;
       ever_connected_.store(true);

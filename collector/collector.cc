@@ -17,6 +17,7 @@
 #include <system_error>
 #include <utility>
 
+#include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/log.h"
 #include "vramscope/collector/process_stats.h"
 
@@ -485,59 +486,90 @@ absl::Status Collector::CreateLog(Process* process) ABSL_NO_THREAD_SAFETY_ANALYS
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::string_view wire) {
-  if (!batch.has_process() || batch.process().pid() == 0) {
-    return absl::InvalidArgumentError(
-        "batch without a process key (pid 0): EventBatch.process must name the process");
+absl::StatusOr<Collector::Process*> Collector::FindOrCreate(const v1::ProcessKey& key,
+                                                            uint64_t sequence) {
+  const std::string name = ProcessKeyString(key);
+  absl::MutexLock lock(&mu_);
+  auto it = processes_.find(name);
+  if (it != processes_.end()) return it->second.get();
+  if (sequence != 1) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "sequence gap for process %s: the collector holds none of its batches and expects "
+        "sequence 1, got %d; resend from sequence 1",
+        name, sequence));
   }
-  if (batch.sequence() == 0 && batch.events_size() == 0 && batch.counters_size() == 0) {
-    // A probe: an agent asks where this process stands before it sends anything.
-    absl::MutexLock lock(&mu_);
-    auto it = processes_.find(ProcessKeyString(batch.process()));
-    if (it == processes_.end()) return uint64_t{0};
-    absl::MutexLock process_lock(&it->second->mu);
-    return it->second->acked;
+  if (processes_.size() >= options_.max_processes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the collector already tracks %d processes (--max-processes=%d); process %s refused",
+        processes_.size(), options_.max_processes, name));
   }
-  if (batch.sequence() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("batch of process %s has sequence 0; sequences start at 1",
-                        ProcessKeyString(batch.process())));
-  }
-  std::string key = ProcessKeyString(batch.process());
-  Process* process = nullptr;
+  auto created = std::make_unique<Process>();
+  created->key = key;
+  Process* process = created.get();
+  processes_.emplace(name, std::move(created));
+  return process;
+}
+
+uint64_t Collector::StoredSequence(const v1::ProcessKey& key) const {
+  const Process* process = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    auto it = processes_.find(key);
-    if (it != processes_.end()) {
-      process = it->second.get();
-    } else {
-      if (batch.sequence() != 1) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "sequence gap for process %s: the collector holds none of its batches and expects "
-            "sequence 1, got %d; resend from sequence 1",
-            key, batch.sequence()));
-      }
-      if (processes_.size() >= options_.max_processes) {
-        return absl::ResourceExhaustedError(absl::StrFormat(
-            "the collector already tracks %d processes (--max-processes=%d); process %s refused",
-            processes_.size(), options_.max_processes, key));
-      }
-      auto created = std::make_unique<Process>();
-      created->key = batch.process();
-      process = created.get();
-      processes_.emplace(key, std::move(created));
-    }
+    auto it = processes_.find(ProcessKeyString(key));
+    if (it == processes_.end()) return 0;
+    process = it->second.get();  // processes are never removed
   }
+  // Not under mu_: loading takes a process's lock first and mu_ second.
+  absl::MutexLock process_lock(&process->mu);
+  return process->acked;
+}
 
+absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::string_view wire) {
+  // Bytes from the wire were parsed, which checks every string; a batch built in memory was not.
+  absl::Status valid = wire.empty() ? ValidateBatch(batch) : ValidateBatchHeader(batch);
+  if (!valid.ok()) return valid;
+  if (batch.sequence() == 0) {
+    // A probe: an agent asks where this process stands before it sends anything.
+    return StoredSequence(batch.process());
+  }
+  absl::StatusOr<Process*> found = FindOrCreate(batch.process(), batch.sequence());
+  if (!found.ok()) return found.status();
+  Process* process = *found;
   absl::MutexLock lock(&process->mu);
+  return Append(process, batch, wire);
+}
+
+absl::StatusOr<uint64_t> Collector::Refuse(const v1::ProcessKey& key, uint64_t sequence,
+                                           uint64_t events) {
+  batches_refused_.fetch_add(1, std::memory_order_relaxed);
+  // A key that cannot be filed gets nothing stored: every batch naming it is refused alike, so
+  // there is no sequence to keep contiguous.
+  if (!ValidateProcessKey(key).ok()) return uint64_t{0};
+  if (sequence == 0) return StoredSequence(key);
+  absl::StatusOr<Process*> found = FindOrCreate(key, sequence);
+  if (!found.ok()) return found.status();
+  Process* process = *found;
+  absl::MutexLock lock(&process->mu);
+  // The sequence is consumed like a stored batch's: a DropEvent for the refused batch's events
+  // stands in for it, so the process's later batches follow without a gap (also after a
+  // restart, which reads the log back) and its report counts the loss in dropped_records.
+  v1::EventBatch stand_in;
+  *stand_in.mutable_process() = key;
+  stand_in.set_sequence(sequence);
+  stand_in.add_events()->mutable_drop()->set_dropped_records(events);
+  return Append(process, stand_in, {});
+}
+
+absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatch& batch,
+                                           absl::string_view wire) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with process->mu held.
   if (batch.sequence() <= process->acked) {  // a resend: already stored
     batches_duplicate_.fetch_add(1, std::memory_order_relaxed);
     return process->acked;
   }
   if (batch.sequence() != process->acked + 1) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "sequence gap for process %s: stored up to %d, got %d; resend from sequence %d", key,
-        process->acked, batch.sequence(), process->acked + 1));
+        "sequence gap for process %s: stored up to %d, got %d; resend from sequence %d",
+        ProcessKeyString(process->key), process->acked, batch.sequence(), process->acked + 1));
   }
   std::string serialized;
   if (wire.empty()) serialized = batch.SerializeAsString();
@@ -552,7 +584,8 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::st
         "disk limit reached: the data directory %s holds %d bytes and batch %d of process %s "
         "needs %d more, over --max-disk-bytes=%d; the batch was not stored nor acknowledged: "
         "free space or raise the limit, the agent will resend it",
-        options_.data_dir, before, batch.sequence(), key, need, options_.max_disk_bytes));
+        options_.data_dir, before, batch.sequence(), ProcessKeyString(process->key), need,
+        options_.max_disk_bytes));
   }
   if (process->fd < 0) {
     absl::Status created = CreateLog(process);

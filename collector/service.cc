@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/log.h"
 
 namespace vramscope::collector {
@@ -89,24 +90,53 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
     // Parsing into an arena: one block reused for every batch of the stream instead of two
     // mallocs and frees per event (they dominated the ingest profile).
     arena_.Reset();
-    v1::EventBatch& batch = *google::protobuf::Arena::CreateMessage<v1::EventBatch>(&arena_);
-    if (!batch.ParseFromString(wire_)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "malformed message on Ingest: %d bytes that are not a vramscope.v1.EventBatch; is the "
-          "client a vramscope-agent of the same protocol version?",
-          wire_.size()));
-    }
-    absl::StatusOr<uint64_t> acked = collector_->Ingest(batch, wire_);
-    if (!acked.ok()) return acked.status();
+    IngestMessage message = CheckIngestMessage(wire_, &arena_);
     v1::IngestAck ack;
-    *ack.mutable_process() = batch.process();
-    ack.set_acked_sequence(*acked);
+    switch (message.kind) {
+      case IngestMessage::Kind::kMalformed:
+        return absl::InvalidArgumentError(message.reason);
+      case IngestMessage::Kind::kBatch: {
+        absl::StatusOr<uint64_t> acked = collector_->Ingest(*message.batch, wire_);
+        if (!acked.ok()) return acked.status();
+        *ack.mutable_process() = message.batch->process();
+        ack.set_acked_sequence(*acked);
+        break;
+      }
+      case IngestMessage::Kind::kRejected: {
+        // One bad batch (one process's hostile strings, a bogus key) is answered on its own;
+        // the stream, and every other process's batches on it, go on.
+        absl::StatusOr<uint64_t> acked =
+            collector_->Refuse(message.process, message.sequence, message.events);
+        if (!acked.ok()) return acked.status();
+        const uint64_t refused = collector_->batches_refused();
+        if (refused <= 10 || refused % 1000 == 0) {
+          Log(LogLevel::kWarning,
+              absl::StrFormat("Ingest from %s: refused batch %d of process %s (%d events): %s%s",
+                              peer_, message.sequence, ProcessKeyString(message.process),
+                              message.events, message.reason,
+                              refused == 10 ? " (further refusals are logged every 1000th)" : ""));
+        }
+        *ack.mutable_process() = message.process;
+        ack.set_acked_sequence(*acked);
+        ack.set_rejected(true);
+        ack.set_rejected_sequence(message.sequence);
+        ack.set_reject_reason(message.reason);
+        break;
+      }
+    }
     absl::MutexLock lock(&mu_);
-    for (v1::IngestAck& pending : pending_) {
-      if (pending.process().pid() == ack.process().pid() &&
-          pending.process().start_time_ns() == ack.process().start_time_ns() &&
-          pending.process().host() == ack.process().host()) {
-        pending.set_acked_sequence(std::max(pending.acked_sequence(), *acked));
+    if (!ack.rejected()) {
+      // Plain acknowledgements are cumulative: the latest of a process says all, so it replaces
+      // a waiting one, unless a rejection of that process waits after it (the agent must see
+      // the rejection before an acknowledgement that covers the refused sequence).
+      for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
+        if (it->process().pid() != ack.process().pid() ||
+            it->process().start_time_ns() != ack.process().start_time_ns() ||
+            it->process().host() != ack.process().host()) {
+          continue;
+        }
+        if (it->rejected()) break;
+        it->set_acked_sequence(std::max(it->acked_sequence(), ack.acked_sequence()));
         return absl::OkStatus();
       }
     }

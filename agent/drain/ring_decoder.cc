@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "vramscope/utf8.h"
+
 namespace vramscope::agent {
 namespace {
 
@@ -64,8 +66,9 @@ absl::Status DecodeRecord(const vramscope_ring_record& record, std::string_view 
       }
       v1::NvtxPushEvent* push = event->mutable_nvtx_push();
       push->set_range_id(record.aux);
-      push->set_name(std::string(nvtx_text.substr(0, p.name_len)));
-      push->set_domain(std::string(nvtx_text.substr(p.name_len)));
+      // The application's text: bytes that are not UTF-8 are escaped (vramscope/utf8.h).
+      push->set_name(ToValidUtf8(nvtx_text.substr(0, p.name_len)));
+      push->set_domain(ToValidUtf8(nvtx_text.substr(p.name_len)));
       push->set_category(p.category);
       push->set_parent_range_id(p.parent_range_id);
       return absl::OkStatus();

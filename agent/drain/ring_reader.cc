@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "drain/ring_decoder.h"
+#include "vramscope/utf8.h"
 
 namespace vramscope::agent {
 namespace {
@@ -221,7 +222,7 @@ bool RingReader::WriterAlive() {
 
 v1::ProcessKey RingReader::process_key() const {
   v1::ProcessKey key;
-  key.set_host(info_.host);
+  key.set_host(ToValidUtf8(info_.host));  // the header's bytes, made fit for a proto string
   key.set_pid(info_.pid);
   key.set_start_time_ns(info_.start_time_ns);
   return key;
@@ -262,16 +263,25 @@ void RingReader::AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event
   event->set_time_ns(info_.start_monotonic_ns);
   v1::ProcessStartEvent* start = event->mutable_process_start();
   start->set_pid(info_.pid);
-  start->set_host(info_.host);
-  for (const std::string& arg : info_.command_line) start->add_command_line(arg);
-  start->set_mode(info_.mode);
+  // Everything here is the application's (or a hostile writer's) bytes: strings that are not
+  // UTF-8 are escaped (vramscope/utf8.h), and the exact arguments travel beside them.
+  start->set_host(ToValidUtf8(info_.host));
+  bool raw_needed = false;
+  for (const std::string& arg : info_.command_line) {
+    start->add_command_line(ToValidUtf8(arg));
+    raw_needed = raw_needed || !IsValidUtf8(arg);
+  }
+  if (raw_needed) {
+    for (const std::string& arg : info_.command_line) start->add_raw_command_line(arg);
+  }
+  start->set_mode(ToValidUtf8(info_.mode));
   start->set_parent_pid(info_.parent_pid);
   for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
     const vramscope_ring_device_info& info = header_->device_info[d];
     if (Load(&info.valid) != 1) continue;
     v1::DeviceInfo* device = start->add_devices();
     device->set_ordinal(d);
-    device->set_name(BoundedString(info.name, sizeof(info.name)));
+    device->set_name(ToValidUtf8(BoundedString(info.name, sizeof(info.name))));
     device->set_total_memory_bytes(info.total_memory_bytes);
     const std::uint8_t* u = info.uuid;
     device->set_uuid(absl::StrFormat(

@@ -37,7 +37,9 @@
 
 namespace vramscope::agent {
 
-// The header's identity fields, copied and validated at open.
+// The header's identity fields, copied and validated at open. Strings are the header's bytes as
+// they are; what goes into messages (process_key(), ProcessStart) is made valid UTF-8 with
+// vramscope/utf8.h, so no string the application controls can make a batch unparseable.
 struct RingInfo {
   std::uint32_t pid = 0;
   std::uint32_t parent_pid = 0;

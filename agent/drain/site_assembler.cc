@@ -4,22 +4,13 @@
 #include <absl/strings/str_format.h>
 #include <string.h>
 
+#include "vramscope/utf8.h"
+
 namespace vramscope::agent {
 namespace {
 
 absl::Status Invalid(const char* what) {
   return absl::InvalidArgumentError(absl::StrCat("ring ", what));
-}
-
-// Paths go into proto strings, which must be valid UTF-8: anything outside printable ASCII
-// becomes '?' (such a path cannot be symbolised, but the frame still names it).
-std::string Printable(std::string_view text) {
-  std::string out(text);
-  for (char& c : out) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u >= 0x7F) c = '?';
-  }
-  return out;
 }
 
 }  // namespace
@@ -59,7 +50,9 @@ absl::Status SiteAssembler::AddModule(const vramscope_ring_record& record) {
   }
   if (module.seen == module.chunks) {
     module.complete = true;
-    module.path = Printable(std::string_view(module.path.c_str()));
+    // Paths go into proto strings: bytes that are not UTF-8 are escaped (vramscope/utf8.h), so
+    // the frame names the file exactly, even where it cannot be symbolised.
+    module.path = ToValidUtf8(std::string_view(module.path.c_str()));
     module.have.clear();
   }
   return absl::OkStatus();

@@ -363,6 +363,80 @@ TEST_F(OutboxTest, ReplayedBatchesAreRenumberedWhenTheCollectorHoldsLess) {
                                                      ::testing::Pair(1, 3)));
 }
 
+TEST_F(OutboxTest, ARejectedBatchIsQuarantinedInTheSpoolAndTheRestFlows) {
+  TempDir spool;
+  OutboxOptions options;
+  options.spool_dir = spool.path();
+  {
+    Outbox outbox(options);
+    ASSERT_TRUE(outbox.Add(Batch(Key(1), 0, 3)));  // 1/1
+    ASSERT_TRUE(outbox.Add(Batch(Key(1), 0, 4)));  // 1/2: the collector will refuse it
+    ASSERT_TRUE(outbox.Add(Batch(Key(2), 0, 5)));  // 2/1
+    ASSERT_TRUE(outbox.Add(Batch(Key(1), 0, 6)));  // 1/3
+    ASSERT_NE(outbox.NextToSend(absl::ZeroDuration()), nullptr);
+    ASSERT_NE(outbox.NextToSend(absl::ZeroDuration()), nullptr);
+    // As the uplink does it: the rejection first, then the acknowledgement covering it.
+    outbox.Reject(Key(1), 2, "string field x is not valid UTF-8");
+    outbox.Ack(Key(1), 2);
+    outbox.Reject(Key(1), 2, "again");  // no longer pending: nothing happens
+    AgentCounters counters = outbox.counters();
+    EXPECT_EQ(counters.batches_rejected, 1u);
+    EXPECT_EQ(counters.events_rejected, 4u);
+    EXPECT_EQ(counters.processes_rejected, 1u);
+    EXPECT_EQ(counters.batches_acked, 1u);
+    EXPECT_EQ(counters.pending_batches, 2u);
+    EXPECT_EQ(outbox.first_reject_reason(), "string field x is not valid UTF-8");
+    // The sender goes on with what it had not written yet, the refused batch is never resent.
+    std::vector<std::pair<uint32_t, uint64_t>> sent;
+    while (auto batch = outbox.NextToSend(absl::ZeroDuration())) {
+      sent.emplace_back(batch->process().pid(), batch->sequence());
+    }
+    EXPECT_THAT(sent, ::testing::ElementsAre(::testing::Pair(2, 1), ::testing::Pair(1, 3)));
+    outbox.Rewind();
+    sent.clear();
+    while (auto batch = outbox.NextToSend(absl::ZeroDuration())) {
+      sent.emplace_back(batch->process().pid(), batch->sequence());
+    }
+    EXPECT_THAT(sent, ::testing::ElementsAre(::testing::Pair(2, 1), ::testing::Pair(1, 3)));
+    outbox.Ack(Key(2), 1);
+    outbox.Ack(Key(1), 3);
+    EXPECT_TRUE(outbox.Empty());
+  }
+  std::vector<std::string> kept;
+  for (const auto& entry : std::filesystem::directory_iterator(spool.path() + "/rejected")) {
+    kept.push_back(entry.path().filename().string());
+  }
+  std::sort(kept.begin(), kept.end());
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_THAT(kept[0], ::testing::MatchesRegex("1_[0-9]+_2_4_[0-9a-f]+\\.batch"));
+  EXPECT_EQ(kept[1], kept[0] + ".reason");
+  EXPECT_EQ(testing::ReadFile(spool.path() + "/rejected/" + kept[1]),
+            "string field x is not valid UTF-8\n");
+  // A later run does not replay it.
+  Outbox later(options);
+  EXPECT_TRUE(later.Empty());
+  EXPECT_EQ(later.counters().spool_files_rejected, 0u);
+}
+
+TEST_F(OutboxTest, WithoutASpoolARejectedBatchIsCountedAndDropped) {
+  Outbox outbox(OutboxOptions{});
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(outbox.Add(Batch(Key(0), 0, 2)));
+  while (outbox.NextToSend(absl::ZeroDuration()) != nullptr) {
+  }
+  // A key the collector cannot file: every batch refused, nothing acknowledged.
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    outbox.Reject(Key(0), seq, "pid 0");
+    outbox.Ack(Key(0), 0);
+  }
+  EXPECT_TRUE(outbox.Empty());
+  EXPECT_TRUE(outbox.WaitAllAcked(absl::ZeroDuration()));
+  const AgentCounters counters = outbox.counters();
+  EXPECT_EQ(counters.batches_rejected, 3u);
+  EXPECT_EQ(counters.events_rejected, 6u);
+  EXPECT_EQ(counters.processes_rejected, 1u);
+  EXPECT_EQ(counters.memory_bytes, 0u);
+}
+
 TEST_F(OutboxTest, AnUnusableSpoolDirectoryIsReported) {
   TempDir base;
   std::ofstream(base.path() + "/file") << "x";

@@ -114,6 +114,20 @@ TEST_F(CollectorTest, ProbeAnswersTheStoredSequenceAndStoresNothing) {
   EXPECT_EQ(collector->GetReport(Key(30))->events(), 4u);
 }
 
+TEST_F(CollectorTest, ProbeOfAProcessLoadedAtStartAnswers) {
+  {
+    auto collector = Open();
+    ASSERT_TRUE(collector->Ingest(Batch(Key(31), 1, 2)).ok());
+  }
+  // A restarted agent probes a restarted collector: the lookup must not take the process's lock
+  // under the collector's, the reverse of the order loading took them in (Abseil's deadlock
+  // detection aborts the process on such a cycle).
+  auto collector = Open();
+  v1::EventBatch probe;
+  *probe.mutable_process() = Key(31);
+  EXPECT_EQ(*collector->Ingest(probe), 1u);
+}
+
 TEST_F(CollectorTest, RestartRebuildsEveryProcess) {
   {
     auto collector = Open();

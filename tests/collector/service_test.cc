@@ -47,21 +47,31 @@ class ServiceTest : public ::testing::Test {
     stub_ = v1::Collector::NewStub(channel_);
   }
 
-  // Sends `batches` on one Ingest stream; returns the acknowledged sequences and the final status.
-  grpc::Status Send(const std::vector<v1::EventBatch>& batches, std::vector<uint64_t>* acks) {
+  // Sends `batches` on one Ingest stream, each after the answer to the one before; returns the
+  // answers and the final status.
+  grpc::Status SendAcks(const std::vector<v1::EventBatch>& batches,
+                        std::vector<v1::IngestAck>* acks) {
     grpc::ClientContext context;
     auto stream = stub_->Ingest(&context);
     for (const v1::EventBatch& batch : batches) {
       if (!stream->Write(batch)) break;
       v1::IngestAck ack;
       if (!stream->Read(&ack)) break;
-      acks->push_back(ack.acked_sequence());
+      acks->push_back(ack);
     }
     stream->WritesDone();
     v1::IngestAck ignored;
     while (stream->Read(&ignored)) {
     }
     return stream->Finish();
+  }
+
+  // The same, keeping only the acknowledged sequences.
+  grpc::Status Send(const std::vector<v1::EventBatch>& batches, std::vector<uint64_t>* acks) {
+    std::vector<v1::IngestAck> answers;
+    grpc::Status status = SendAcks(batches, &answers);
+    for (const v1::IngestAck& ack : answers) acks->push_back(ack.acked_sequence());
+    return status;
   }
 
   uint64_t Events(uint32_t pid) {
@@ -171,6 +181,61 @@ TEST_F(ServiceTest, MalformedBytesOnTheWireAreAnErrorAndTheServerStaysUp) {
   acks.clear();
   EXPECT_TRUE(Send({Batch(Key(5), 2, 10)}, &acks).ok());
   EXPECT_EQ(Events(5), 20u);
+}
+
+TEST_F(ServiceTest, AnInvalidBatchIsRefusedAloneAndTheStreamGoesOn) {
+  Start();
+  // Batch 2 of process 40 carries an NVTX domain that is not UTF-8 (as an agent that did not
+  // escape it sent), a batch claims pid 0, process 42's first batch a command line that is not
+  // UTF-8: each is answered on its own, everything else on the stream is stored.
+  v1::EventBatch bad_nvtx = Batch(Key(40), 2, 4);
+  v1::Event* push = bad_nvtx.add_events();
+  push->mutable_nvtx_push()->set_range_id(1);
+  push->mutable_nvtx_push()->set_domain("\xFF");
+  v1::EventBatch bad_start = Batch(Key(42), 1, 3);
+  bad_start.mutable_events(0)->mutable_process_start()->add_command_line("out\xE9.txt");
+  std::vector<v1::IngestAck> acks;
+  grpc::Status status =
+      SendAcks({Batch(Key(40), 1, 10), bad_nvtx, Batch(Key(40), 3, 10), Batch(Key(0), 1, 5),
+                Batch(Key(41), 1, 4), bad_start, Batch(Key(42), 2, 6)},
+               &acks);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(acks.size(), 7u);
+  EXPECT_FALSE(acks[0].rejected());
+  EXPECT_TRUE(acks[1].rejected());
+  EXPECT_EQ(acks[1].rejected_sequence(), 2u);
+  EXPECT_EQ(acks[1].acked_sequence(), 2u);  // consumed: batch 3 follows without a gap
+  EXPECT_THAT(acks[1].reject_reason(), HasSubstr("vramscope.v1.NvtxPushEvent.domain"));
+  EXPECT_EQ(acks[2].acked_sequence(), 3u);
+  EXPECT_TRUE(acks[3].rejected());
+  EXPECT_EQ(acks[3].acked_sequence(), 0u);
+  EXPECT_THAT(acks[3].reject_reason(), HasSubstr("pid 0"));
+  EXPECT_EQ(acks[4].acked_sequence(), 1u);
+  EXPECT_TRUE(acks[5].rejected());
+  EXPECT_THAT(acks[5].reject_reason(), HasSubstr("\"out\\xE9.txt\""));
+  EXPECT_EQ(acks[6].acked_sequence(), 2u);
+  EXPECT_FALSE(acks[6].rejected());
+
+  EXPECT_EQ(Events(41), 4u);
+  grpc::ClientContext context;
+  v1::GetReportRequest request;
+  *request.mutable_process() = Key(40);
+  v1::Report report;
+  ASSERT_TRUE(stub_->GetReport(&context, request, &report).ok());
+  ASSERT_EQ(report.devices_size(), 1);
+  EXPECT_EQ(report.devices(0).alloc_count(), 19u);     // batches 1 and 3
+  EXPECT_EQ(report.devices(0).dropped_records(), 5u);  // batch 2, counted as lost
+  EXPECT_EQ(collector_->batches_refused(), 3u);
+
+  // Resent after a reconnect (its rejection lost): judged again, refused again, stored once.
+  acks.clear();
+  ASSERT_TRUE(SendAcks({bad_nvtx}, &acks).ok());
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_TRUE(acks[0].rejected());
+  EXPECT_EQ(acks[0].acked_sequence(), 3u);
+  grpc::ClientContext again_context;
+  ASSERT_TRUE(stub_->GetReport(&again_context, request, &report).ok());
+  EXPECT_EQ(report.devices(0).dropped_records(), 5u);
 }
 
 TEST_F(ServiceTest, WatchStreamsUpdatesAtTheInterval) {

@@ -116,10 +116,10 @@ TEST(SiteAssemblerTest, RecordsNoWriterProducesAreRefused) {
   module[0].aux = 0;  // module id 0 is not a module
   EXPECT_FALSE(sites.AddModule(module[0]).ok());
   module[0].aux = 3;
-  // A path with bytes a proto string cannot hold is kept printable.
+  // A path with bytes a proto string cannot hold is escaped (vramscope/utf8.h), not flattened.
   module[0].payload.module.path[1] = static_cast<char>(0xff);
   ASSERT_TRUE(sites.AddModule(module[0]).ok());
-  EXPECT_EQ(sites.FrameName(0x1010), "/?ib/x.so+0x1010");
+  EXPECT_EQ(sites.FrameName(0x1010), "/\\xFFib/x.so+0x1010");
 }
 
 }  // namespace

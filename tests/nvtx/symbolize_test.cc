@@ -5,8 +5,10 @@
 #include <absl/strings/str_format.h>
 #include <gtest/gtest.h>
 #include <link.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <string>
 
 namespace vramscope::cli {
@@ -60,6 +62,31 @@ TEST(SymbolizeTest, MissingAddr2lineIsOneWarning) {
   const SymbolizeResult result = SymbolizeReports(&reports, "/nonexistent/addr2line");
   EXPECT_NE(result.warning.find("/nonexistent/addr2line"), std::string::npos);
   EXPECT_EQ(reports[0].devices(0).top_sites(0).frames(0), Self() + "+0x10");
+}
+
+TEST(SymbolizeTest, NamesThatAreNotUtf8AreEscaped) {
+  // An addr2line whose answer names a function and a file in Latin-1, as debug info of a
+  // program compiled from such a path does.
+  char dir[] = "/tmp/vramscope-symbolize-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string fake = std::string(dir) + "/addr2line";
+  {
+    std::ofstream script(fake);
+    script << "#!/bin/sh\nprintf '0x000000000000000f\\ncaf\\351()\\n/src/caf\\351.cc:12\\n'\n";
+  }
+  ASSERT_EQ(chmod(fake.c_str(), 0700), 0);
+  std::vector<v1::Report> reports(1);
+  reports[0].add_devices()->add_top_sites()->add_frames(Self() + "+0x10");
+  const SymbolizeResult result = SymbolizeReports(&reports, fake);
+  EXPECT_TRUE(result.warning.empty()) << result.warning;
+  const v1::SiteStats& out = reports[0].devices(0).top_sites(0);
+  ASSERT_EQ(out.frames_size(), 1);
+  EXPECT_EQ(out.frames(0), "caf\\xE9() (/src/caf\\xE9.cc:12)");
+  // The report (JSON, the collector) can carry it.
+  v1::Report parsed;
+  EXPECT_TRUE(parsed.ParseFromString(reports[0].SerializeAsString()));
+  unlink(fake.c_str());
+  rmdir(dir);
 }
 
 TEST(SymbolizeTest, SiteLabelSkipsCudaFrames) {

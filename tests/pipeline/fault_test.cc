@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -615,6 +617,149 @@ TEST_F(FaultTest, DamagedSpoolFilesAreReportedAndTheAgentGoesOn) {
   collector.Wait();
   EXPECT_EQ(DroppedRecordsStored("_4242_"), 30u);
   EXPECT_EQ(DroppedRecordsStored("_4243_"), 40u);
+}
+
+// A traced "application" in a child process: opens a ring in `dir`, lets `hostile` scribble on
+// its header (as a process with odd bytes in its name, or a hostile one, can), writes `allocs`
+// allocations inside an NVTX range named `range`, and exits. Returns its pid (0 on failure).
+pid_t WriteRingInChild(const std::string& dir,
+                       const std::function<void(vramscope_ring_header*)>& hostile, int allocs,
+                       const std::string& range) {
+  pid_t child = ::fork();
+  if (child != 0) {
+    int status = 0;
+    if (child < 0 || ::waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+        WEXITSTATUS(status) != 0) {
+      return 0;
+    }
+    return child;
+  }
+  interposer::RingWriter writer;
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = dir.c_str();
+  if (writer.Open(ring_options) != interposer::RingError::kOk) ::_exit(1);
+  // The writer's own mapping of its header.
+  if (hostile) hostile(const_cast<vramscope_ring_header*>(writer.header()));
+  writer.SetDeviceInfo(0, "GPU", nullptr, 1 << 30);
+  if (!writer.RecordNvtxPush(0, 1, 0, 0, range.data(), range.size(), nullptr, 0)) ::_exit(1);
+  for (int i = 0; i < allocs; ++i) {
+    if (!writer.RecordAlloc(0, 0x7f0000000000 + static_cast<uint64_t>(i) * 4096, 4000, 4096,
+                            VRAMSCOPE_RING_ALLOC_POOLED, 0, 1)) {
+      ::_exit(1);
+    }
+  }
+  writer.RecordNvtxPop(0, 1);
+  writer.MarkExited(0);
+  ::_exit(0);
+}
+
+void SetHeaderText(const char* text, size_t size, char* field, size_t capacity) {
+  memset(field, 0, capacity);
+  memcpy(field, text, std::min(size, capacity));
+}
+
+TEST_F(FaultTest, HostileStringsArriveEscapedBesideANormalProcess) {
+  if (agent_bin_.empty()) GTEST_SKIP() << "VRAMSCOPE_AGENT unset";
+  TempDir rings;
+  const pid_t normal = WriteRingInChild(rings.path(), nullptr, 300, "step");
+  ASSERT_NE(normal, 0);
+  // A program run on a Latin-1 file name, on a host whose name is not UTF-8, with a GPU name
+  // and an NVTX range name that are not either.
+  const pid_t hostile = WriteRingInChild(
+      rings.path(),
+      [](vramscope_ring_header* header) {
+        const char args[] = "./convert\0out\xE9.txt";
+        SetHeaderText(args, sizeof(args) - 1, header->command_line, sizeof(header->command_line));
+        header->command_line_len = sizeof(args) - 1;
+        SetHeaderText("node\xFF", 5, header->host, sizeof(header->host));
+      },
+      200, "load \xE9t\xE9");
+  ASSERT_NE(hostile, 0);
+  Subprocess collector;
+  const int port = StartCollector(collector, "127.0.0.1:0");
+  ASSERT_NE(port, 0);
+  Subprocess agent;
+  ASSERT_TRUE(
+      agent.Start({agent_bin_, "--once", "--once-timeout=60", "--ring-dir=" + rings.path(),
+                   absl::StrCat("--collector=127.0.0.1:", port), "--spool-dir=" + spool_.path()}));
+  EXPECT_EQ(agent.Wait(), 0) << agent.output();
+
+  grpc::ClientContext context;
+  v1::ListProcessesRequest request;
+  request.set_include_finished(true);
+  v1::ListProcessesResponse list;
+  ASSERT_TRUE(Stub(port)->ListProcesses(&context, request, &list).ok());
+  ASSERT_EQ(list.processes_size(), 2) << agent.output();
+  for (const v1::ProcessSummary& process : list.processes()) {
+    v1::Report report = Report(port, process.process());
+    ASSERT_EQ(report.devices_size(), 1);
+    ASSERT_EQ(report.devices(0).nvtx_ranges_size(), 1);
+    if (process.process().pid() == static_cast<uint32_t>(normal)) {
+      EXPECT_EQ(report.events(), 304u);  // ProcessStart, push, 300 allocations, pop, exit
+      EXPECT_EQ(report.devices(0).nvtx_ranges(0).name(), "step");
+      continue;
+    }
+    ASSERT_EQ(process.process().pid(), static_cast<uint32_t>(hostile));
+    EXPECT_EQ(report.events(), 204u);
+    EXPECT_EQ(process.process().host(), "node\\xFF");
+    EXPECT_THAT(report.command_line(), ::testing::ElementsAre("./convert", "out\\xE9.txt"));
+    EXPECT_EQ(report.devices(0).nvtx_ranges(0).name(), "load \\xE9t\\xE9");
+    EXPECT_EQ(report.devices(0).nvtx_ranges(0).alloc_count(), 200u);
+  }
+  EXPECT_THAT(agent.output(), HasSubstr("rejected 0 (0 events, 0 processes)"));
+  EXPECT_FALSE(std::filesystem::exists(spool_.path() + "/rejected"));
+  collector.Kill(SIGTERM);
+  collector.Wait();
+}
+
+TEST_F(FaultTest, ARingClaimingPid0IsRejectedAloneAndQuarantined) {
+  if (agent_bin_.empty()) GTEST_SKIP() << "VRAMSCOPE_AGENT unset";
+  TempDir rings;
+  const pid_t bogus = WriteRingInChild(
+      rings.path(), [](vramscope_ring_header* header) { header->pid = 0; }, 100, "bogus");
+  ASSERT_NE(bogus, 0);
+  const pid_t normal = WriteRingInChild(rings.path(), nullptr, 500, "step");
+  ASSERT_NE(normal, 0);
+  Subprocess collector;
+  const int port = StartCollector(collector, "127.0.0.1:0");
+  ASSERT_NE(port, 0);
+  Subprocess agent;
+  ASSERT_TRUE(
+      agent.Start({agent_bin_, "--once", "--once-timeout=60", "--ring-dir=" + rings.path(),
+                   absl::StrCat("--collector=127.0.0.1:", port), "--spool-dir=" + spool_.path()}));
+  // Reachable, everything answered, one batch refused: 1, not 3 ("cannot reach").
+  EXPECT_EQ(agent.Wait(), 1) << agent.output();
+  const std::string log = agent.output();
+  EXPECT_THAT(log, HasSubstr("1 batches of 1 processes were rejected by the collector: "));
+  EXPECT_THAT(log, HasSubstr("pid 0"));
+  EXPECT_THAT(log, HasSubstr("rejected 1 (104 events, 1 processes)"));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("cannot reach")));
+
+  // The other process is delivered whole.
+  grpc::ClientContext context;
+  v1::ListProcessesRequest request;
+  request.set_include_finished(true);
+  v1::ListProcessesResponse list;
+  ASSERT_TRUE(Stub(port)->ListProcesses(&context, request, &list).ok());
+  ASSERT_EQ(list.processes_size(), 1);
+  EXPECT_EQ(list.processes(0).process().pid(), static_cast<uint32_t>(normal));
+  EXPECT_EQ(Report(port, list.processes(0).process()).events(), 504u);
+
+  // The refused batch is kept aside with its reason; nothing else is left in the spool.
+  std::vector<std::string> kept;
+  for (const auto& entry : std::filesystem::directory_iterator(spool_.path() + "/rejected")) {
+    kept.push_back(entry.path().string());
+  }
+  std::sort(kept.begin(), kept.end());
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_THAT(kept[0], ::testing::EndsWith(".batch"));
+  EXPECT_THAT(testing::ReadFile(kept[1]), HasSubstr("pid 0"));
+  for (const auto& entry : std::filesystem::directory_iterator(spool_.path())) {
+    EXPECT_TRUE(entry.is_directory()) << entry.path();
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(rings.path()));
+  collector.Kill(SIGTERM);
+  collector.Wait();
 }
 
 TEST_F(FaultTest, AgentOnceWithoutACollectorExits3) {

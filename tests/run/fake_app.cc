@@ -2,7 +2,8 @@
 // NVTX ranges, allocations, frees) into a ring in $VRAMSCOPE_RING_DIR, then exits as told.
 //
 //   run_fake_app [--allocs N] [--size BYTES] [--leak K] [--fork] [--oom] [--exit CODE]
-//                [--signal SIG]
+//                [--signal SIG] [--file NAME]
+// --file NAME is ignored: it puts NAME (any bytes) on the command line the ring records.
 // Pool: one reserve of N * size rounded up to 2 MiB; each block's allocated size is the
 // request rounded up to 512 bytes. --leak K leaves the last K blocks unfreed. --fork: a child
 // (with its own ring, as the shim does after fork) allocates N/2 blocks and exits 0 first.
@@ -71,6 +72,8 @@ int main(int argc, char** argv) {
       fork_child = true;
     } else if (strcmp(arg, "--oom") == 0) {
       oom = true;
+    } else if (strcmp(arg, "--file") == 0) {
+      ++i;
     } else {
       std::fprintf(stderr, "run_fake_app: unknown argument %s\n", arg);
       return 64;

@@ -146,6 +146,26 @@ TEST_F(RunCollectorTest, UnreachableCollectorExits3WithTheLocalReportWritten) {
   EXPECT_NE(stderr_.find("cannot reach the collector"), std::string::npos) << stderr_;
 }
 
+TEST_F(RunCollectorTest, ACommandLineThatIsNotUtf8ReachesTheCollectorEscaped) {
+  const int port = Serve();
+  const std::string json = data_.path() + "/latin1.json";
+  // A program run on a Latin-1 file name: the drain escapes it, so the collector takes the
+  // batches and the local JSON is valid.
+  ASSERT_EQ(Run({"--collector", absl::StrCat("127.0.0.1:", port), "--json", json, "--", FakeApp(),
+                 "--allocs", "4", "--file", "out\xE9.txt"}),
+            0)
+      << stderr_;
+  EXPECT_NE(stderr_.find("acknowledged all"), std::string::npos) << stderr_;
+  const v1::Report local = ReadReport(json);
+  ASSERT_EQ(local.command_line_size(), 5);
+  EXPECT_EQ(local.command_line(4), "out\\xE9.txt");
+  const v1::ListProcessesResponse list = core_->ListProcesses(true);
+  ASSERT_EQ(list.processes_size(), 1);
+  ASSERT_EQ(list.processes(0).command_line_size(), 5);
+  EXPECT_EQ(list.processes(0).command_line(4), "out\\xE9.txt");
+  EXPECT_EQ(list.processes(0).events(), local.events());
+}
+
 TEST_F(RunCollectorTest, UsageErrors) {
   EXPECT_EQ(Run({"--collector", "", "--", FakeApp()}), 2);
   EXPECT_EQ(Run({"--collector"}), 2);

@@ -356,7 +356,9 @@ bool WaitForCollector(const std::string& address, agent::Outbox& outbox, agent::
   const bool acked = outbox.WaitAllAcked(kCollectorWait);
   uplink.Stop();
   const agent::AgentCounters c = outbox.counters();
-  if (acked) {
+  if (acked && c.batches_rejected > 0) {
+    // Every batch was answered; the rejections are told below.
+  } else if (acked) {
     std::fprintf(stderr,
                  "vramscope run: collector %s acknowledged all %llu events (%llu batches)\n",
                  address.c_str(), static_cast<unsigned long long>(c.events_cut),
@@ -380,6 +382,14 @@ bool WaitForCollector(const std::string& address, agent::Outbox& outbox, agent::
                  absl::FormatDuration(kCollectorWait).c_str(),
                  std::string(uplink.last_error().message()).c_str());
   }
+  if (c.batches_rejected > 0) {
+    std::fprintf(stderr,
+                 "vramscope run: WARNING: the collector at %s rejected %llu batches (%llu events) "
+                 "as invalid: %s. The report above is complete.\n",
+                 address.c_str(), static_cast<unsigned long long>(c.batches_rejected),
+                 static_cast<unsigned long long>(c.events_rejected),
+                 outbox.first_reject_reason().c_str());
+  }
   if (c.batches_dropped > 0) {
     std::fprintf(stderr,
                  "vramscope run: WARNING: %llu events (%llu batches) were not sent to the "
@@ -387,7 +397,7 @@ bool WaitForCollector(const std::string& address, agent::Outbox& outbox, agent::
                  static_cast<unsigned long long>(c.events_dropped),
                  static_cast<unsigned long long>(c.batches_dropped));
   }
-  return acked && c.batches_dropped == 0;
+  return acked && c.batches_dropped == 0 && c.batches_rejected == 0;
 }
 
 // Copies what CMD wrote while the dashboard held the terminal to stderr.

@@ -13,6 +13,8 @@
 #include <string_view>
 #include <utility>
 
+#include "vramscope/utf8.h"
+
 namespace vramscope::cli {
 namespace {
 
@@ -112,7 +114,9 @@ bool RunAddr2line(const std::string& addr2line, const std::string& path,
     if (function == "??" && location.rfind("??", 0) == 0) continue;
     std::string name = function;
     if (location.rfind("??", 0) != 0) absl::StrAppend(&name, " (", location, ")");
-    (*names)[static_cast<std::size_t>(index)].push_back(std::move(name));
+    // Debug info names files as the compiler saw them, in any encoding: the frame goes into a
+    // proto string (the JSON report), so bytes that are not UTF-8 are escaped.
+    (*names)[static_cast<std::size_t>(index)].push_back(ToValidUtf8(name));
   }
   return true;
 }

@@ -22,6 +22,13 @@
 // its events are counted, logged, and reported to the collector as a DropEvent at the head of
 // that process's next batch. Nothing is dropped silently.
 //
+// A batch the collector rejects as invalid (IngestAck.rejected: it will never be stored, so
+// resending it cannot help) is quarantined by Reject: with a spool its file moves to the spool's
+// `rejected/` folder (beside it FILE.reason says why), without one it is dropped; it is counted,
+// logged once per process, and forgotten like an acknowledged batch, so the process's later
+// batches and every other process's go on. The collector records the refused sequence as
+// consumed, so no gap follows.
+//
 // If an acknowledgement names a sequence this agent never assigned (the collector already holds
 // batches of this process from an agent that ran before this one), the process's unacknowledged
 // batches are renumbered after it (spooled files rewritten) and sent again, so nothing is taken
@@ -73,7 +80,10 @@ struct AgentCounters {
   uint64_t batches_dropped = 0;       // no room anywhere
   uint64_t events_dropped = 0;
   uint64_t batches_renumbered = 0;
-  uint64_t pending_batches = 0;  // unacknowledged now
+  uint64_t batches_rejected = 0;  // refused by the collector as invalid, quarantined
+  uint64_t events_rejected = 0;
+  uint64_t processes_rejected = 0;  // processes with at least one rejected batch
+  uint64_t pending_batches = 0;     // unacknowledged now
   uint64_t memory_bytes = 0;
   uint64_t spool_bytes = 0;
   uint64_t reconnects = 0;  // streams opened after the first
@@ -114,6 +124,11 @@ class Outbox {
   std::string spool_error() const;
   // Forgets the batches of `process` up to `acked_sequence`.
   void Ack(const v1::ProcessKey& process, uint64_t acked_sequence);
+  // The collector rejected batch `sequence` of `process` for `reason`: quarantined and forgotten
+  // (see above). Nothing happens when no such batch is pending.
+  void Reject(const v1::ProcessKey& process, uint64_t sequence, const std::string& reason);
+  // The reason of the first rejection ("" when none).
+  std::string first_reject_reason() const;
 
   // The next batch not yet written on the current stream, waiting up to `timeout` for one.
   // nullptr on timeout or when Interrupt() was called since the last Rewind().
@@ -151,6 +166,7 @@ class Outbox {
     uint64_t acked = 0;
     uint64_t pending_drop_events = 0;  // to report in the next accepted batch
     bool numbered_here = false;        // this run numbered batches of it (SetStart is too late)
+    bool rejected = false;             // a batch of it was rejected (and that was logged)
     std::optional<Replayed> replayed;
     uint64_t replay_base = 0;  // the replayed batches follow this sequence
   };
@@ -176,6 +192,7 @@ class Outbox {
   std::string spool_error_ ABSL_GUARDED_BY(mu_);
   int spool_lock_fd_ = -1;  // the spool directory, flock()ed while this Outbox lives
   uint64_t spool_errors_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string first_reject_reason_ ABSL_GUARDED_BY(mu_);
   AgentCounters counters_ ABSL_GUARDED_BY(mu_);
 };
 

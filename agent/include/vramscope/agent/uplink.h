@@ -1,7 +1,7 @@
 // Uplink: streams the Outbox's batches to the collector over one gRPC Ingest stream at a time,
-// feeds the acknowledgements back, and reconnects with exponential backoff when the stream
-// breaks (collector down, restarted, or refusing with an error status), resending everything
-// unacknowledged.
+// feeds the acknowledgements (and rejections of single batches, Outbox::Reject) back, and
+// reconnects with exponential backoff when the stream breaks (collector down, restarted, or
+// refusing with an error status), resending everything unacknowledged.
 //
 // Threads: Start() runs a sender thread, plus one reader thread per stream for acknowledgements.
 // Stop() (idempotent, any thread) cancels the stream and joins them. Errors are logged, and the

@@ -9,7 +9,7 @@
 //
 // Thread safety: all methods may be called concurrently. Batches of one process are serialised by
 // a per-process lock; different processes proceed in parallel.
-// Errors: absl::Status. INVALID_ARGUMENT (batch without a process or sequence), FAILED_PRECONDITION
+// Errors: absl::Status. INVALID_ARGUMENT (a batch ValidateBatch refuses), FAILED_PRECONDITION
 // (sequence gap), RESOURCE_EXHAUSTED (disk full, --max-disk-bytes or --max-processes reached),
 // NOT_FOUND (unknown process), INTERNAL (an I/O error other than a full disk).
 #ifndef VRAMSCOPE_COLLECTOR_COLLECTOR_H_
@@ -78,7 +78,18 @@ class Collector {
   // its process (the value to acknowledge). `wire`, when given, is `batch` as received
   // (serialized); it is stored as is. A batch with sequence 0 and neither events nor counters is
   // a probe: nothing is stored and the answer is the process's stored sequence (0 if unknown).
+  // A batch failing ValidateBatch (vramscope/collector/batch_check.h; with `wire`, only
+  // ValidateBatchHeader, as parsing checked the rest) is INVALID_ARGUMENT and stores nothing.
   absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {});
+  // Batch `sequence` of `key`, holding `events` events, was refused as invalid
+  // (CheckIngestMessage). If the key can be filed and the sequence is the next one, the sequence
+  // is recorded as consumed: a batch holding one DropEvent for `events` is stored in its place,
+  // so the process's later batches follow without a gap. A duplicate or sequence 0 stores
+  // nothing; a gap is FAILED_PRECONDITION as for Ingest. Returns the sequence to acknowledge
+  // (0 for a key that cannot be filed).
+  absl::StatusOr<uint64_t> Refuse(const v1::ProcessKey& key, uint64_t sequence, uint64_t events);
+  // The highest contiguous sequence stored for `key` (0 if unknown).
+  uint64_t StoredSequence(const v1::ProcessKey& key) const;
 
   absl::StatusOr<v1::Report> GetReport(const v1::ProcessKey& key) const;
   v1::ListProcessesResponse ListProcesses(bool include_finished) const;
@@ -88,6 +99,7 @@ class Collector {
   uint64_t disk_bytes() const { return disk_bytes_.load(std::memory_order_relaxed); }
   uint64_t batches_stored() const { return batches_stored_.load(std::memory_order_relaxed); }
   uint64_t batches_duplicate() const { return batches_duplicate_.load(std::memory_order_relaxed); }
+  uint64_t batches_refused() const { return batches_refused_.load(std::memory_order_relaxed); }
   const CollectorOptions& options() const { return options_; }
 
  private:
@@ -95,7 +107,12 @@ class Collector {
   explicit Collector(CollectorOptions options);
   absl::Status Load(LoadReport* report);
   void LoadFile(const std::string& path, LoadReport* report);
-  absl::StatusOr<Process*> FindOrCreate(const v1::ProcessKey& key);
+  // The process of `key`, created when `sequence` is 1 (else a gap) and there is room.
+  absl::StatusOr<Process*> FindOrCreate(const v1::ProcessKey& key, uint64_t sequence);
+  // Stores `batch` (the next sequence of `process`, whose lock the caller holds) or answers a
+  // duplicate; a gap is FAILED_PRECONDITION.
+  absl::StatusOr<uint64_t> Append(Process* process, const v1::EventBatch& batch,
+                                  absl::string_view wire);
   absl::Status CreateLog(Process* process);
   std::vector<Process*> Matching(const std::vector<v1::ProcessKey>& keys) const;
 
@@ -103,6 +120,7 @@ class Collector {
   std::atomic<uint64_t> disk_bytes_{0};
   std::atomic<uint64_t> batches_stored_{0};
   std::atomic<uint64_t> batches_duplicate_{0};
+  std::atomic<uint64_t> batches_refused_{0};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Process>> processes_ ABSL_GUARDED_BY(mu_);
 };

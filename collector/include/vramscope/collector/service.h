@@ -30,8 +30,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Duration ClampWatchInterval(uint32_t interval_ms);
 
 // Ingest is served raw (callback API on grpc::ByteBuffer): the collector parses each message
-// itself, so malformed bytes end the stream with INVALID_ARGUMENT instead of looking like a
-// half-close, and the received bytes are stored as they are, without serialising them again.
+// itself (CheckIngestMessage, vramscope/collector/batch_check.h), so a batch it refuses is
+// answered on its own (IngestAck.rejected) while the stream goes on, bytes that are not an
+// EventBatch end the stream with INVALID_ARGUMENT instead of looking like a half-close, and the
+// received bytes are stored as they are, without serialising them again.
 class CollectorService final
     : public v1::Collector::WithRawCallbackMethod_Ingest<v1::Collector::Service> {
  public:
