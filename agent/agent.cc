@@ -1,5 +1,6 @@
 #include "vramscope/agent/agent.h"
 
+#include <absl/strings/escaping.h>
 #include <absl/strings/str_format.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -106,9 +107,61 @@ void Agent::OpenNewRings(const std::vector<std::string>& paths) {
       continue;
     }
     complained_.erase(path);
-    Log(LogLevel::kInfo, absl::StrFormat("draining %s (pid %d)", path, (*reader)->info().pid));
+    const RingInfo& info = (*reader)->info();
+    if (!options_.all_users && info.uid != self) {
+      // The stat() above named another file than the one opened (renamed in between).
+      Log(LogLevel::kInfo,
+          absl::StrFormat("%s belongs to uid %d, not %d: skipped", path, info.uid, self));
+      absl::MutexLock lock(&mu_);
+      ++rings_skipped_;
+      continue;
+    }
+    NoteIdentity(**reader);
+    if (info.pid == 0) {
+      // No process has pid 0, and the collector takes no batch that names it.
+      absl::MutexLock lock(&mu_);
+      ++rings_skipped_;
+      continue;
+    }
+    Log(LogLevel::kInfo, absl::StrFormat("draining %s (pid %d)", path, info.pid));
     readers_.push_back(Ring{std::move(*reader)});
   }
+}
+
+void Agent::NoteIdentity(const RingReader& reader) {
+  const RingInfo& info = reader.info();
+  if (info.header_host != info.host) {
+    Log(LogLevel::kInfo,
+        absl::StrFormat("%s: the header names host \"%s\"; reported as this host, \"%s\"",
+                        reader.path(), absl::CHexEscape(info.header_host), info.host));
+  }
+  if (info.identity == v1::PROCESS_IDENTITY_MISMATCH) {
+    Log(LogLevel::kWarning,
+        absl::StrFormat("%s: the header claims pid %d (uid %d), but %s; the file belongs to uid "
+                        "%d. %s",
+                        reader.path(), info.pid, info.header_uid,
+                        info.pid == 0 ? "no process has pid 0"
+                                      : "the live process with that pid runs as another user",
+                        info.uid,
+                        info.pid == 0 ? "Skipped"
+                                      : absl::StrFormat("Its events are marked "
+                                                        "PROCESS_IDENTITY_MISMATCH, under uid %d",
+                                                        info.uid)));
+    absl::MutexLock lock(&mu_);
+    ++rings_identity_mismatch_;
+  } else if (info.identity == v1::PROCESS_IDENTITY_UNVERIFIABLE) {
+    Log(LogLevel::kInfo, absl::StrFormat("%s: no live process has pid %d and the ring's start "
+                                         "time: its identity cannot be checked (marked "
+                                         "PROCESS_IDENTITY_UNVERIFIABLE)",
+                                         reader.path(), info.pid));
+  }
+}
+
+void Agent::CloseDamaged(const RingReader& reader, const absl::Status& status) {
+  Log(LogLevel::kError, absl::StrFormat("%s: %s; closed", reader.path(), status.ToString()));
+  if (!reader.damaged()) return;
+  absl::MutexLock lock(&mu_);
+  ++rings_damaged_;
 }
 
 bool Agent::Position(Ring& ring) {
@@ -221,8 +274,7 @@ absl::StatusOr<uint64_t> Agent::Poll() {
         continue;
       }
       if (!skipped.ok()) {
-        Log(LogLevel::kError,
-            absl::StrFormat("%s: %s; closed", reader.path(), skipped.status().ToString()));
+        CloseDamaged(reader, skipped.status());
         it = readers_.erase(it);
         continue;
       }
@@ -232,8 +284,7 @@ absl::StatusOr<uint64_t> Agent::Poll() {
       absl::StatusOr<DrainStats> stats =
           reader.Drain(batch.mutable_events(), static_cast<size_t>(options_.batch_events));
       if (!stats.ok()) {
-        Log(LogLevel::kError,
-            absl::StrFormat("%s: %s; closed", reader.path(), stats.status().ToString()));
+        CloseDamaged(reader, stats.status());
         drop_reader = true;
         break;
       }
@@ -250,6 +301,11 @@ absl::StatusOr<uint64_t> Agent::Poll() {
         reader.CommitTail();
       }
       if (stats->records < static_cast<uint64_t>(options_.batch_events)) break;
+    }
+    if (!drop_reader && reader.damaged()) {
+      // Truncated while its tail was being stored (CommitTail): the batches cut are kept.
+      CloseDamaged(reader, reader.DamageStatus());
+      drop_reader = true;
     }
     if (!drop_reader && reader.finished()) {
       // Everything the writer published is in the outbox and the writer is gone: the ring has
@@ -274,6 +330,8 @@ AgentCounters Agent::counters() const {
   counters.rings_open = rings_open_;
   counters.rings_finished = rings_finished_;
   counters.rings_skipped = rings_skipped_;
+  counters.rings_damaged = rings_damaged_;
+  counters.rings_identity_mismatch = rings_identity_mismatch_;
   return counters;
 }
 

@@ -103,14 +103,15 @@ std::optional<uint64_t> ParseSize(absl::string_view text) {
 
 std::string FormatCounters(const AgentCounters& c) {
   return absl::StrFormat(
-      "counters: %s, rings open %d finished %d skipped %d; batches cut %d (%d events) sent %d "
-      "acked %d resent %d spooled %d replayed %d dropped %d (%d events) rejected %d (%d events, "
-      "%d processes) pending %d; unusable spool files %d; reconnects %d",
+      "counters: %s, rings open %d finished %d skipped %d damaged %d identity-mismatch %d; "
+      "batches cut %d (%d events) sent %d acked %d resent %d spooled %d replayed %d dropped %d "
+      "(%d events) rejected %d (%d events, %d processes) pending %d; unusable spool files %d; "
+      "reconnects %d",
       c.connected ? "connected" : "NOT connected", c.rings_open, c.rings_finished, c.rings_skipped,
-      c.batches_cut, c.events_cut, c.batches_sent, c.batches_acked, c.batches_resent,
-      c.batches_spooled, c.batches_replayed, c.batches_dropped, c.events_dropped,
-      c.batches_rejected, c.events_rejected, c.processes_rejected, c.pending_batches,
-      c.spool_files_rejected, c.reconnects);
+      c.rings_damaged, c.rings_identity_mismatch, c.batches_cut, c.events_cut, c.batches_sent,
+      c.batches_acked, c.batches_resent, c.batches_spooled, c.batches_replayed, c.batches_dropped,
+      c.events_dropped, c.batches_rejected, c.events_rejected, c.processes_rejected,
+      c.pending_batches, c.spool_files_rejected, c.reconnects);
 }
 
 int Main(int argc, char** argv) {

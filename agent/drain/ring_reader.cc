@@ -1,6 +1,8 @@
 // RingReader: see ring_reader.h. The protocol it relies on is written in vramscope/ring.h:
 // a slot at position c holds c's record iff its seq == (uint32_t)(c + 1) (acquire), positions
 // below head were all claimed, and the reader hands slots back by storing tail (release).
+// Every touch of a file ring's mapping runs inside a RingFaultScope (ring_fault.h): the file can
+// be truncated by its owner at any moment.
 #include "drain/ring_reader.h"
 
 #include <absl/strings/numbers.h>
@@ -16,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -48,6 +51,20 @@ bool ReadFile(const std::string& path, std::string* out) {
   return true;
 }
 
+// /proc/PID/stat: the fields after the command name, which may hold spaces and parentheses
+// (state is field 3, start time field 22). False when it is not in that form.
+bool ParseStat(const std::string& stat, bool* zombie, std::uint64_t* start_ticks) {
+  const std::size_t close = stat.rfind(')');
+  if (close == std::string::npos) return false;
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
+  if (fields.empty()) return false;
+  *zombie = fields[0] == "Z" || fields[0] == "X" || fields[0] == "x";
+  *start_ticks = 0;
+  if (fields.size() > 19 && !absl::SimpleAtoi(fields[19], start_ticks)) *start_ticks = 0;
+  return true;
+}
+
 }  // namespace
 
 bool WriterProcessAlive(const RingInfo& info) {
@@ -58,20 +75,67 @@ bool WriterProcessAlive(const RingInfo& info) {
     if (::stat("/proc/self", &proc) == 0) return false;  // /proc works: the pid is gone
     return kill(static_cast<pid_t>(info.pid), 0) == 0 || errno == EPERM;
   }
-  // Fields after the command name, which may hold spaces and parentheses: state is field 3,
-  // start time field 22.
-  const std::size_t close = stat.rfind(')');
-  if (close == std::string::npos) return true;
-  std::vector<absl::string_view> fields =
-      absl::StrSplit(absl::string_view(stat).substr(close + 1), ' ', absl::SkipEmpty());
-  if (fields.empty()) return true;
-  if (fields[0] == "Z" || fields[0] == "X" || fields[0] == "x") return false;
+  bool zombie = false;
   std::uint64_t ticks = 0;
-  if (info.proc_start_ticks != 0 && fields.size() > 19 && absl::SimpleAtoi(fields[19], &ticks) &&
-      ticks != info.proc_start_ticks) {
+  if (!ParseStat(stat, &zombie, &ticks)) return true;
+  if (zombie) return false;
+  if (info.proc_start_ticks != 0 && ticks != 0 && ticks != info.proc_start_ticks) {
     return false;  // the pid was reused
   }
   return true;
+}
+
+std::optional<ProcessOwner> LookupProcessOwner(std::uint32_t pid) {
+  if (pid == 0) return std::nullopt;
+  std::string stat;
+  std::string status;
+  if (!ReadFile(absl::StrCat("/proc/", pid, "/stat"), &stat) ||
+      !ReadFile(absl::StrCat("/proc/", pid, "/status"), &status)) {
+    return std::nullopt;
+  }
+  ProcessOwner owner;
+  bool zombie = false;
+  if (!ParseStat(stat, &zombie, &owner.start_ticks) || zombie) return std::nullopt;
+  for (absl::string_view line : absl::StrSplit(status, '\n')) {
+    if (!absl::ConsumePrefix(&line, "Uid:")) continue;
+    for (absl::string_view field :
+         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty())) {
+      std::uint32_t uid = 0;
+      if (absl::SimpleAtoi(field, &uid)) owner.uids.push_back(uid);
+    }
+    break;
+  }
+  if (owner.uids.empty()) return std::nullopt;  // not a process status we can read
+  return owner;
+}
+
+v1::ProcessIdentity CheckProcessIdentity(
+    const RingInfo& info, std::uint32_t file_uid,
+    const std::function<std::optional<ProcessOwner>(std::uint32_t)>& lookup) {
+  if (info.pid == 0) return v1::PROCESS_IDENTITY_MISMATCH;  // no process has pid 0
+  const std::optional<ProcessOwner> owner = lookup(info.pid);
+  if (!owner) return v1::PROCESS_IDENTITY_UNVERIFIABLE;
+  if (info.proc_start_ticks != 0 && owner->start_ticks != 0 &&
+      owner->start_ticks != info.proc_start_ticks) {
+    // Another process has the pid now (the writer ended and the pid was reused), or the header
+    // made both up: either way this process says nothing about the ring.
+    return v1::PROCESS_IDENTITY_UNVERIFIABLE;
+  }
+  // Any of its uids: a set-uid program's ring file belongs to its effective uid, its header
+  // names the real one.
+  for (std::uint32_t uid : owner->uids) {
+    if (uid == file_uid) return v1::PROCESS_IDENTITY_VERIFIED;
+  }
+  return v1::PROCESS_IDENTITY_MISMATCH;
+}
+
+const std::string& LocalHostName() {
+  static const std::string* host = [] {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
+    return new std::string(name);
+  }();
+  return *host;
 }
 
 RingReader::RingReader(void* base, std::size_t size, int fd, std::string path, Options options)
@@ -127,8 +191,24 @@ absl::StatusOr<std::unique_ptr<RingReader>> RingReader::OpenFile(const std::stri
     close(fd);
     return absl::InternalError(absl::StrCat("cannot map ring ", path, ": ", strerror(err)));
   }
+  InstallRingFaultHandler();
   std::unique_ptr<RingReader> reader(new RingReader(map, size, fd, path, std::move(options)));
-  if (absl::Status status = reader->Validate(); !status.ok()) return status;
+  {
+    RingFaultScope scope(map, size);
+    const absl::Status status = reader->Validate();
+    if (scope.faulted()) {
+      reader->NoteFault(scope);
+      return reader->DamageStatus();
+    }
+    if (!status.ok()) return status;
+  }
+  // The identity fields the header claims are replaced by what can be checked (header comment).
+  RingInfo& info = reader->info_;
+  info.uid = static_cast<std::uint32_t>(st.st_uid);
+  info.host = reader->options_.host.empty() ? LocalHostName() : reader->options_.host;
+  info.identity = CheckProcessIdentity(
+      info, info.uid,
+      reader->options_.lookup_process ? reader->options_.lookup_process : LookupProcessOwner);
   return reader;
 }
 
@@ -192,11 +272,13 @@ absl::Status RingReader::Validate() {
   info_.pid = h.pid;
   info_.parent_pid = h.parent_pid;
   info_.uid = h.uid;
+  info_.header_uid = h.uid;
   info_.capacity = capacity;
   info_.start_time_ns = h.start_time_ns;
   info_.start_monotonic_ns = h.start_monotonic_ns;
   info_.proc_start_ticks = h.proc_start_ticks;
   info_.host = BoundedString(h.host, sizeof(h.host));
+  info_.header_host = info_.host;
   info_.mode = BoundedString(h.mode, sizeof(h.mode));
   const std::size_t cmd_len = std::min<std::size_t>(h.command_line_len, sizeof(h.command_line));
   std::string_view cmd(h.command_line, cmd_len);
@@ -213,7 +295,37 @@ absl::Status RingReader::Validate() {
   return absl::OkStatus();
 }
 
-void RingReader::CommitTail() { __atomic_store_n(&header_->tail, cursor_, __ATOMIC_RELEASE); }
+void RingReader::NoteFault(const RingFaultScope& scope) const {
+  if (damaged_) return;
+  damaged_ = true;
+  fault_offset_ = scope.fault_offset();
+}
+
+absl::Status RingReader::DamageStatus() const {
+  if (!damaged_) return absl::OkStatus();
+  return absl::DataLossError(absl::StrFormat(
+      "ring %s was truncated by another process while being read (bus error at offset %d of its "
+      "%d bytes): its records cannot be trusted, the ring must be closed",
+      path_, fault_offset_, size_));
+}
+
+std::uint64_t RingReader::head() const {
+  if (damaged_) return cursor_;
+  RingFaultScope scope(guarded_base(), size_);
+  const std::uint64_t head = Load(&header_->head);
+  if (scope.faulted()) {
+    NoteFault(scope);
+    return cursor_;
+  }
+  return head;
+}
+
+void RingReader::CommitTail() {
+  if (damaged_) return;
+  RingFaultScope scope(guarded_base(), size_);
+  __atomic_store_n(&header_->tail, cursor_, __ATOMIC_RELEASE);
+  if (scope.faulted()) NoteFault(scope);
+}
 
 bool RingReader::WriterAlive() {
   if (options_.writer_alive) return options_.writer_alive(info_);
@@ -228,12 +340,32 @@ v1::ProcessKey RingReader::process_key() const {
   return key;
 }
 
-bool RingReader::WriterExited() const { return Load(&header_->exited) == VRAMSCOPE_RING_EXITED; }
+bool RingReader::WriterExited() const {
+  if (damaged_) return false;
+  RingFaultScope scope(guarded_base(), size_);
+  const bool exited = Load(&header_->exited) == VRAMSCOPE_RING_EXITED;
+  if (scope.faulted()) {
+    NoteFault(scope);
+    return false;
+  }
+  return exited;
+}
 
-int RingReader::ExitCode() const { return Load(&header_->exit_code); }
+int RingReader::ExitCode() const {
+  if (damaged_) return 0;
+  RingFaultScope scope(guarded_base(), size_);
+  const int code = Load(&header_->exit_code);
+  if (scope.faulted()) {
+    NoteFault(scope);
+    return 0;
+  }
+  return code;
+}
 
 std::vector<v1::DeviceCounters> RingReader::Counters() const {
   std::vector<v1::DeviceCounters> counters;
+  if (damaged_) return counters;
+  RingFaultScope scope(guarded_base(), size_);
   const std::uint64_t written = Load(&header_->head, __ATOMIC_RELAXED);
   const std::uint64_t dropped = Load(&header_->records_dropped, __ATOMIC_RELAXED);
   for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
@@ -254,6 +386,10 @@ std::vector<v1::DeviceCounters> RingReader::Counters() const {
     out.set_records_written(written);
     out.set_records_dropped(dropped);
     counters.push_back(std::move(out));
+  }
+  if (scope.faulted()) {
+    NoteFault(scope);
+    counters.clear();
   }
   return counters;
 }
@@ -276,6 +412,8 @@ void RingReader::AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event
   }
   start->set_mode(ToValidUtf8(info_.mode));
   start->set_parent_pid(info_.parent_pid);
+  start->set_uid(info_.uid);
+  start->set_identity(info_.identity);
   for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
     const vramscope_ring_device_info& info = header_->device_info[d];
     if (Load(&info.valid) != 1) continue;
@@ -292,6 +430,23 @@ void RingReader::AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event
 
 absl::StatusOr<DrainStats> RingReader::Drain(google::protobuf::RepeatedPtrField<v1::Event>* out,
                                              std::size_t max_records) {
+  if (damaged_) return DamageStatus();
+  const int events_before = out->size();
+  RingFaultScope scope(guarded_base(), size_);
+  absl::StatusOr<DrainStats> stats = DrainMapped(out, max_records, scope);
+  if (scope.faulted()) {
+    // Whatever was read after the fault came from zero pages: none of this call's events count.
+    NoteFault(scope);
+    out->DeleteSubrange(events_before, out->size() - events_before);
+    finished_ = false;
+    return DamageStatus();
+  }
+  return stats;
+}
+
+absl::StatusOr<DrainStats> RingReader::DrainMapped(
+    google::protobuf::RepeatedPtrField<v1::Event>* out, std::size_t max_records,
+    const RingFaultScope& scope) {
   DrainStats stats;
   if (finished_) {
     stats.finished = true;
@@ -333,6 +488,7 @@ absl::StatusOr<DrainStats> RingReader::Drain(google::protobuf::RepeatedPtrField<
 
   std::string text;
   for (;;) {
+    if (scope.faulted()) break;  // the rest reads zero pages; Drain reports the damage
     if (cursor_ == head) {
       // Catch up with writers that claimed slots while we read.
       head = Load(&header_->head);

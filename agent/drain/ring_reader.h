@@ -11,13 +11,36 @@
 // order, a DropEvent wherever new drops were noticed, ProcessExit last. SITE and MODULE records
 // are not events of their own: they become SiteDefinition events (site_assembler.h).
 //
+// A file another process can shrink: the ring file belongs to the traced process's user, who can
+// truncate it while it is mapped here; touching a page past the new end raises SIGBUS. Every
+// access to a file ring's mapping happens inside a RingFaultScope (ring_fault.h): a SIGBUS there
+// replaces the mapping with zero pages, and the call that was reading returns DataLoss ("ring
+// ... was truncated ... while being read"). From then on the reader is damaged(): every Drain
+// returns that error, Counters() is empty, nothing else touches the file; the caller closes it.
+// Other rings, and other readers' threads, are not affected. Cost: two thread-local stores per
+// call; the handler itself runs only on a fault.
+//
+// Identity: the header is written by the traced process and can claim anything. For a file ring
+// the reader trusts only what it can check: RingInfo::uid is the file's owner (fstat of the
+// opened file, never the header's uid), RingInfo::host is the reader's own host name (a ring
+// file is read on the machine it lives on; a differing header host, e.g. a container with its
+// own UTS namespace, is kept in header_host for a log line and otherwise ignored), and the
+// header's pid is checked against /proc (ProcessIdentity in events.proto): VERIFIED when the
+// live process with that pid (and the header's start time, when it gives one) has the file's
+// owner among its real/effective/saved/filesystem uids; MISMATCH for pid 0 or a live process of
+// another user; UNVERIFIABLE when no live process has that pid and start time (a writer that
+// ended before its ring was opened, the normal case for a late reader, cannot be told apart
+// from a made-up pid). The pid stays the header's claim in the process key; ProcessStart
+// carries uid and identity so consumers can tell. A memory ring has no file: its header is
+// taken as is (identity UNSPECIFIED).
+//
 // Thread safety: one thread at a time per reader. A file ring is flock()ed exclusively while
 // open: a second reader of the same file gets FailedPrecondition.
 //
 // Error convention: absl::Status. Anything a writer (or a corrupt or hostile file) can put in the
 // ring yields an error status or a skipped, counted record, never a crash: bad magic, version or
 // sizes -> InvalidArgument (or Unavailable for a file too short to hold a header yet); indices out
-// of range -> DataLoss.
+// of range, or the file truncated under the mapping -> DataLoss.
 #pragma once
 
 #include <absl/status/status.h>
@@ -28,27 +51,32 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "drain/ring_fault.h"
 #include "drain/site_assembler.h"
 #include "vramscope/ring.h"
 #include "vramscope/v1/events.pb.h"
 
 namespace vramscope::agent {
 
-// The header's identity fields, copied and validated at open. Strings are the header's bytes as
+// The header's identity fields, copied and validated at open (see "Identity" above). Strings are the header's bytes as
 // they are; what goes into messages (process_key(), ProcessStart) is made valid UTF-8 with
 // vramscope/utf8.h, so no string the application controls can make a batch unparseable.
 struct RingInfo {
-  std::uint32_t pid = 0;
+  std::uint32_t pid = 0;  // the header's claim, checked as `identity` says
   std::uint32_t parent_pid = 0;
-  std::uint32_t uid = 0;
+  std::uint32_t uid = 0;         // file rings: the file's owner; memory rings: the header's uid
+  std::uint32_t header_uid = 0;  // what the header claims
+  v1::ProcessIdentity identity = v1::PROCESS_IDENTITY_UNSPECIFIED;
   std::uint32_t capacity = 0;
   std::uint64_t start_time_ns = 0;       // CLOCK_REALTIME
   std::uint64_t start_monotonic_ns = 0;  // CLOCK_MONOTONIC, the clock of Event.time_ns
   std::uint64_t proc_start_ticks = 0;
-  std::string host;
+  std::string host;         // file rings: the reader's host name; memory rings: the header's
+  std::string header_host;  // what the header claims
   std::string mode;
   std::vector<std::string> command_line;
 };
@@ -65,6 +93,23 @@ struct DrainStats {
 // (when known) has the same start time; without /proc, kill(pid, 0).
 bool WriterProcessAlive(const RingInfo& info);
 
+// A live process as /proc shows it.
+struct ProcessOwner {
+  std::uint64_t start_ticks = 0;    // /proc/PID/stat field 22
+  std::vector<std::uint32_t> uids;  // /proc/PID/status "Uid:": real, effective, saved, fs
+};
+// The process `pid` now, or nullopt when there is none (no /proc/PID, or a zombie).
+std::optional<ProcessOwner> LookupProcessOwner(std::uint32_t pid);
+
+// The identity verdict for a ring whose file belongs to `file_uid` (see "Identity" above);
+// `lookup` finds a live process by pid.
+v1::ProcessIdentity CheckProcessIdentity(
+    const RingInfo& info, std::uint32_t file_uid,
+    const std::function<std::optional<ProcessOwner>(std::uint32_t)>& lookup);
+
+// The host name file rings are reported under (gethostname, once).
+const std::string& LocalHostName();
+
 struct RingReaderOptions {
   // Replaces WriterProcessAlive (tests, fuzzing).
   std::function<bool(const RingInfo&)> writer_alive;
@@ -73,13 +118,18 @@ struct RingReaderOptions {
   // with --spool-dir: after the batch is on disk), so a reader killed in between leaves them in
   // the ring for the next one.
   bool commit_in_drain = true;
+  // Replaces LookupProcessOwner for the identity check (tests).
+  std::function<std::optional<ProcessOwner>(std::uint32_t)> lookup_process;
+  // The host name file rings are reported under; empty: LocalHostName().
+  std::string host;
 };
 
 class RingReader {
  public:
   using Options = RingReaderOptions;
 
-  // Maps `path` read-write (the reader stores its cursor in `tail`) and takes flock(LOCK_EX).
+  // Maps `path` read-write (the reader stores its cursor in `tail`), takes flock(LOCK_EX) and
+  // installs the SIGBUS handler of ring_fault.h (once per process).
   static absl::StatusOr<std::unique_ptr<RingReader>> OpenFile(const std::string& path,
                                                               Options options = {});
   // A ring in memory: `data` must be 8-byte aligned, writable and outlive the reader.
@@ -94,9 +144,13 @@ class RingReader {
   v1::ProcessKey process_key() const;
   // Next ring position to read.
   std::uint64_t cursor() const { return cursor_; }
-  // Positions claimed by writers so far (the ring's head).
-  std::uint64_t head() const { return __atomic_load_n(&header_->head, __ATOMIC_ACQUIRE); }
+  // Positions claimed by writers so far (the ring's head); the cursor once damaged().
+  std::uint64_t head() const;
   bool finished() const { return finished_; }
+  // The file was truncated under the mapping (see above): the reader only returns errors now.
+  bool damaged() const { return damaged_; }
+  // DataLoss naming the ring and the fault once damaged(), else OK.
+  absl::Status DamageStatus() const;
 
   // Appends the events published since the cursor, reading at most `max_records` records, and
   // (unless Options::commit_in_drain is off) advances the ring's tail so writers can reuse the
@@ -107,7 +161,8 @@ class RingReader {
   void CommitTail();
 
   // The header's exact counters, one entry per device that has any (or has device info).
-  // records_written/records_dropped are process-wide and repeated on every entry.
+  // records_written/records_dropped are process-wide and repeated on every entry. Empty once
+  // damaged().
   std::vector<v1::DeviceCounters> Counters() const;
   // The writer ran its exit path (exit_code valid).
   bool WriterExited() const;
@@ -118,6 +173,12 @@ class RingReader {
   absl::Status Validate();
   bool WriterAlive();
   void AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event>* out);
+  absl::StatusOr<DrainStats> DrainMapped(google::protobuf::RepeatedPtrField<v1::Event>* out,
+                                         std::size_t max_records, const RingFaultScope& scope);
+  // The mapping this reader guards (nullptr for memory rings, which cannot shrink).
+  void* guarded_base() const { return fd_ >= 0 ? base_ : nullptr; }
+  // Notes a fault `scope` saw: the reader is damaged from now on.
+  void NoteFault(const RingFaultScope& scope) const;
 
   void* base_;
   std::size_t size_;
@@ -135,6 +196,8 @@ class RingReader {
   bool exit_seen_ = false;
   SiteAssembler sites_;  // SITE and MODULE records -> SiteDefinition events
   bool finished_ = false;
+  mutable bool damaged_ = false;
+  mutable std::size_t fault_offset_ = 0;
 };
 
 }  // namespace vramscope::agent

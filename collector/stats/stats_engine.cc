@@ -15,6 +15,30 @@ constexpr int kKinds = v1::AllocationKind_ARRAYSIZE;  // AllocationKind values 0
 
 std::uint64_t SubtractSaturating(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
+// a + b held at 2^64-1 (times and other figures that are not counted as saturated events).
+std::uint64_t AddClamped(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t sum;
+  return __builtin_add_overflow(a, b, &sum) ? UINT64_MAX : sum;
+}
+
+// a + b held at the int64 range.
+std::int64_t AddClampedSigned(std::int64_t a, std::int64_t b) {
+  std::int64_t sum;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  return b > 0 ? INT64_MAX : INT64_MIN;
+}
+
+// to - from as a signed figure, held at the int64 range (byte counts can exceed INT64_MAX).
+std::int64_t DifferenceClamped(std::uint64_t to, std::uint64_t from) {
+  if (to >= from) {
+    const std::uint64_t up = to - from;
+    return up > static_cast<std::uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<std::int64_t>(up);
+  }
+  const std::uint64_t down = from - to;
+  return down > static_cast<std::uint64_t>(INT64_MAX) ? INT64_MIN
+                                                      : -static_cast<std::int64_t>(down);
+}
+
 // CUpti_ActivityMemoryKind values 0..7, and the ones that are device memory.
 constexpr int kCuptiMemoryKinds = 8;
 constexpr const char* kCuptiMemoryKindNames[kCuptiMemoryKinds] = {
@@ -162,6 +186,15 @@ ProcessStatsEngine::Device& ProcessStatsEngine::DeviceFor(std::uint32_t device) 
   return *last_device_;
 }
 
+std::uint64_t ProcessStatsEngine::Plus(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t sum;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  // Only a corrupt or hostile ring gets here (2^64 bytes is far beyond any device): hold the
+  // figure at its maximum, which keeps peaks and comparisons sane, and count the event.
+  saturated_now_ = true;
+  return UINT64_MAX;
+}
+
 void ProcessStatsEngine::Sample(Device& device, std::uint64_t time_ns) {
   device.timeline.Add(time_ns, device.cur_requested, device.cur_allocated, device.cur_reserved);
 }
@@ -241,7 +274,7 @@ void ProcessStatsEngine::Add(const v1::Event& event) {
       exit_code_ = event.process_exit().exit_code();
       break;
     case v1::Event::kDrop:
-      dropped_ += event.drop().dropped_records();
+      dropped_ = Plus(dropped_, event.drop().dropped_records());
       break;
     case v1::Event::kSiteDefinition:
       OnSiteDefinition(event.site_definition());
@@ -252,12 +285,16 @@ void ProcessStatsEngine::Add(const v1::Event& event) {
     case v1::Event::PAYLOAD_NOT_SET:
       break;
   }
+  if (saturated_now_) {
+    saturated_now_ = false;
+    ++saturated_events_;
+  }
 }
 
 void ProcessStatsEngine::AddLibraryBytes(Device& device, std::uint32_t library,
                                          std::uint64_t bytes) {
   Device::LibraryBytes& held = device.libraries[library];  // sized to library_names_
-  held.live += bytes;
+  held.live = Plus(held.live, bytes);
   held.peak = std::max(held.peak, held.live);
 }
 
@@ -300,10 +337,10 @@ void ProcessStatsEngine::OnCupti(const v1::Event& event) {
   c.set_last_time_ns(std::max(c.last_time_ns(), event.time_ns()));
   auto add = [&](std::uint32_t kind, std::uint64_t bytes) {
     const int k = kind < kCuptiMemoryKinds ? static_cast<int>(kind) : 0;
-    device.cupti_kind_current[k] += bytes;
+    device.cupti_kind_current[k] = Plus(device.cupti_kind_current[k], bytes);
     device.cupti_kind_peak[k] = std::max(device.cupti_kind_peak[k], device.cupti_kind_current[k]);
     if (CuptiKindIsDevice(kind)) {
-      c.set_current_bytes(c.current_bytes() + bytes);
+      c.set_current_bytes(Plus(c.current_bytes(), bytes));
       c.set_peak_bytes(std::max(c.peak_bytes(), c.current_bytes()));
     }
   };
@@ -344,7 +381,7 @@ void ProcessStatsEngine::OnCupti(const v1::Event& event) {
       c.set_pool_operations(c.pool_operations() + 1);
       break;
     case v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED:
-      c.set_dropped_records(c.dropped_records() + e.records_dropped());
+      c.set_dropped_records(Plus(c.dropped_records(), e.records_dropped()));
       break;
     default:
       break;
@@ -371,12 +408,12 @@ void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
       Live{alloc.requested_bytes(), alloc.allocated_bytes(), nullptr, t, event.device(), kind};
   Device& d = DeviceFor(event.device());  // OnFree may have moved the cached device
   const int k = KindIndex(kind);
-  d.kind_current[k] += alloc.allocated_bytes();
+  d.kind_current[k] = Plus(d.kind_current[k], alloc.allocated_bytes());
   d.kind_peak[k] = std::max(d.kind_peak[k], d.kind_current[k]);
   if (KindCountsBytes(kind)) {
-    d.cur_requested += alloc.requested_bytes();
+    d.cur_requested = Plus(d.cur_requested, alloc.requested_bytes());
     d.peak_requested = std::max(d.peak_requested, d.cur_requested);
-    d.cur_allocated += alloc.allocated_bytes();
+    d.cur_allocated = Plus(d.cur_allocated, alloc.allocated_bytes());
     AllocatedRose(d);
     if (KindCountsReserved(kind)) {
       OnReserve(d, alloc.allocated_bytes(), t);  // samples the timeline
@@ -407,7 +444,7 @@ ProcessStatsEngine::Site* ProcessStatsEngine::SiteAlloc(Device& d, std::uint64_t
                                                         std::uint64_t bytes, bool counts) {
   if (site_id == 0) {
     if (counts) {
-      d.no_site_live += bytes;
+      d.no_site_live = Plus(d.no_site_live, bytes);
       d.no_site_peak = std::max(d.no_site_peak, d.no_site_live);
     }
     return nullptr;
@@ -421,12 +458,12 @@ ProcessStatsEngine::Site* ProcessStatsEngine::SiteAlloc(Device& d, std::uint64_t
     if (library != site_library_.end()) site.library = library->second;
   }
   ++site.alloc_count;
-  site.total_bytes += bytes;
-  site.live_bytes += bytes;
+  site.total_bytes = Plus(site.total_bytes, bytes);
+  site.live_bytes = Plus(site.live_bytes, bytes);
   site.peak_live_bytes = std::max(site.peak_live_bytes, site.live_bytes);
   if (counts) {
     d.any_site = true;
-    site.counted_live += bytes;
+    site.counted_live = Plus(site.counted_live, bytes);
     AddLibraryBytes(d, site.library, bytes);
   }
   return &site;
@@ -475,7 +512,7 @@ void ProcessStatsEngine::OnFree(const v1::Event& event) {
 }
 
 void ProcessStatsEngine::OnReserve(Device& device, std::uint64_t bytes, std::uint64_t time_ns) {
-  device.cur_reserved += bytes;
+  device.cur_reserved = Plus(device.cur_reserved, bytes);
   if (device.cur_reserved > device.peak_reserved) {
     device.peak_reserved = device.cur_reserved;
     device.at_peak_requested = device.cur_requested;
@@ -532,7 +569,7 @@ void ProcessStatsEngine::CloseRange(std::vector<OpenRange>& open, std::size_t in
   OpenRange& range = open[index];
   RangeAgg& agg = ranges[range.agg];
   ++agg.count;
-  agg.total_time_ns += SubtractSaturating(time_ns, range.start_ns);
+  agg.total_time_ns = AddClamped(agg.total_time_ns, SubtractSaturating(time_ns, range.start_ns));
   // The highest allocated since this push is the maximum over this range's running value and
   // those of every range opened after it.
   std::vector<std::uint64_t> peak = range.running;
@@ -548,8 +585,8 @@ void ProcessStatsEngine::CloseRange(std::vector<OpenRange>& open, std::size_t in
     const std::uint64_t at_push = s < range.at_push.size() ? range.at_push[s] : 0;
     const std::uint64_t high = std::max(s < peak.size() ? peak[s] : 0, at_push);
     per.peak_allocated = std::max(per.peak_allocated, high);
-    per.net_growth +=
-        static_cast<std::int64_t>(device->cur_allocated) - static_cast<std::int64_t>(at_push);
+    per.net_growth =
+        AddClampedSigned(per.net_growth, DifferenceClamped(device->cur_allocated, at_push));
   }
   // Hand this range's running maximum to the range opened just before it, which covers it.
   if (index > 0) {
@@ -637,7 +674,10 @@ v1::Report ProcessStatsEngine::Report() const {
     if (key->host().empty()) key->set_host(start_.host());
     *report.mutable_command_line() = start_.command_line();
     report.set_mode(start_.mode());
+    report.set_uid(start_.uid());
+    report.set_identity(start_.identity());
   }
+  report.set_saturated_events(saturated_events_);
   report.set_finished(finished_);
   report.set_exit_code(exit_code_);
   report.set_events(events_);
@@ -645,7 +685,8 @@ v1::Report ProcessStatsEngine::Report() const {
   const std::uint64_t origin = has_start_ ? start_monotonic_ns_ : first_time_ns_;
   if (key->start_time_ns() != 0) {
     report.set_start_time_ns(key->start_time_ns());
-    report.set_end_time_ns(key->start_time_ns() + SubtractSaturating(last_time_ns_, origin));
+    report.set_end_time_ns(
+        AddClamped(key->start_time_ns(), SubtractSaturating(last_time_ns_, origin)));
   } else {
     report.set_start_time_ns(origin);
     report.set_end_time_ns(last_time_ns_);

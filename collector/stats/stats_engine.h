@@ -33,7 +33,9 @@
 // Thread safety: none; one thread per instance (StatsEngine below is not thread-safe either).
 // Error convention: events are trusted to be well-formed protos but not consistent: frees of
 // unknown addresses, pops of unknown ranges and counters going negative are tolerated and never
-// crash; nothing returns an error.
+// crash; nothing returns an error. Byte figures never wrap: a sum that would pass 2^64-1 (only a
+// corrupt or hostile ring can get there) is held at 2^64-1 and its event counted in
+// Report.saturated_events; signed figures (NVTX net growth) are held at the int64 range.
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
@@ -152,6 +154,8 @@ class ProcessStatsEngine {
   void CloseRange(std::vector<OpenRange>& open, std::size_t index, std::uint64_t time_ns,
                   std::vector<RangeAgg>& ranges) const;
   void AllocatedRose(Device& device);
+  // a + b, held at 2^64-1; a sum that had to be held marks the current event as saturated.
+  std::uint64_t Plus(std::uint64_t a, std::uint64_t b);
   void Sample(Device& device, std::uint64_t time_ns);
 
   StatsOptions options_;
@@ -166,6 +170,8 @@ class ProcessStatsEngine {
   std::uint64_t first_time_ns_ = 0;
   std::uint64_t last_time_ns_ = 0;
   std::uint64_t dropped_ = 0;
+  std::uint64_t saturated_events_ = 0;  // Report.saturated_events
+  bool saturated_now_ = false;          // the event being added saturated a sum
 
   std::vector<std::unique_ptr<Device>> devices_;  // by slot, in order of first appearance
   absl::flat_hash_map<std::uint32_t, std::size_t> device_slots_;

@@ -1,10 +1,12 @@
 // Agent and collector in one process, the collector served on a loopback port: spooling while
 // the collector is unreachable, counted and reported drops when the spool is full, renumbering
-// after an earlier agent, rings found after start, other users' rings left alone, and an agent
-// that died between spooling a batch and moving the ring's tail.
+// after an earlier agent, rings found after start, other users' rings left alone, an agent
+// that died between spooling a batch and moving the ring's tail, a ring truncated under the
+// agent, and a ring header that claims another process.
 #include <absl/strings/str_cat.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -301,6 +303,104 @@ TEST_F(PipelineTest, OtherUsersRingsAreSkippedUnlessAllUsers) {
   EXPECT_EQ(*agent.Poll(), 1u);  // ProcessStart
   EXPECT_EQ(agent.counters().rings_open, 1u);
   writer.Close();
+}
+
+// A ring file truncated by its owner while the agent has it mapped: the agent logs it, counts it
+// in rings_damaged, closes that ring and goes on draining the others (it used to die of SIGBUS).
+TEST_F(PipelineTest, ATruncatedRingIsClosedAndTheOtherRingsKeepDraining) {
+  const int port = Serve();
+  TempDir rings;
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = rings.path().c_str();
+  interposer::RingWriter victim;
+  interposer::RingWriter other;
+  ASSERT_EQ(victim.Open(ring_options), interposer::RingError::kOk);
+  ASSERT_EQ(other.Open(ring_options), interposer::RingError::kOk);
+  ASSERT_STRNE(victim.path(), other.path());
+  auto write = [](interposer::RingWriter& writer, uint64_t first, uint64_t n) {
+    for (uint64_t i = first; i < first + n; ++i) {
+      ASSERT_TRUE(writer.RecordAlloc(0, 0x1000 + i * 512, 500, 512, VRAMSCOPE_RING_ALLOC_POOLED));
+    }
+  };
+  write(victim, 0, 100);
+  write(other, 0, 100);
+
+  agent::AgentOptions options;
+  options.ring_dir = rings.path();
+  options.uplink = Fast(port);
+  agent::Agent agent(options);
+  agent.StartUplink();
+  ASSERT_EQ(*agent.Poll(), 202u);  // two ProcessStarts, 200 allocations
+
+  ASSERT_EQ(::truncate(victim.path(), 0), 0);  // the victim's writer must not write any more
+  write(other, 100, 50);
+  absl::StatusOr<uint64_t> polled = agent.Poll();
+  ASSERT_TRUE(polled.ok()) << polled.status();
+  EXPECT_EQ(*polled, 50u);
+  EXPECT_EQ(agent.counters().rings_damaged, 1u);
+  EXPECT_EQ(agent.counters().rings_open, 1u);
+  write(other, 150, 50);
+  EXPECT_EQ(*agent.Poll(), 50u);
+  ASSERT_TRUE(agent.outbox().WaitAllAcked(absl::Seconds(30)));
+  agent.StopUplink();
+
+  v1::ProcessKey key;
+  key.set_host(agent::LocalHostName());
+  key.set_pid(other.header()->pid);
+  key.set_start_time_ns(other.header()->start_time_ns);
+  absl::StatusOr<v1::Report> report = core_->GetReport(key);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->events(), 201u);
+}
+
+// A header that names a process its file owner does not run is counted once and its events are
+// marked, under the file owner's uid and this host. One that claims pid 0 is skipped (the
+// collector takes no batch of pid 0).
+TEST_F(PipelineTest, AForgedRingHeaderIsCountedAndMarked) {
+  const int port = Serve();
+  TempDir rings;
+  interposer::RingOpenOptions ring_options;
+  ring_options.dir = rings.path().c_str();
+  interposer::RingWriter writer;
+  ASSERT_EQ(writer.Open(ring_options), interposer::RingError::kOk);
+  auto* header = const_cast<vramscope_ring_header*>(writer.header());
+  header->pid = 1;  // init, root's: as root, the file goes to another user so it is not the owner's
+  header->proc_start_ticks = 0;
+  header->uid = 0;
+  strncpy(header->host, "elsewhere", sizeof(header->host));
+  ASSERT_TRUE(writer.RecordAlloc(0, 0x1000, 500, 512, VRAMSCOPE_RING_ALLOC_POOLED));
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(writer.path(), 65534, 65534), 0);
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(writer.path(), &st), 0);
+  ASSERT_NE(st.st_uid, 0u);
+  interposer::RingWriter pid_zero;
+  ASSERT_EQ(pid_zero.Open(ring_options), interposer::RingError::kOk);
+  const_cast<vramscope_ring_header*>(pid_zero.header())->pid = 0;
+
+  agent::AgentOptions options;
+  options.ring_dir = rings.path();
+  options.uplink = Fast(port);
+  options.all_users = ::geteuid() == 0;
+  agent::Agent agent(options);
+  agent.StartUplink();
+  EXPECT_EQ(*agent.Poll(), 2u);  // ProcessStart, the allocation
+  ASSERT_TRUE(agent.outbox().WaitAllAcked(absl::Seconds(30)));
+  agent.StopUplink();
+  EXPECT_EQ(agent.counters().rings_identity_mismatch, 2u);
+  EXPECT_EQ(agent.counters().rings_skipped, 1u);
+  EXPECT_EQ(agent.counters().rings_open, 1u);
+
+  v1::ProcessKey key;
+  key.set_host(agent::LocalHostName());
+  key.set_pid(1);
+  key.set_start_time_ns(writer.header()->start_time_ns);
+  absl::StatusOr<v1::Report> report = core_->GetReport(key);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->identity(), v1::PROCESS_IDENTITY_MISMATCH);
+  EXPECT_EQ(report->uid(), st.st_uid);
+  EXPECT_EQ(report->process().host(), agent::LocalHostName());
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ TEST(ReportHtmlTest, EveryFigureIsFindableAndEqualsTheReport) {
   const std::set<std::string> expected = ExpectedPaths(reports);
   for (const std::string& path : expected) EXPECT_TRUE(seen.count(path)) << "missing: " << path;
   for (const std::string& path : seen) EXPECT_TRUE(expected.count(path)) << "unexpected: " << path;
-  // 2 reports x (11 process values + 2 devices x 84 device values) in this sample.
+  // 2 reports x (14 process values + 2 devices x 84 device values) in this sample.
   EXPECT_EQ(seen.size(), expected.size());
   EXPECT_GT(expected.size(), 300u);
 }

@@ -1,4 +1,5 @@
-// Cost of a record write on the hot path (goal: < 30 ns). Run:
+// Cost of a record write on the hot path (goal: < 30 ns), and of reading records back out of a
+// file ring (RingReader::Drain, what the agent and `vramscope run` do per record). Run:
 //   meson test -C build --benchmark --suite bench ring_bench   (or run the executable directly)
 #include <benchmark/benchmark.h>
 
@@ -69,6 +70,48 @@ void BM_WriteDropped(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(writer.Write(r));
 }
 BENCHMARK(BM_WriteDropped);
+
+// RingReader::Drain of a mapped file ring: 2^16 alloc/free records per iteration, decoded into
+// events (the writes are not timed).
+void BM_Drain(benchmark::State& state) {
+  constexpr std::uint64_t kRecords = 1u << 16;
+  testing::TempDir dir;
+  RingWriter writer;
+  if (writer.Open({.dir = dir.path().c_str(), .capacity = kRecords}) != RingError::kOk) {
+    state.SkipWithError("cannot open a ring");
+    return;
+  }
+  auto reader = agent::RingReader::OpenFile(writer.path());
+  if (!reader.ok()) {
+    state.SkipWithError(std::string(reader.status().message()).c_str());
+    return;
+  }
+  google::protobuf::RepeatedPtrField<v1::Event> events;
+  std::uint64_t records = 0;
+  std::uint64_t n = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    for (std::uint64_t i = 0; i < kRecords; ++i, ++n) {
+      const std::uint64_t address = 0x7f0000000000 + (n / 2 % 512) * 0x100000;
+      if (n % 2 == 0) {
+        writer.RecordAlloc(0, address, 4000, 4096, VRAMSCOPE_RING_ALLOC_POOLED);
+      } else {
+        writer.RecordFree(0, address, 4000, 4096, VRAMSCOPE_RING_ALLOC_POOLED);
+      }
+    }
+    events.Clear();
+    state.ResumeTiming();
+    absl::StatusOr<agent::DrainStats> drained = (*reader)->Drain(&events);
+    if (!drained.ok() || drained->records < kRecords) {
+      state.SkipWithError("the drain did not take every record");
+      break;
+    }
+    records += drained->records;
+  }
+  state.counters["records_per_second"] =
+      benchmark::Counter(static_cast<double>(records), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Drain)->Unit(benchmark::kMillisecond);
 
 void BM_Clock(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(RingNowNs());

@@ -380,6 +380,49 @@ TEST(StatsEngineTest, PeakRequestedPerCallingLibraryIsExactPerLibrary) {
   EXPECT_EQ(d1.unattributed_peak_requested_bytes(), 0u);
 }
 
+TEST(StatsEngineTest, SizesThatWouldWrapSaturateAndAreCounted) {
+  // A hostile or corrupt ring can claim any size: sums are held at 2^64-1 (not wrapped to
+  // small numbers) and every event that had to be held is counted.
+  constexpr std::uint64_t kMax = UINT64_MAX;
+  EventStream s;
+  s.Start()
+      .Site(1, kTorchSite)
+      .Push(7, "step")
+      .Alloc(0x10, kMax, kMax, 0, kPooled, 1, 1)  // fits exactly: not saturated
+      .Alloc(0x20, 2, 2, 0, kPooled, 1, 1)        // 1: requested, allocated, site, library
+      .Alloc(0x30, kMax, kMax, 0, v1::ALLOCATION_KIND_STREAM_ORDERED)  // 2
+      .Reserve(kMax)                                                   // 3: reserved
+      .Pop(7)
+      .Drop(kMax)
+      .Drop(5);  // 4: dropped records
+  const v1::Report report = Compute(s);
+  EXPECT_EQ(report.saturated_events(), 4u);
+  const v1::DeviceReport& d = Device(report, 0);
+  EXPECT_EQ(d.current_requested_bytes(), kMax);
+  EXPECT_EQ(d.peak_requested_bytes(), kMax);
+  EXPECT_EQ(d.current_allocated_bytes(), kMax);
+  EXPECT_EQ(d.peak_allocated_bytes(), kMax);
+  EXPECT_EQ(d.current_reserved_bytes(), kMax);
+  EXPECT_EQ(d.peak_reserved_bytes(), kMax);
+  EXPECT_EQ(d.peak_bytes_by_kind().at("pooled"), kMax);
+  EXPECT_EQ(d.peak_requested_bytes_by_library().at("libc10_cuda.so"), kMax);
+  ASSERT_EQ(d.top_sites_size(), 1);
+  EXPECT_EQ(d.top_sites(0).total_bytes(), kMax);
+  EXPECT_EQ(d.top_sites(0).peak_live_bytes(), kMax);
+  EXPECT_EQ(d.dropped_records(), kMax);
+  ASSERT_GT(d.timeline_size(), 0);
+  EXPECT_EQ(d.timeline(d.timeline_size() - 1).requested_bytes(), kMax);
+  EXPECT_EQ(d.timeline(d.timeline_size() - 1).reserved_bytes(), kMax);
+  ASSERT_EQ(d.nvtx_ranges_size(), 1);
+  EXPECT_EQ(d.nvtx_ranges(0).net_growth_bytes(), INT64_MAX);
+  EXPECT_EQ(d.nvtx_ranges(0).peak_allocated_bytes(), kMax);
+
+  // Ordinary sizes saturate nothing.
+  EventStream fine;
+  fine.Start().Alloc(0x10, 100, 128).Free(0x10);
+  EXPECT_EQ(Compute(fine).saturated_events(), 0u);
+}
+
 TEST(StatsEngineTest, NoSitesNoLibraries) {
   EventStream s;
   s.Start().Alloc(0x10, 100, 512).Free(0x10);

@@ -328,6 +328,15 @@ void Page::Process(const v1::Report& report, int r) {
   out_ += "</tr>\n";
   row("events");
   Num(p + ".events", "events", Unit::kCount, report.events());
+  out_ += "</tr>\n";
+  // What the agent could check of the ring's claims, and whether sizes had to be held at 2^64-1
+  // (agent/README.md, "Hostile ring files").
+  row("uid, identity");
+  Num(p + ".uid", "uid", Unit::kCount, report.uid());
+  Enum(p + ".identity", "identity", v1::ProcessIdentity_Name(report.identity()));
+  out_ += "</tr>\n";
+  row("saturated events");
+  Num(p + ".saturated_events", "saturated_events", Unit::kCount, report.saturated_events());
   out_ += "</tr>\n</table>\n";
   if (report.devices().empty()) out_ += "<p class=\"none\">no device memory was allocated</p>\n";
   for (int d = 0; d < report.devices_size(); ++d) {

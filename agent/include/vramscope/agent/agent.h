@@ -16,6 +16,12 @@
 // spool. If it died after the spool file was written but before the tail moved, the next agent
 // finds the ring position after that batch in the spool and skips the records up to it.
 //
+// A ring file truncated by its owner while it is read (drain/ring_fault.h) is logged, counted in
+// rings_damaged and closed; the other rings go on. A ring whose header claims a pid that is not
+// its file owner's process (drain/ring_reader.h, "Identity") is logged once and counted in
+// rings_identity_mismatch; its events are still sent, marked in ProcessStart.identity and under
+// the file owner's uid.
+//
 // Thread safety: Poll() from one thread at a time; counters() and outbox() from any thread.
 // Error convention: absl::Status (Poll fails only when the ring directory cannot be read); one
 // ring failing is logged and counted in rings_skipped, the others go on.
@@ -82,6 +88,10 @@ class Agent {
 
  private:
   void OpenNewRings(const std::vector<std::string>& paths);
+  // Logs (and counts) what the reader found about the header's identity claims.
+  void NoteIdentity(const RingReader& reader);
+  // Logs a ring closed after `status`; counts it in rings_damaged if it was truncated.
+  void CloseDamaged(const RingReader& reader, const absl::Status& status);
 
   AgentOptions options_;
   Outbox outbox_;
@@ -109,6 +119,8 @@ class Agent {
   mutable absl::Mutex mu_;
   uint64_t rings_finished_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rings_skipped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rings_damaged_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rings_identity_mismatch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rings_open_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

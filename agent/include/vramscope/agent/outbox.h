@@ -89,7 +89,9 @@ struct AgentCounters {
   uint64_t reconnects = 0;  // streams opened after the first
   uint64_t rings_open = 0;
   uint64_t rings_finished = 0;
-  uint64_t rings_skipped = 0;  // other users' rings, or rings that failed to open
+  uint64_t rings_skipped = 0;            // other users' rings, or rings that failed to open
+  uint64_t rings_damaged = 0;            // truncated while being read, closed (drain/ring_fault.h)
+  uint64_t rings_identity_mismatch = 0;  // header pid not the file owner's (ring_reader.h)
   bool connected = false;
 };
 
