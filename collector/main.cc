@@ -5,6 +5,7 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_format.h>
 #include <absl/synchronization/mutex.h>
+#include <google/protobuf/stubs/logging.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -94,6 +95,18 @@ std::string DefaultDataDir() {
                       "/.local/share/vramscope/collector");
 }
 
+// protobuf's own log lines. A string field that is not UTF-8 makes it log an ERROR for every
+// message, from whatever client sent it; the refusal of that batch is already logged with its
+// process and reason (service.cc), so those lines are dropped, and the rest go to our logger.
+void ProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                 const std::string& message) {
+  if (absl::StrContains(message, "invalid UTF-8")) return;
+  const LogLevel ours = level <= google::protobuf::LOGLEVEL_INFO      ? LogLevel::kInfo
+                        : level == google::protobuf::LOGLEVEL_WARNING ? LogLevel::kWarning
+                                                                      : LogLevel::kError;
+  Log(ours, absl::StrFormat("protobuf %s:%d: %s", file, line, message));
+}
+
 int Main(int argc, char** argv) {
   // First, before any thread exists (recovery's, gRPC's): SIGINT/SIGTERM are taken by one thread
   // with sigwait, and every thread inherits the mask.
@@ -102,6 +115,7 @@ int Main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  google::protobuf::SetLogHandler(&ProtobufLog);
 
   ServerOptions server_options;
   CollectorOptions options;

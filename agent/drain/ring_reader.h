@@ -62,9 +62,10 @@
 
 namespace vramscope::agent {
 
-// The header's identity fields, copied and validated at open (see "Identity" above). Strings are the header's bytes as
-// they are; what goes into messages (process_key(), ProcessStart) is made valid UTF-8 with
-// vramscope/utf8.h, so no string the application controls can make a batch unparseable.
+// The header's identity fields, copied and validated at open (see "Identity" above). Strings are
+// the header's bytes as they are; what goes into messages (process_key(), ProcessStart) is made
+// valid UTF-8 with vramscope/utf8.h, so no string the application controls can make a batch
+// unparseable.
 struct RingInfo {
   std::uint32_t pid = 0;  // the header's claim, checked as `identity` says
   std::uint32_t parent_pid = 0;

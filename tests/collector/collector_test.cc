@@ -422,7 +422,7 @@ TEST_F(CollectorTest, ProcessesAlikeInTheirFirst64HostBytesGetTheirOwnLogs) {
   for (std::string host :
        {std::string("../../escape"), std::string("a/b"), std::string(".."), std::string("."),
         std::string(""), std::string("nul\0byte", 8), std::string("nul\0bytf", 8),
-        std::string("\x01\n\t\x7f"), std::string("h\xc3\xa9te"), std::string(4000, '/')}) {
+        std::string("\x01\n\t\x7f"), std::string("h\xc3\xa9te"), std::string(255, '/')}) {
     keys.push_back(Key(77, host));
   }
   {
@@ -431,6 +431,10 @@ TEST_F(CollectorTest, ProcessesAlikeInTheirFirst64HostBytesGetTheirOwnLogs) {
       ASSERT_TRUE(collector->Ingest(Batch(key, 1, 4)).ok()) << key.ShortDebugString();
       ASSERT_TRUE(collector->Ingest(Batch(key, 2, 4)).ok()) << key.ShortDebugString();
     }
+    // A host longer than any host name (255 bytes) is refused, not filed.
+    const absl::Status huge =
+        collector->Ingest(Batch(Key(77, std::string(10 << 20, 'h')), 1, 4)).status();
+    EXPECT_EQ(huge.code(), absl::StatusCode::kInvalidArgument) << huge;
   }
   const std::vector<std::string> logs = Logs(dir_.path());
   ASSERT_EQ(logs.size(), keys.size());

@@ -42,7 +42,11 @@ TEST(RingStringsTest, HostileHeaderAndRecordTextArriveEscaped) {
       writer.RecordNvtxPush(0, 1, 0, 0, kName, sizeof(kName) - 1, kDomain, sizeof(kDomain) - 1));
   ASSERT_TRUE(writer.RecordAlloc(0, 0x1000, 100, 512, VRAMSCOPE_RING_ALLOC_POOLED));
 
-  auto reader = agent::RingReader::OpenFile(writer.path());
+  // File rings are reported under the reader's host name (never the header's), which can be
+  // as hostile: a machine named in Latin-1.
+  agent::RingReader::Options options;
+  options.host = "node\xFF";
+  auto reader = agent::RingReader::OpenFile(writer.path(), options);
   ASSERT_TRUE(reader.ok()) << reader.status();
   google::protobuf::RepeatedPtrField<v1::Event> events;
   testing::DrainAll(**reader, &events);
