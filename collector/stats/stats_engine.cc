@@ -122,9 +122,13 @@ struct ProcessStatsEngine::Device {
   std::array<std::uint64_t, kKinds> kind_peak{};
   bool has_pool_state = false;
   v1::PoolStateEvent pool_state;
-  // At the last new peak of reserved: the pool state then (updated by a state taken while still
-  // at that peak) and requested/allocated then.
+  // At the last new peak of reserved: the pool state then and requested/allocated then. The
+  // shim writes its POOL_STATE record just after the allocation whose reservation made the peak,
+  // so the first state that arrives while reserved is still at a new peak replaces the older one
+  // copied at the reservation (awaiting_state); later states at the same peak (the pool keeping
+  // its reservation while allocations are freed, up to exit) describe other moments and do not.
   bool at_peak_has_state = false;
+  bool at_peak_awaiting_state = false;
   v1::PoolStateEvent at_peak_state;
   std::uint64_t at_peak_requested = 0, at_peak_allocated = 0;
   std::vector<v1::OomRecord> ooms;
@@ -519,20 +523,25 @@ void ProcessStatsEngine::OnReserve(Device& device, std::uint64_t bytes, std::uin
     device.at_peak_allocated = device.cur_allocated;
     device.at_peak_has_state = device.has_pool_state;
     if (device.has_pool_state) device.at_peak_state = device.pool_state;
+    device.at_peak_awaiting_state = true;
   }
   Sample(device, time_ns);
 }
 
 void ProcessStatsEngine::OnRelease(Device& device, std::uint64_t bytes, std::uint64_t time_ns) {
   device.cur_reserved = SubtractSaturating(device.cur_reserved, bytes);
+  // Left the peak before a state described it: the state copied at the reservation stays.
+  if (device.cur_reserved < device.peak_reserved) device.at_peak_awaiting_state = false;
   Sample(device, time_ns);
 }
 
 void ProcessStatsEngine::OnPoolState(const v1::PoolStateEvent& state, Device& device) {
   device.pool_state = state;
   device.has_pool_state = true;
-  // Still at the peak: this snapshot describes the pool at its peak better than an older one.
-  if (device.cur_reserved == device.peak_reserved && device.peak_reserved != 0) {
+  // The first snapshot after reserved reached a new peak (and still at it) describes the pool at
+  // that moment better than the one copied at the reservation; later ones do not (see Device).
+  if (device.at_peak_awaiting_state && device.cur_reserved == device.peak_reserved) {
+    device.at_peak_awaiting_state = false;
     device.at_peak_state = state;
     device.at_peak_has_state = true;
     device.at_peak_requested = device.cur_requested;

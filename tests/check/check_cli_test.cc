@@ -1,7 +1,7 @@
 // `vramscope check` end to end: the real executable ($VRAMSCOPE_EXE) on crafted report files.
 // Exit codes and output for a run within tolerance, regressions (device and NVTX range),
 // improvements, several processes, corrupt and missing files, bad options; JUnit XML structure;
-// GitHub annotations; --update-baseline round trip.
+// GitHub annotations; --update-baseline round trip; reports that measured nothing.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -24,7 +24,7 @@ std::string Report(const std::string& command, int requested, int allocated, int
                    int step = -1) {
   auto mib = [](int n) { return "\"" + std::to_string(std::uint64_t(n) << 20) + "\""; };
   std::string out = "{\"command_line\": [\"" + command +
-                    "\"], \"devices\": [{\"device\": {\"ordinal\": 0}, "
+                    "\"], \"events\": \"1000\", \"devices\": [{\"device\": {\"ordinal\": 0}, "
                     "\"peak_requested_bytes\": " +
                     mib(requested) + ", \"peak_allocated_bytes\": " + mib(allocated) +
                     ", \"peak_reserved_bytes\": " + mib(reserved);
@@ -334,6 +334,65 @@ TEST_F(CheckCliTest, UpdateBaselineRoundTrip) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("left unchanged"), std::string::npos) << r.err;
   EXPECT_EQ(Read(Path("base.json")), before);
+}
+
+// A run whose shim did not attach writes a report with no process (or a process with no event, or
+// no device): comparing it would list every figure as removed and pass. It is refused on either
+// side, before any output is written, unless --allow-empty.
+TEST_F(CheckCliTest, ReportsThatMeasuredNothingAreRefusedUnlessAllowed) {
+  const std::string good = Report("./app", 100, 200, 400, 150);
+  const std::string no_device = "{\"command_line\": [\"./app\"], \"events\": \"12\"}";
+  struct Case {
+    std::string json, why;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"{\"reports\": []}", "holds no process"},
+           {"{}", "holds a process with no event"},
+           {"{\"reports\": [{}, {}]}", "holds processes with no event"},
+           {no_device, "holds no device"},
+           {"{\"reports\": [" + no_device + ", " + no_device + "]}", "holds no device"},
+       }) {
+    SCOPED_TRACE(c.json);
+    Write("base.json", good);
+    Write("now.json", c.json);
+    Result r = CheckFiles({"--junit", Path("junit.xml")});
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("report " + Path("now.json") + " " + c.why + ": nothing was measured"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("the shim did not attach"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--allow-empty"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(access(Path("junit.xml").c_str(), F_OK), 0) << "no JUnit file for a refused input";
+    // Accepted on request: every figure is removed, nothing regressed.
+    r = CheckFiles({"--allow-empty"});
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+
+    // The same on the baseline side.
+    Write("base.json", c.json);
+    Write("now.json", good);
+    r = CheckFiles();
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("baseline " + Path("base.json") + " " + c.why), std::string::npos)
+        << r.err;
+    EXPECT_LE(CheckFiles({"--allow-empty"}).code, 1);
+
+    // An empty report never becomes the baseline unless allowed.
+    Write("base.json", good);
+    Write("now.json", c.json);
+    r = CheckFiles({"--update-baseline"});
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("left unchanged"), std::string::npos) << r.err;
+    EXPECT_EQ(Read(Path("base.json")), good);
+    r = CheckFiles({"--update-baseline", "--allow-empty"});
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_EQ(Read(Path("base.json")), c.json);
+  }
+  // A launcher that used no device beside a worker that did is a real run.
+  Write("base.json", "{\"reports\": [" + no_device + ", " + good + "]}");
+  Write("now.json", "{\"reports\": [" + no_device + ", " + good + "]}");
+  const Result r = CheckFiles();
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
 }
 
 }  // namespace

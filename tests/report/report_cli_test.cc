@@ -56,7 +56,7 @@ class ReportCliTest : public ::testing::Test {
 TEST_F(ReportCliTest, TextIsTheDefault) {
   const ExeResult r = Report({sample_});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, cli::FormatRunReport(SampleReport()));
+  EXPECT_EQ(r.out, cli::FormatRunReport(SampleReport(), "--format json"));
   EXPECT_EQ(r.err, "");
 }
 
@@ -268,7 +268,7 @@ TEST_F(ReportCollectorTest, ListsProcessesThenReportsOneByPid) {
   // The same report as text and as a page.
   r = Report({"--collector", address_, "--pid", "501"});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, cli::FormatRunReport(got));
+  EXPECT_EQ(r.out, cli::FormatRunReport(got, "--format json"));
   r = Report({"--collector", address_, "--pid=501", "--host=node1", "--format=html"});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("data-ranges=\"2\""), std::string::npos);

@@ -201,15 +201,15 @@ TEST(ReportTextJsonTest, TextListsCallingLibrariesLargestFirst) {
   }
   std::string nine = FormatRunReport(report);
   EXPECT_NE(nine.find("      1.00 KiB   lib0.so\n"), std::string::npos) << nine;
-  EXPECT_EQ(nine.find("other libraries"), std::string::npos) << nine;
+  EXPECT_EQ(nine.find("more libraries"), std::string::npos) << nine;
   EXPECT_EQ(nine.find("without a recorded site"), nine.rfind("without a recorded site")) << nine;
   (*d.mutable_peak_requested_bytes_by_library())["lib9.so"] = 512;
   const std::string ten = FormatRunReport(report);
   EXPECT_NE(ten.find("      9.00 KiB   lib8.so\n      8.00 KiB   lib7.so\n"), std::string::npos)
       << ten;
-  EXPECT_NE(
-      ten.find("      2.00 KiB   lib1.so\n      (2 other libraries, each at most 1.00 KiB)\n"),
-      std::string::npos)
+  EXPECT_NE(ten.find("      2.00 KiB   lib1.so\n"
+                     "      ... and 2 more libraries, each at most 1.00 KiB (--json for all)\n"),
+            std::string::npos)
       << ten;
   EXPECT_EQ(ten.find("lib0.so"), std::string::npos);
 
@@ -217,6 +217,47 @@ TEST(ReportTextJsonTest, TextListsCallingLibrariesLargestFirst) {
   d.clear_peak_requested_bytes_by_library();
   report.mutable_devices(1)->clear_peak_requested_bytes_by_library();
   EXPECT_EQ(FormatRunReport(report).find("calling library"), std::string::npos);
+}
+
+// Every cut list says how many more there are and where to see them all: NVTX ranges, sites and
+// leaks past five, OOMs past the first; a list of exactly five says nothing.
+TEST(ReportTextJsonTest, NoListIsCutSilently) {
+  v1::Report report;
+  report.mutable_process()->set_pid(7);
+  v1::DeviceReport& d = *report.add_devices();
+  for (int i = 0; i < 8; ++i) {
+    v1::NvtxRangeStats* r = d.add_nvtx_ranges();
+    r->set_name(absl::StrCat("range", i));
+    r->set_peak_allocated_bytes(1000 - i);
+    v1::SiteStats* s = d.add_top_sites();
+    s->set_site(i + 1);
+    s->set_peak_live_bytes(1000 - i);
+    v1::Leak* leak = d.add_leaks();
+    leak->set_address(0x1000 * (i + 1));
+    leak->set_requested_bytes(100);
+    d.add_ooms()->set_requested_bytes(1 << 20);
+  }
+  d.mutable_top_sites()->DeleteSubrange(6, 2);  // six sites: one more
+  const std::string text = FormatRunReport(report);
+  EXPECT_NE(text.find("range4 "), std::string::npos) << text;
+  EXPECT_EQ(text.find("range5 "), std::string::npos) << text;
+  EXPECT_NE(text.find("      ... and 3 more NVTX ranges (--json for all)\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("      ... and 1 more allocation site (--json for all)\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find(" 0x5000 100 B ... and 3 more (--json for all)\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("      ... and 7 more (--json for all)\n"), std::string::npos) << text;
+  EXPECT_NE(FormatRunReport(report, "--format json")
+                .find("... and 3 more NVTX ranges (--format json for all)"),
+            std::string::npos);
+
+  // Five of each (one OOM): nothing was cut, nothing is said.
+  d.mutable_nvtx_ranges()->DeleteSubrange(5, 3);
+  d.mutable_top_sites()->DeleteSubrange(5, 1);
+  d.mutable_leaks()->DeleteSubrange(5, 3);
+  d.mutable_ooms()->DeleteSubrange(1, 7);
+  EXPECT_EQ(FormatRunReport(report).find("more"), std::string::npos) << FormatRunReport(report);
 }
 
 // --- the stats engine's range instances ------------------------------------------------------

@@ -265,6 +265,51 @@ TEST(StatsEngineTest, FragmentationNowAndAtPeak) {
   EXPECT_EQ(d.fragmentation_at_peak().largest_free_block_bytes(), 850u);
 }
 
+// The pool keeps its reservation to the end while allocations are freed: the snapshots taken
+// then (every 256 frees, at exit) are not the pool at its peak, and must not replace the one
+// written just after the allocation that made the peak.
+TEST(StatsEngineTest, FragmentationAtPeakIsTakenAtThePeakNotWhileReservedStaysThere) {
+  EventStream s;
+  s.Reserve(1000)
+      .Alloc(0x1, 600, 600)
+      .PoolState(/*free=*/400, /*largest=*/400, 0)
+      .Reserve(2000)  // the peak: 3000 reserved
+      .Alloc(0x2, 1800, 1800)
+      .PoolState(/*free=*/600, /*largest=*/400, /*unreleasable=*/200)  // at the peak
+      .Free(0x1)
+      .PoolState(/*free=*/1200, /*largest=*/600, /*unreleasable=*/1200)
+      .Free(0x2)
+      .PoolState(/*free=*/3000, /*largest=*/2000, /*unreleasable=*/0)
+      .Exit();
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.current_reserved_bytes(), 3000u);
+  EXPECT_EQ(d.peak_reserved_bytes(), 3000u);
+  EXPECT_EQ(d.fragmentation().free_bytes(), 3000u);
+  EXPECT_NEAR(d.fragmentation().external_fragmentation(), 1.0 / 3.0, 1e-12);
+  EXPECT_EQ(d.fragmentation_at_peak().free_bytes(), 600u);
+  EXPECT_EQ(d.fragmentation_at_peak().largest_free_block_bytes(), 400u);
+  EXPECT_EQ(d.fragmentation_at_peak().unreleasable_free_bytes(), 200u);
+  EXPECT_NEAR(d.fragmentation_at_peak().external_fragmentation(), 1.0 / 3.0, 1e-12);
+  EXPECT_EQ(d.fragmentation_at_peak().rounding_waste_bytes(), 0u);
+}
+
+// Reserved leaves its peak before any snapshot: the state from before the reservation stays (the
+// best there is), and a later state at a lower reservation is not "at the peak".
+TEST(StatsEngineTest, FragmentationAtPeakWithoutASnapshotAtThePeak) {
+  EventStream s;
+  s.Reserve(1000)
+      .Alloc(0x1, 500, 500)
+      .PoolState(/*free=*/500, /*largest=*/250, 0)
+      .Reserve(1000)
+      .Release(1000)
+      .PoolState(/*free=*/500, /*largest=*/500, 0)
+      .Reserve(1000)  // back at the peak, not a new one
+      .PoolState(/*free=*/1500, /*largest=*/1000, 0);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.fragmentation_at_peak().free_bytes(), 500u);
+  EXPECT_DOUBLE_EQ(d.fragmentation_at_peak().external_fragmentation(), 0.5);
+}
+
 TEST(StatsEngineTest, BlocksWaitingForTheirFenceAreNotFragmentation) {
   EventStream s;
   s.Reserve(1000).Alloc(0x1, 400, 400).Free(0x1);

@@ -29,6 +29,7 @@ struct CheckOptions {
   std::string report_path;
   std::string junit_path;
   bool update_baseline = false;
+  bool allow_empty = false;
   CompareOptions compare;
 };
 
@@ -36,7 +37,7 @@ void PrintCheckUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: vramscope check --baseline FILE --report FILE [--tolerance PCT] [--new-floor SIZE]\n"
-      "                       [--junit FILE] [--update-baseline]\n"
+      "                       [--junit FILE] [--update-baseline] [--allow-empty]\n"
       "\n"
       "Compares the peaks in a `vramscope run --json` report with a baseline report (the same\n"
       "format: one Report, or {\"reports\": [...]}) and fails when one grew.\n"
@@ -65,6 +66,10 @@ void PrintCheckUsage(std::FILE* out) {
       "  --update-baseline   check that --report is a valid report, print the comparison with\n"
       "                      the old baseline when there is a readable one, then replace the\n"
       "                      baseline with the report file (atomically) and exit 0\n"
+      "  --allow-empty       accept a report or baseline that measured nothing (no process,\n"
+      "                      no event, or no device); without it such a file is an error\n"
+      "                      (exit 2), since it is what a run looks like when the shim did\n"
+      "                      not attach\n"
       "  -h, --help          this text\n"
       "\n"
       "Output: a table of what grew or shrank beyond the tolerance, added and removed (baseline,\n"
@@ -72,8 +77,8 @@ void PrintCheckUsage(std::FILE* out) {
       "GITHUB_ACTIONS=true in the environment, also GitHub annotations on stdout: ::error per\n"
       "regression, ::notice per improvement.\n"
       "exit status: 0 no regression (or baseline updated), 1 regression, 2 usage error, input\n"
-      "file missing, unreadable or not a report, or (when nothing regressed) a --junit file\n"
-      "that cannot be written.\n");
+      "file missing, unreadable, not a report or empty (without --allow-empty), or (when\n"
+      "nothing regressed) a --junit file that cannot be written.\n");
 }
 
 std::optional<double> ParseTolerance(std::string text) {
@@ -132,6 +137,8 @@ std::optional<CheckOptions> ParseArgs(int argc, char** argv, bool* help) {
       options.compare.new_floor_bytes = *floor;
     } else if (flag == "--update-baseline" && !args.HasInlineValue()) {
       options.update_baseline = true;
+    } else if (flag == "--allow-empty" && !args.HasInlineValue()) {
+      options.allow_empty = true;
     } else {
       std::fprintf(stderr, "vramscope check: unknown argument '%s'\n", std::string(arg).c_str());
       return std::nullopt;
@@ -150,6 +157,21 @@ std::optional<CheckOptions> ParseArgs(int argc, char** argv, bool* help) {
   return options;
 }
 
+// A file that measured nothing must not pass the gate: an empty report is what a run looks like
+// when the shim did not attach, and comparing it would list every figure as removed and exit 0.
+// Prints the problem and returns false unless --allow-empty.
+bool AcceptEmptiness(const CheckOptions& options, std::string_view role, const std::string& path,
+                     const std::vector<v1::Report>& reports) {
+  const std::string why = WhyReportsEmpty(reports);
+  if (why.empty() || options.allow_empty) return true;
+  std::fprintf(stderr,
+               "vramscope check: %s %s %s: nothing was measured. The likely cause: the shim did "
+               "not attach (LD_PRELOAD lost on the way to the program, a static or setuid "
+               "binary) or the program never used the CUDA driver. --allow-empty accepts it.\n",
+               std::string(role).c_str(), path.c_str(), why.c_str());
+  return false;
+}
+
 bool InGitHubActions() {
   const char* value = getenv("GITHUB_ACTIONS");
   return value != nullptr && std::string_view(value) == "true";
@@ -162,6 +184,11 @@ int UpdateBaseline(const CheckOptions& options) {
   if (!report.ok()) {
     std::fprintf(stderr, "vramscope check: %s; the baseline %s is left unchanged\n",
                  std::string(report.status().message()).c_str(), options.baseline_path.c_str());
+    return kExitUsage;
+  }
+  if (!AcceptEmptiness(options, "report", options.report_path, *report)) {
+    std::fprintf(stderr, "vramscope check: the baseline %s is left unchanged\n",
+                 options.baseline_path.c_str());
     return kExitUsage;
   }
   // The old baseline is only shown: a missing or damaged one is what updating fixes.
@@ -212,6 +239,10 @@ int RunCheck(int argc, char** argv) {
   if (!report.ok()) {
     std::fprintf(stderr, "vramscope check: report: %s\n",
                  std::string(report.status().message()).c_str());
+    return kExitUsage;
+  }
+  if (!AcceptEmptiness(options, "baseline", options.baseline_path, *baseline) ||
+      !AcceptEmptiness(options, "report", options.report_path, *report)) {
     return kExitUsage;
   }
 

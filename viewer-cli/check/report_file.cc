@@ -184,4 +184,18 @@ absl::StatusOr<std::vector<v1::Report>> ReadReportsFile(const std::string& path,
   return reports;
 }
 
+std::string WhyReportsEmpty(const std::vector<v1::Report>& reports) {
+  if (reports.empty()) return "holds no process";
+  bool any_event = false, any_device = false;
+  for (const v1::Report& report : reports) {
+    any_event |= report.events() > 0;
+    any_device |= !report.devices().empty();
+  }
+  if (!any_event) {
+    return reports.size() == 1 ? "holds a process with no event" : "holds processes with no event";
+  }
+  if (!any_device) return "holds no device";
+  return "";
+}
+
 }  // namespace vramscope::cli

@@ -21,6 +21,12 @@ namespace vramscope::cli {
 absl::StatusOr<std::vector<v1::Report>> ParseReportsJson(std::string_view json,
                                                          std::string_view what);
 
+// Why `reports` measured nothing, or "" when it did: no process at all, no event in any process,
+// or no device in any process (each is what a run looks like when the shim did not attach, e.g.
+// LD_PRELOAD lost on the way, or the program never used the CUDA driver). A file with several
+// processes is judged as a whole: a launcher that used no device beside one that did is fine.
+std::string WhyReportsEmpty(const std::vector<v1::Report>& reports);
+
 // Reads and parses `path`. The raw text is stored in *text when text is not null.
 absl::StatusOr<std::vector<v1::Report>> ReadReportsFile(const std::string& path,
                                                         std::string* text = nullptr);

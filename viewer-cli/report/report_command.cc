@@ -162,7 +162,7 @@ std::string Render(const std::vector<v1::Report>& reports, Format format) {
       break;
   }
   std::string out;
-  for (const v1::Report& report : reports) out += FormatRunReport(report);
+  for (const v1::Report& report : reports) out += FormatRunReport(report, "--format json");
   return out;
 }
 

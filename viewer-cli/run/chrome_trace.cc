@@ -5,6 +5,8 @@
 
 #include <cstdio>
 
+#include "vramscope/utf8.h"
+
 namespace vramscope::cli {
 namespace {
 
@@ -13,9 +15,16 @@ std::string Micros(std::uint64_t ns) { return absl::StrFormat("%d.%03d", ns / 10
 
 }  // namespace
 
-std::string JsonString(std::string_view text) {
+std::string JsonString(std::string_view raw) {
+  // The drain already escapes what the application wrote to valid UTF-8, but a trace is written
+  // from reports and events that may have come another way: a byte that is no UTF-8 must never
+  // reach the file, where a strict reader refuses the whole trace. The same escape as the drain
+  // keeps such a name recognisable ("\xFF" in the viewer).
+  const std::string valid = ToValidUtf8(raw);
   std::string out = "\"";
-  for (const char c : text) {
+  out.reserve(valid.size() + 2);
+  for (const char c : valid) {
+    const unsigned char u = static_cast<unsigned char>(c);
     switch (c) {
       case '"':
         out += "\\\"";
@@ -33,8 +42,9 @@ std::string JsonString(std::string_view text) {
         out += "\\t";
         break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
+        // Control characters must be escaped; DEL may not, but is invisible in a viewer.
+        if (u < 0x20 || u == 0x7f) {
+          out += absl::StrFormat("\\u%04x", u);
         } else {
           out += c;
         }

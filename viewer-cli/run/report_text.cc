@@ -22,9 +22,18 @@ constexpr int kLibrariesShown = 8;  // calling libraries listed per device befor
 
 std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", 100.0 * fraction); }
 
+// The line under a list cut at `shown` of `total` entries: no list ends silently short.
+void AppendMore(std::string* out, int total, int shown, std::string_view singular,
+                std::string_view plural, std::string_view full_form) {
+  if (total <= shown) return;
+  const int more = total - shown;
+  absl::StrAppendFormat(out, "      ... and %d more %s (%s for all)\n", more,
+                        more == 1 ? singular : plural, full_form);
+}
+
 }  // namespace
 
-std::string FormatRunReport(const v1::Report& report) {
+std::string FormatRunReport(const v1::Report& report, std::string_view full_form) {
   std::string out;
   const std::string command =
       report.command_line().empty() ? "?" : absl::StrJoin(report.command_line(), " ");
@@ -112,6 +121,10 @@ std::string FormatRunReport(const v1::Report& report) {
                             FormatBytes(d.ooms(0).requested_bytes()),
                             FormatBytes(d.ooms(0).free_bytes()),
                             FormatBytes(d.ooms(0).largest_free_block_bytes()));
+      if (d.ooms_size() > 1) {
+        absl::StrAppendFormat(&out, "      ... and %d more (%s for all)\n", d.ooms_size() - 1,
+                              full_form);
+      }
     }
     if (!d.nvtx_ranges().empty()) {
       out += "    NVTX ranges (peak allocated while open, net growth, allocations, count):\n";
@@ -125,6 +138,7 @@ std::string FormatRunReport(const v1::Report& report) {
             FormatBytes(static_cast<std::uint64_t>(growth < 0 ? -growth : growth)), r.alloc_count(),
             r.count());
       }
+      AppendMore(&out, d.nvtx_ranges_size(), kShown, "NVTX range", "NVTX ranges", full_form);
     }
     if (!d.top_sites().empty()) {
       out += "    top allocation sites (peak live):\n";
@@ -133,6 +147,8 @@ std::string FormatRunReport(const v1::Report& report) {
         absl::StrAppendFormat(&out, "      %-10s %6d allocs  %s\n",
                               FormatBytes(s.peak_live_bytes()), s.alloc_count(), SiteLabel(s));
       }
+      AppendMore(&out, d.top_sites_size(), kShown, "allocation site", "allocation sites",
+                 full_form);
     }
     if (!d.peak_requested_bytes_by_library().empty()) {
       // Each library's own peak (not at one instant), largest first; past kLibrariesShown the
@@ -151,9 +167,10 @@ std::string FormatRunReport(const v1::Report& report) {
                               libraries[i].first);
       }
       if (shown < static_cast<int>(libraries.size())) {
-        absl::StrAppendFormat(&out, "      (%d other libraries, each at most %s)\n",
+        absl::StrAppendFormat(&out,
+                              "      ... and %d more libraries, each at most %s (%s for all)\n",
                               static_cast<int>(libraries.size()) - shown,
-                              FormatBytes(libraries[shown].second));
+                              FormatBytes(libraries[shown].second), full_form);
       }
       if (d.unattributed_peak_requested_bytes() > 0) {
         absl::StrAppendFormat(&out, "      %-10s without a recorded site\n",
@@ -168,6 +185,10 @@ std::string FormatRunReport(const v1::Report& report) {
       for (int i = 0; i < std::min(kShown, d.leaks_size()); ++i) {
         absl::StrAppendFormat(&out, " %#x %s", d.leaks(i).address(),
                               FormatBytes(d.leaks(i).requested_bytes()));
+      }
+      if (d.leaks_size() > kShown) {
+        absl::StrAppendFormat(&out, " ... and %d more (%s for all)", d.leaks_size() - kShown,
+                              full_form);
       }
       out += "\n";
     }

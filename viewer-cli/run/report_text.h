@@ -3,13 +3,18 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
 
-std::string FormatRunReport(const v1::Report& report);
+// The readable text. Lists are cut (NVTX ranges, allocation sites, leaks at 5; calling libraries
+// at 8; OOMs after the first), and a cut list always ends with how many more there are and where
+// to see them all: "... and 3 more NVTX ranges (--json for all)", `full_form` naming the option
+// that writes the whole report ("--json" for `vramscope run`, "--format json" for `report`).
+std::string FormatRunReport(const v1::Report& report, std::string_view full_form = "--json");
 
 // JSON with the proto field names: one process -> its Report, several -> {"reports": [...]}
 // (what check/report_file.h reads back).

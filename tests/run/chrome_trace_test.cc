@@ -1,0 +1,90 @@
+// ChromeTrace's JSON for names holding any byte: every NVTX name and domain of every single byte,
+// quotes, backslashes, control characters and malformed UTF-8 (truncated, overlong, surrogate,
+// stray continuation), and a command line with such bytes. The file must pass a strict parser
+// (tests/run/json_strict.py: strict UTF-8, RFC 8259, no duplicate keys), and each slice's name
+// must read back as ToValidUtf8 of what was pushed.
+#include "run/chrome_trace.h"
+
+#include <absl/strings/escaping.h>
+#include <gtest/gtest.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "vramscope/utf8.h"
+
+namespace vramscope::cli {
+namespace {
+
+std::string Hex(const std::string& bytes) {
+  return bytes.empty() ? "-" : absl::BytesToHexString(bytes);
+}
+
+TEST(ChromeTraceTest, AnyBytesInNamesGiveStrictlyValidJson) {
+  std::vector<std::string> names;
+  for (int b = 0; b < 256; ++b) names.push_back(std::string(1, static_cast<char>(b)));
+  names.insert(names.end(), {"", "say \"hi\"", "C:\\path\\", "tab\there\nline\r\b\f", "caf\xc3\xa9",
+                             "trunc\xc3", "overlong\xc0\xaf", "surrogate\xed\xa0\x80",
+                             "stray\x80\xbf", "\xff\xfe\xfd", "above\xf4\x90\x80\x80",
+                             "\\x41 looks escaped", std::string("nul\0in", 6), "del\x7f"});
+  ChromeTrace trace;
+  std::uint64_t time = 1000;
+  std::uint32_t id = 1;
+  for (const std::string& name : names) {
+    v1::Event push;
+    push.set_time_ns(time += 1000);
+    push.set_thread_id(7);
+    push.mutable_nvtx_push()->set_range_id(id);
+    push.mutable_nvtx_push()->set_name(name);
+    push.mutable_nvtx_push()->set_domain("dom" + name);
+    trace.Add(42, push);
+    v1::Event pop;
+    pop.set_time_ns(time += 1000);
+    pop.set_thread_id(7);
+    pop.mutable_nvtx_pop()->set_range_id(id++);
+    trace.Add(42, pop);
+  }
+  v1::Report report;
+  report.mutable_process()->set_pid(42);
+  report.add_command_line("/opt/\xff\"app\x01\\");
+  const std::string json = trace.Json({report});
+
+  char path[] = "/tmp/vramscope-chrome-trace.XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path, std::ios::binary) << json;
+  const char* script = getenv("VRAMSCOPE_JSON_STRICT");
+  ASSERT_NE(script, nullptr) << "VRAMSCOPE_JSON_STRICT is not set (meson sets it)";
+  const std::string command = std::string("python3 ") + script + " " + path;
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buffer[4096];
+  for (std::size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+  const int status = pclose(pipe);
+  unlink(path);
+  ASSERT_EQ(status, 0) << "the trace is not strict JSON: " << out;
+
+  std::string expected;
+  for (const std::string& name : names) {
+    expected += Hex(ToValidUtf8(name)) + " " + Hex(ToValidUtf8("dom" + name)) + "\n";
+  }
+  EXPECT_EQ(out, expected);
+}
+
+TEST(ChromeTraceTest, JsonStringEscapes) {
+  EXPECT_EQ(JsonString("a\"b\\c"), "\"a\\\"b\\\\c\"");
+  EXPECT_EQ(JsonString(std::string("\0\x1f\x7f", 3)), "\"\\u0000\\u001f\\u007f\"");
+  EXPECT_EQ(JsonString("\n\r\t"), "\"\\n\\r\\t\"");
+  EXPECT_EQ(JsonString("caf\xc3\xa9"), "\"caf\xc3\xa9\"");
+  // Not UTF-8: escaped as the drain does, the backslashes then escaped for JSON.
+  EXPECT_EQ(JsonString("a\xff\\"), "\"a\\\\xFF\\\\\\\\\"");
+}
+
+}  // namespace
+}  // namespace vramscope::cli
