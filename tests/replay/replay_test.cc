@@ -130,7 +130,11 @@ TEST(ReplayReport, JsonEscapesTheTraceName) {
   trace.name = "a\"b\\c\nd";
   auto result = ReplayTrace(trace, "");
   ASSERT_TRUE(result.ok());
-  EXPECT_THAT(FormatReplayJson(trace, *result), HasSubstr(R"("trace": "a\"b\\c\u000ad")"));
+  EXPECT_THAT(FormatReplayJson(trace, *result), HasSubstr(R"("trace": "a\"b\\c\nd")"));
+  // A Latin-1 file name: escaped to valid UTF-8 first (the backslash doubled, the byte as \xE9),
+  // then for JSON.
+  trace.name = "a\\b\xE9";
+  EXPECT_THAT(FormatReplayJson(trace, *result), HasSubstr(R"("trace": "a\\\\b\\xE9")"));
 }
 
 TEST(ReplayReport, TextHasHumanAndExactBytes) {

@@ -41,13 +41,6 @@ TEST(HtmlEscapeTest, EscapesTheFiveSpecialCharacters) {
   EXPECT_EQ(HtmlEscape(""), "");
 }
 
-TEST(ScriptJsonStringTest, NothingCanCloseTheScriptElement) {
-  EXPECT_EQ(ScriptJsonString("</script>"), "\"\\u003c/script\\u003e\"");
-  EXPECT_EQ(ScriptJsonString("a\"b\\c&"), "\"a\\\"b\\\\c\\u0026\"");
-  EXPECT_EQ(ScriptJsonString(std::string("\n\x01", 2)), "\"\\u000a\\u0001\"");
-  EXPECT_EQ(ScriptJsonString("caf\xc3\xa9"), "\"caf\xc3\xa9\"");  // UTF-8 passes through
-}
-
 TEST(ReportHtmlTest, EveryFigureIsFindableAndEqualsTheReport) {
   const std::vector<v1::Report> reports = {SampleReport(), SampleReport()};
   const std::string html = FormatReportsHtml(reports);

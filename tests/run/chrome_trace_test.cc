@@ -77,14 +77,5 @@ TEST(ChromeTraceTest, AnyBytesInNamesGiveStrictlyValidJson) {
   EXPECT_EQ(out, expected);
 }
 
-TEST(ChromeTraceTest, JsonStringEscapes) {
-  EXPECT_EQ(JsonString("a\"b\\c"), "\"a\\\"b\\\\c\"");
-  EXPECT_EQ(JsonString(std::string("\0\x1f\x7f", 3)), "\"\\u0000\\u001f\\u007f\"");
-  EXPECT_EQ(JsonString("\n\r\t"), "\"\\n\\r\\t\"");
-  EXPECT_EQ(JsonString("caf\xc3\xa9"), "\"caf\xc3\xa9\"");
-  // Not UTF-8: escaped as the drain does, the backslashes then escaped for JSON.
-  EXPECT_EQ(JsonString("a\xff\\"), "\"a\\\\xFF\\\\\\\\\"");
-}
-
 }  // namespace
 }  // namespace vramscope::cli

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "command.h"
+#include "vramscope/json/json_string.h"
 #include "vramscope/pool/pool.h"
 
 namespace vramscope::cli {
@@ -86,28 +87,6 @@ double Ratio(std::uint64_t numerator, std::uint64_t denominator) {
   return denominator == 0 ? 0.0 : static_cast<double>(numerator) / static_cast<double>(denominator);
 }
 
-std::string JsonString(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<unsigned char>(c));
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
-  out.push_back('"');
-  return out;
-}
-
 // PolicyNames() split at its commas, the default first.
 std::vector<std::string_view> PolicyList() {
   std::vector<std::string_view> names;
@@ -173,8 +152,8 @@ std::string FormatReplayJson(const LoadedTrace& trace, const ReplayResult& resul
   auto field = [&out](std::string_view key, const std::string& value) {
     absl::StrAppendFormat(&out, "%s  \"%s\": %s", out.size() > 2 ? ",\n" : "", key, value);
   };
-  field("trace", JsonString(trace.name));
-  field("policy", JsonString(result.policy));
+  field("trace", json::Quote(trace.name));
+  field("policy", json::Quote(result.policy));
   field("events", absl::StrCat(trace.ops.size()));
   field("alloc_events", absl::StrCat(trace.alloc_events));
   field("free_events", absl::StrCat(trace.free_events));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "run/size.h"
+#include "vramscope/json/json_string.h"
 
 namespace vramscope::cli {
 namespace {
@@ -664,7 +665,8 @@ void Page::Plot(const v1::DeviceReport& device, int r, int d) {
 
   // Times relative to the plot's origin keep the numbers within a double's exact range.
   if (!plots_json_.empty()) plots_json_ += ",";
-  absl::StrAppend(&plots_json_, "\n{\"id\":", ScriptJsonString(id), ",\"points\":[");
+  absl::StrAppend(&plots_json_, "\n{\"id\":", json::Quote(id, json::QuoteFor::kScriptElement),
+                  ",\"points\":[");
   const std::uint64_t origin = has_origin_ ? origin_ns_ : 0;
   for (int i = 0; i < device.timeline_size(); ++i) {
     const v1::TimelinePoint& point = device.timeline(i);
@@ -680,7 +682,7 @@ void Page::Plot(const v1::DeviceReport& device, int r, int d) {
     const std::uint64_t end = std::max(range.end_ns(), range.start_ns());
     absl::StrAppend(&plots_json_, i == 0 ? "" : ",", "{\"s\":", range.start_ns() - origin,
                     ",\"e\":", end - origin, ",\"d\":", range.depth(),
-                    ",\"label\":", ScriptJsonString(label), "}");
+                    ",\"label\":", json::Quote(label, json::QuoteFor::kScriptElement), "}");
   }
   plots_json_ += "]}";
 }
@@ -711,24 +713,6 @@ std::string HtmlEscape(std::string_view text) {
         out += c;
     }
   }
-  return out;
-}
-
-std::string ScriptJsonString(std::string_view text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20 || c == '<' || c == '>' || c == '&') {
-      // <, > and &: no "</script>" or "<!--" can form inside the script element.
-      absl::StrAppendFormat(&out, "\\u%04x", u);
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
   return out;
 }
 

@@ -36,7 +36,4 @@ std::string FormatReportsHtml(const std::vector<v1::Report>& reports);
 // & < > " ' as entities: safe in text and in quoted attribute values.
 std::string HtmlEscape(std::string_view text);
 
-// A JSON string literal (quotes included) safe inside a <script> element.
-std::string ScriptJsonString(std::string_view text);
-
 }  // namespace vramscope::cli

@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "vramscope/utf8.h"
+#include "vramscope/json/json_string.h"
 
 namespace vramscope::cli {
 namespace {
@@ -14,45 +14,6 @@ namespace {
 std::string Micros(std::uint64_t ns) { return absl::StrFormat("%d.%03d", ns / 1000, ns % 1000); }
 
 }  // namespace
-
-std::string JsonString(std::string_view raw) {
-  // The drain already escapes what the application wrote to valid UTF-8, but a trace is written
-  // from reports and events that may have come another way: a byte that is no UTF-8 must never
-  // reach the file, where a strict reader refuses the whole trace. The same escape as the drain
-  // keeps such a name recognisable ("\xFF" in the viewer).
-  const std::string valid = ToValidUtf8(raw);
-  std::string out = "\"";
-  out.reserve(valid.size() + 2);
-  for (const char c : valid) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        // Control characters must be escaped; DEL may not, but is invisible in a viewer.
-        if (u < 0x20 || u == 0x7f) {
-          out += absl::StrFormat("\\u%04x", u);
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
 
 void ChromeTrace::Add(std::uint32_t pid, const v1::Event& event) {
   if (event.time_ns() > last_time_ns_) last_time_ns_ = event.time_ns();
@@ -90,7 +51,7 @@ void ChromeTrace::Add(std::uint32_t pid, const v1::Event& event) {
               "\"requested_bytes\":%d,\"free_bytes\":%d,\"largest_free_block_bytes\":%d,"
               "\"verdict\":%s",
               oom.requested_bytes(), oom.free_bytes(), oom.largest_free_block_bytes(),
-              JsonString(v1::OomVerdict_Name(verdict)))});
+              json::Quote(v1::OomVerdict_Name(verdict)))});
       break;
     }
     case v1::Event::kCuptiMemory:
@@ -161,7 +122,7 @@ std::string ChromeTrace::Json(const std::vector<v1::Report>& reports) const {
     const std::size_t slash = name.rfind('/');
     if (slash != std::string::npos) name = name.substr(slash + 1);
     emit(absl::StrFormat(R"({"ph":"M","name":"process_name","pid":%d,"args":{"name":%s}})", pid,
-                         JsonString(absl::StrCat(name, " (pid ", pid, ")"))));
+                         json::Quote(absl::StrCat(name, " (pid ", pid, ")"))));
     for (const v1::DeviceReport& device : report.devices()) {
       const std::uint32_t d = device.device().ordinal();
       for (const v1::TimelinePoint& p : device.timeline()) {
@@ -188,8 +149,8 @@ std::string ChromeTrace::Json(const std::vector<v1::Report>& reports) const {
                    const std::string& name, const std::string& domain) {
     emit(absl::StrFormat(
         R"({"ph":"X","cat":"nvtx","name":%s,"pid":%d,"tid":%d,"ts":%s,"dur":%s,"args":{"domain":%s}})",
-        JsonString(name), pid, tid, Micros(start), Micros(end > start ? end - start : 0),
-        JsonString(domain)));
+        json::Quote(name), pid, tid, Micros(start), Micros(end > start ? end - start : 0),
+        json::Quote(domain)));
   };
   for (const Slice& s : slices_) slice(s.pid, s.tid, s.start_ns, s.end_ns, s.name, s.domain);
   // Ranges never popped end at the last event seen.
@@ -200,7 +161,7 @@ std::string ChromeTrace::Json(const std::vector<v1::Report>& reports) const {
   for (const Instant& i : instants_) {
     emit(absl::StrFormat(
         R"({"ph":"i","s":"p","cat":%s,"name":%s,"pid":%d,"tid":%d,"ts":%s,"args":{%s}})",
-        JsonString(i.cat), JsonString(i.name), i.pid, i.tid, Micros(i.time_ns), i.args));
+        json::Quote(i.cat), json::Quote(i.name), i.pid, i.tid, Micros(i.time_ns), i.args));
   }
   out += "\n]}\n";
   return out;

@@ -81,9 +81,4 @@ class ChromeTrace {
   std::uint64_t slices_dropped_ = 0;
 };
 
-// JSON string literal (quotes included) with the escapes RFC 8259 requires, for any bytes: text
-// that is not valid UTF-8 is first escaped as ToValidUtf8 does (vramscope/utf8.h), so the result
-// is always valid UTF-8 and valid JSON.
-std::string JsonString(std::string_view text);
-
 }  // namespace vramscope::cli
