@@ -15,6 +15,7 @@
 #include <google/protobuf/repeated_ptr_field.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,15 @@ class RingSession {
               agent::Outbox* outbox = nullptr, int batch_events = 4096);
   ~RingSession();
 
+  // The command `vramscope run` started (its direct child): its rings are not taken for ended
+  // until ChildExited(), whose wait status then says how it ended, so a child that vanished
+  // without an exit record (SIGKILL, abort, a crash) is reported with its signal and with the
+  // time run saw it end. Call before the first Poll.
+  void WatchChild(std::uint32_t pid);
+  // `wait_status` from waitpid (-1: unknown, the rings are only released); `observed_ns` on the
+  // event clock (CLOCK_MONOTONIC), when the exit was seen.
+  void ChildExited(int wait_status, std::uint64_t observed_ns);
+
   absl::Status Poll();
   absl::Status Finish();
   // One report per process, in the order their rings were found.
@@ -50,6 +60,8 @@ class RingSession {
   };
   // Drains one ring once; returns the records consumed.
   std::uint64_t DrainOnce(Ring& ring);
+  // Tells in the child's ProcessExit what its wait status says.
+  void AmendChildExit(const agent::RingReader& reader, v1::Event& event) const;
   // Moves buffer_'s events into batches for outbox_.
   void CutBatches(const agent::RingReader& reader);
 
@@ -58,6 +70,10 @@ class RingSession {
   ChromeTrace* trace_;
   agent::Outbox* outbox_;
   int batch_events_;
+  std::uint32_t child_pid_ = 0;  // 0: none watched
+  bool child_exited_ = false;
+  int child_status_ = -1;
+  std::uint64_t child_exit_ns_ = 0;
   std::vector<Ring> rings_;
   std::vector<std::string> warnings_;
   google::protobuf::RepeatedPtrField<v1::Event> buffer_;
