@@ -55,8 +55,13 @@ class EndingsTest : public ::testing::Test {
   // `vramscope run --json JSON -- run_fake_app APP_ARGS`: its exit code; stderr in stderr_, the
   // reports in reports_.
   int Run(const std::string& json, std::vector<std::string> app_args) {
-    std::vector<std::string> args = {"run", "--json", json, "--", FakeApp()};
-    args.insert(args.end(), app_args.begin(), app_args.end());
+    app_args.insert(app_args.begin(), FakeApp());
+    return RunCommand(json, std::move(app_args));
+  }
+  // `vramscope run --json JSON -- COMMAND...`.
+  int RunCommand(const std::string& json, const std::vector<std::string>& command) {
+    std::vector<std::string> args = {"run", "--json", json, "--"};
+    args.insert(args.end(), command.begin(), command.end());
     std::vector<char*> argv = Argv(args);
     ::testing::internal::CaptureStderr();
     const int code = RunRun(static_cast<int>(args.size()), argv.data());
@@ -172,6 +177,41 @@ TEST_F(EndingsTest, KilledGrandchildVanishesWithTheSignalUnknown) {
   EXPECT_EQ(Check(json), 1);
   EXPECT_NE(stdout_.find(vanished), std::string::npos) << stdout_;
   EXPECT_EQ(Check(json, {"--allow-killed"}), 0) << stdout_;
+}
+
+// `timeout -s KILL` kills its whole process group, itself included: the traced program (run's
+// grandchild) is still dying when run reaps its child, and must be reported as vanished, not as
+// still running, with the time it ran.
+TEST_F(EndingsTest, ProcessGroupKilledByTimeoutIsVanishedNotRunning) {
+  const std::string json = File("timeout.json");
+  EXPECT_EQ(RunCommand(json, {"timeout", "-s", "KILL", "0.3", FakeApp(), "--allocs", "2", "--leak",
+                              "1", "--linger-ms", "60000"}),
+            128 + SIGKILL);
+  ASSERT_EQ(reports_.size(), 1u) << stderr_;
+  EXPECT_TRUE(reports_[0].finished()) << stderr_;
+  EXPECT_TRUE(reports_[0].killed());
+  EXPECT_TRUE(reports_[0].vanished());
+  EXPECT_EQ(reports_[0].signal(), 0);
+  // Its last event came a few ms after it started; it ran until timeout's 0.3 s (less the time
+  // timeout took to start it).
+  EXPECT_GE(Seconds(reports_[0]), 0.2);
+  EXPECT_EQ(stderr_.find("still running"), std::string::npos) << stderr_;
+  EXPECT_NE(stderr_.find("vanished without an exit record"), std::string::npos) << stderr_;
+}
+
+// A descendant still running when the command exits is waited for a little (up to 500 ms), so
+// one that ends just after it is reported as ended, not as running.
+TEST_F(EndingsTest, DescendantEndingJustAfterTheCommandIsReportedEnded) {
+  const std::string json = File("straggler.json");
+  // run_fake_app exits 0 at once; its child (with 3 allocations) ends about 100 ms later.
+  EXPECT_EQ(Run(json, {"--allocs", "6", "--orphan-ms", "100"}), 0);
+  ASSERT_EQ(reports_.size(), 2u) << stderr_;
+  for (const v1::Report& report : reports_) {
+    EXPECT_TRUE(report.finished()) << stderr_;
+    EXPECT_FALSE(report.killed());
+  }
+  EXPECT_EQ(reports_[0].exit_code() + reports_[1].exit_code(), 4);  // 0 and the child's 4
+  EXPECT_EQ(stderr_.find("still running"), std::string::npos) << stderr_;
 }
 
 TEST_F(EndingsTest, NormalExitStillSaysExitedN) {

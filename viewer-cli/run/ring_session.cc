@@ -1,7 +1,12 @@
 #include "run/ring_session.h"
 
 #include <absl/strings/str_cat.h>
+#include <absl/time/clock.h>
+#include <errno.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
@@ -134,11 +139,18 @@ void RingSession::CutBatches(const agent::RingReader& reader) {
 absl::Status RingSession::Finish() {
   // Rings created by processes that ended just now, then drain until nothing moves.
   if (absl::Status status = Poll(); !status.ok()) return status;
-  for (;;) {
-    std::uint64_t moved = 0;
-    for (Ring& ring : rings_) moved += DrainOnce(ring);
-    if (moved == 0) break;
-  }
+  auto drain_all = [this] {
+    for (;;) {
+      std::uint64_t moved = 0;
+      for (Ring& ring : rings_) moved += DrainOnce(ring);
+      if (moved == 0) break;
+    }
+  };
+  drain_all();
+  // A process still running now is often one killed together with CMD (a process group's
+  // SIGKILL: `timeout -s KILL`) and still dying: wait for those to exit, a bounded time, so
+  // they are reported as ended (vanished) rather than as running.
+  if (WaitForStragglers(kDyingGrace)) drain_all();
   for (const Ring& ring : rings_) {
     if (!ring.failed && !ring.reader->finished()) {
       warnings_.push_back(absl::StrCat("pid ", ring.reader->info().pid,
@@ -146,6 +158,32 @@ absl::Status RingSession::Finish() {
     }
   }
   return absl::OkStatus();
+}
+
+bool RingSession::WaitForStragglers(absl::Duration grace) {
+  std::vector<pollfd> fds;
+  for (const Ring& ring : rings_) {
+    if (ring.failed || ring.reader->finished()) continue;
+    const int fd = static_cast<int>(syscall(SYS_pidfd_open, ring.reader->info().pid, 0));
+    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+  }
+  if (fds.empty()) return false;
+  // A pidfd is readable once its process has exited; wait until all have, or the grace is over.
+  const absl::Time deadline = absl::Now() + grace;
+  std::size_t done = 0;
+  while (done < fds.size()) {
+    const std::int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0) break;
+    const int n = poll(fds.data(), fds.size(), static_cast<int>(left));
+    if (n < 0 && errno != EINTR) break;
+    done = 0;
+    for (pollfd& fd : fds) {
+      if (fd.revents != 0) fd.events = 0;  // exited: stop watching it
+      if (fd.events == 0) ++done;
+    }
+  }
+  for (const pollfd& fd : fds) close(fd.fd);
+  return true;
 }
 
 std::vector<v1::Report> RingSession::Reports() const {

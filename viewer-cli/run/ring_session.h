@@ -2,7 +2,9 @@
 // (the command's and its children's), drained into one stats engine per process.
 //
 // Poll() finds rings created since the last call and drains every open one; Finish() drains
-// until every ring is finished (its writer gone) or nothing moves. With an Outbox (`vramscope run
+// until every ring is finished (its writer gone) or nothing moves, waiting up to kDyingGrace for
+// writers still running then to exit (processes killed together with the command). With an Outbox
+// (`vramscope run
 // --collector`), the same events are also cut into batches of at most `batch_events` with the
 // ring's exact counters attached, as vramscope-agent does, and added to it; the agent library's
 // Uplink streams them. A ring here is always fresh (nothing read it before), so its batches are
@@ -12,6 +14,7 @@
 #pragma once
 
 #include <absl/status/status.h>
+#include <absl/time/time.h>
 #include <google/protobuf/repeated_ptr_field.h>
 
 #include <cstddef>
@@ -31,6 +34,9 @@ namespace vramscope::cli {
 
 class RingSession {
  public:
+  // How long Finish() waits for processes still running when CMD ended (see there).
+  static constexpr absl::Duration kDyingGrace = absl::Milliseconds(500);
+
   // `trace` and `outbox` may be null; neither is owned, both must outlive this.
   RingSession(std::string dir, collector::StatsOptions options, ChromeTrace* trace,
               agent::Outbox* outbox = nullptr, int batch_events = 4096);
@@ -60,6 +66,9 @@ class RingSession {
   };
   // Drains one ring once; returns the records consumed.
   std::uint64_t DrainOnce(Ring& ring);
+  // Waits up to `grace` for the writers of unfinished rings to exit (pidfds); false when there
+  // was none to wait for.
+  bool WaitForStragglers(absl::Duration grace);
   // Tells in the child's ProcessExit what its wait status says.
   void AmendChildExit(const agent::RingReader& reader, v1::Event& event) const;
   // Moves buffer_'s events into batches for outbox_.
