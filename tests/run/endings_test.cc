@@ -16,6 +16,7 @@
 
 #include "check/check_command.h"
 #include "check/report_file.h"
+#include "report/collector_source.h"
 #include "report/report_html.h"
 #include "run/run_command.h"
 #include "top/top_model.h"
@@ -212,6 +213,29 @@ TEST_F(EndingsTest, DescendantEndingJustAfterTheCommandIsReportedEnded) {
   }
   EXPECT_EQ(reports_[0].exit_code() + reports_[1].exit_code(), 4);  // 0 and the child's 4
   EXPECT_EQ(stderr_.find("still running"), std::string::npos) << stderr_;
+}
+
+// `vramscope report --collector ADDR`'s process list, from ListProcesses.
+TEST(ProcessListTest, StatusTellsHowEachProcessEnded) {
+  v1::ListProcessesResponse list;
+  auto add = [&list](std::uint32_t pid, bool finished, bool killed, int signal) {
+    v1::ProcessSummary* p = list.add_processes();
+    p->mutable_process()->set_host("node");
+    p->mutable_process()->set_pid(pid);
+    p->set_finished(finished);
+    p->set_killed(killed);
+    p->set_signal(signal);
+    p->set_vanished(killed);
+  };
+  add(1, false, false, 0);
+  add(2, true, false, 0);
+  add(3, true, true, SIGKILL);
+  add(4, true, true, 0);
+  const std::string text = FormatProcessList(list);
+  EXPECT_NE(text.find(" running "), std::string::npos) << text;
+  EXPECT_NE(text.find(" exited "), std::string::npos) << text;
+  EXPECT_NE(text.find(" killed SIGKILL "), std::string::npos) << text;
+  EXPECT_NE(text.find(" vanished "), std::string::npos) << text;
 }
 
 TEST_F(EndingsTest, NormalExitStillSaysExitedN) {
