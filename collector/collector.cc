@@ -659,6 +659,13 @@ v1::ListProcessesResponse Collector::ListProcesses(bool include_finished) const 
     *summary->mutable_process() = process->key;
     for (const std::string& arg : process->stats.command_line()) summary->add_command_line(arg);
     summary->set_finished(process->stats.finished());
+    if (process->stats.finished()) {
+      const v1::ProcessExitEvent& exit = process->stats.exit();
+      summary->set_exit_code(exit.exit_code());
+      summary->set_killed(exit.killed());
+      summary->set_signal(exit.signal());
+      summary->set_vanished(exit.vanished());
+    }
     summary->set_events(process->stats.events());
     summary->set_peak_reserved_bytes(process->stats.PeakReservedBytes());
   }
@@ -684,6 +691,10 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
     *stats->mutable_process() = process->key;
     *stats->mutable_command_line() = report.command_line();
     stats->set_finished(report.finished());
+    stats->set_exit_code(report.exit_code());
+    stats->set_killed(report.killed());
+    stats->set_signal(report.signal());
+    stats->set_vanished(report.vanished());
     for (v1::DeviceReport& device : *report.mutable_devices()) {
       device.clear_timeline();
       device.clear_top_sites();

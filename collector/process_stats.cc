@@ -18,6 +18,7 @@ void ProcessStats::Consume(const v1::EventBatch& batch) {
       command_line_.assign(args.begin(), args.end());
     } else if (event.has_process_exit()) {
       finished_ = true;
+      exit_ = event.process_exit();
     }
   }
   for (const v1::DeviceCounters& counters : batch.counters()) {

@@ -16,8 +16,10 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -31,6 +33,14 @@ namespace {
 template <typename T>
 T Load(const T* p, int order = __ATOMIC_ACQUIRE) {
   return __atomic_load_n(p, order);
+}
+
+// The clock of Event.time_ns (RingInfo::start_monotonic_ns).
+std::uint64_t MonotonicNowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
+         static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 std::string BoundedString(const char* data, std::size_t size) {
@@ -583,7 +593,8 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
     stats.dropped = writer_drops + lost;
   }
 
-  if (cursor_ == Load(&header_->head) && !writer_alive()) {
+  const bool drained = cursor_ == Load(&header_->head);
+  if (drained && !writer_alive()) {
     // Drops counted after our first look, by the writer's last moments.
     const std::uint64_t late = Load(&header_->records_dropped, __ATOMIC_RELAXED);
     if (late > dropped_seen_) {
@@ -596,14 +607,22 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
     }
     if (!exit_seen_) {
       v1::Event* event = out->Add();
-      event->set_time_ns(last_time_ns_);
       v1::ProcessExitEvent* exit = event->mutable_process_exit();
-      const bool exited = WriterExited();
+      const bool exited = WriterExited();  // its exit path ran; only the record was lost
       exit->set_exit_code(exited ? ExitCode() : 0);
       exit->set_killed(!exited);
+      exit->set_vanished(!exited);
+      // A writer that vanished (SIGKILL, the OOM killer, abort) ended after its last event: when
+      // this reader saw it alive before, it ended between then and now, and now is the bound
+      // told; a ring found already dead says no more than its last event.
+      std::uint64_t end = std::max(last_time_ns_, info_.start_monotonic_ns);
+      if (!exited && seen_alive_) end = std::max(end, MonotonicNowNs());
+      event->set_time_ns(end);
     }
     finished_ = true;
     stats.finished = true;
+  } else if (alive == 1) {
+    seen_alive_ = true;
   }
   stats.events = static_cast<std::uint64_t>(out->size() - events_before);
   return stats;

@@ -4,7 +4,10 @@
 // fuzzing), reads the records published since its cursor, converts them into vramscope.v1.Event
 // messages, and reports the header's exact counters as DeviceCounters. It also notices drops
 // (the writers' records_dropped counter, and slots a dead writer claimed but never published)
-// and the writer's end (exited flag, or the process gone), after which it emits ProcessExit once.
+// and the writer's end (exited flag, or the process gone), after which it emits ProcessExit once:
+// the exit record's, else one it makes (ProcessExitEvent.vanished when the writer never ran its
+// exit path; timed at the first Drain that found it gone if an earlier one saw it alive, else at
+// its last event).
 //
 // Event order per ring: ProcessStart (synthesised from the header, first Drain; repeated with the
 // full device list when the shim describes another device later), then the records in ring
@@ -165,6 +168,8 @@ class RingReader {
   // records_written/records_dropped are process-wide and repeated on every entry. Empty once
   // damaged().
   std::vector<v1::DeviceCounters> Counters() const;
+  // The latest record's time (event clock), 0 before the first.
+  std::uint64_t last_time_ns() const { return last_time_ns_; }
   // The writer ran its exit path (exit_code valid).
   bool WriterExited() const;
   int ExitCode() const;
@@ -195,7 +200,8 @@ class RingReader {
   bool started_ = false;
   std::uint32_t devices_described_ = 0;  // device_info entries sent in a ProcessStart
   bool exit_seen_ = false;
-  SiteAssembler sites_;  // SITE and MODULE records -> SiteDefinition events
+  bool seen_alive_ = false;  // a Drain found the writer alive (bounds when a vanished one ended)
+  SiteAssembler sites_;      // SITE and MODULE records -> SiteDefinition events
   bool finished_ = false;
   mutable bool damaged_ = false;
   mutable std::size_t fault_offset_ = 0;

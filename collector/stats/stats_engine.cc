@@ -276,6 +276,9 @@ void ProcessStatsEngine::Add(const v1::Event& event) {
     case v1::Event::kProcessExit:
       finished_ = true;
       exit_code_ = event.process_exit().exit_code();
+      killed_ = event.process_exit().killed();
+      signal_ = event.process_exit().signal();
+      vanished_ = event.process_exit().vanished();
       break;
     case v1::Event::kDrop:
       dropped_ = Plus(dropped_, event.drop().dropped_records());
@@ -689,6 +692,9 @@ v1::Report ProcessStatsEngine::Report() const {
   report.set_saturated_events(saturated_events_);
   report.set_finished(finished_);
   report.set_exit_code(exit_code_);
+  report.set_killed(killed_);
+  report.set_signal(signal_);
+  report.set_vanished(vanished_);
   report.set_events(events_);
   // Wall-clock when the key carries the start time (the ring's), else the event clock.
   const std::uint64_t origin = has_start_ ? start_monotonic_ns_ : first_time_ns_;

@@ -166,6 +166,9 @@ class ProcessStatsEngine {
   std::uint64_t start_monotonic_ns_ = 0;
   bool finished_ = false;
   std::int32_t exit_code_ = 0;
+  bool killed_ = false;  // ProcessExitEvent: killed, signal, vanished
+  std::int32_t signal_ = 0;
+  bool vanished_ = false;
   std::uint64_t events_ = 0;
   std::uint64_t first_time_ns_ = 0;
   std::uint64_t last_time_ns_ = 0;

@@ -9,9 +9,14 @@
 #include <atomic>
 #include <cstdint>
 
+#include "vramscope/ring.h"
+
 namespace vramscope::interposer {
 
-inline constexpr int kMaxDevices = 16;
+// Devices the shim tracks: every per-device table (counters, pools' peer-access lists, graph
+// pools, the ring header) is sized from this one constant; a device past it is counted in the
+// last entry.
+inline constexpr int kMaxDevices = static_cast<int>(VRAMSCOPE_RING_MAX_DEVICES);
 
 // Ways to take memory that the shim passes through to the driver and records.
 enum class Kind : int {

@@ -115,7 +115,7 @@ Slot* CreateSlot(CUcontext ctx, int index) {
   // VMM memory is reachable only from devices granted access, whereas cuMemAlloc memory is
   // reachable from any peer once the application enables peer access: grant every device that
   // can access this one, so pooled memory behaves like cuMemAlloc memory.
-  CUmemAccessDesc access[8] = {};
+  CUmemAccessDesc access[kMaxDevices] = {};
   int access_count = 0;
   access[access_count].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   access[access_count].location.id = device;
@@ -123,7 +123,7 @@ Slot* CreateSlot(CUcontext ctx, int index) {
   int device_count = 0;
   if (use_vmm && real.cuDeviceGetCount != nullptr && real.cuDeviceCanAccessPeer != nullptr &&
       real.cuDeviceGetCount(&device_count) == CUDA_SUCCESS) {
-    for (int peer = 0; peer < device_count && access_count < 8; ++peer) {
+    for (int peer = 0; peer < device_count && access_count < kMaxDevices; ++peer) {
       int can = 0;
       if (peer == device || real.cuDeviceCanAccessPeer(&can, peer, device) != CUDA_SUCCESS ||
           !can) {
@@ -234,7 +234,7 @@ void DriverUpstream::Configure(CUcontext ctx, int device, bool vmm, std::size_t 
   device_ = device;
   vmm_ = vmm;
   granularity_ = granularity;
-  access_count_ = std::min(access_count, 8);
+  access_count_ = std::min(access_count, kMaxDevices);
   for (int i = 0; i < access_count_; ++i) access_[i] = access[i];
 }
 

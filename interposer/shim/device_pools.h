@@ -30,6 +30,7 @@
 
 #include <cuda.h>
 
+#include "counters.h"
 #include "status.h"
 #include "vramscope/pool/pool.h"
 #include "vramscope/pool/upstream.h"
@@ -83,7 +84,7 @@ class DriverUpstream final : public pool::Upstream {
   int device_ = 0;
   bool vmm_ = false;
   std::size_t granularity_ = 0;
-  CUmemAccessDesc access_[8] = {};
+  CUmemAccessDesc access_[kMaxDevices] = {};  // the owning device first, then its peers
   int access_count_ = 0;
   std::atomic<bool> dead_{false};
   std::atomic<bool> state_due_{false};

@@ -114,6 +114,45 @@ TEST_F(CollectorTest, ProbeAnswersTheStoredSequenceAndStoresNothing) {
   EXPECT_EQ(collector->GetReport(Key(30))->events(), 4u);
 }
 
+// A process that vanished (killed) is told so in ListProcesses, Watch's snapshot and its
+// report, also after a restart (from the stored log), never as "exited 0".
+TEST_F(CollectorTest, KilledProcessIsToldKilledEverywhere) {
+  auto killed_batch = [](uint64_t sequence) {
+    v1::EventBatch batch = ExitBatch(Key(40), sequence, 0);
+    v1::ProcessExitEvent* exit = batch.mutable_events(0)->mutable_process_exit();
+    exit->set_killed(true);
+    exit->set_signal(9);
+    exit->set_vanished(true);
+    return batch;
+  };
+  auto expect_killed = [](Collector& collector) {
+    const v1::ListProcessesResponse list = collector.ListProcesses(true);
+    ASSERT_EQ(list.processes_size(), 1);
+    EXPECT_TRUE(list.processes(0).finished());
+    EXPECT_TRUE(list.processes(0).killed());
+    EXPECT_EQ(list.processes(0).signal(), 9);
+    EXPECT_TRUE(list.processes(0).vanished());
+    const v1::StatsUpdate update = collector.Snapshot({});
+    ASSERT_EQ(update.processes_size(), 1);
+    EXPECT_TRUE(update.processes(0).killed());
+    EXPECT_EQ(update.processes(0).signal(), 9);
+    const absl::StatusOr<v1::Report> report = collector.GetReport(Key(40));
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_TRUE(report->finished());
+    EXPECT_TRUE(report->killed());
+    EXPECT_EQ(report->signal(), 9);
+    EXPECT_TRUE(report->vanished());
+  };
+  {
+    auto collector = Open();
+    ASSERT_TRUE(collector->Ingest(Batch(Key(40), 1, 3)).ok());
+    ASSERT_TRUE(collector->Ingest(killed_batch(2)).ok());
+    expect_killed(*collector);
+  }
+  auto reopened = Open();
+  expect_killed(*reopened);
+}
+
 TEST_F(CollectorTest, ProbeOfAProcessLoadedAtStartAnswers) {
   {
     auto collector = Open();

@@ -166,6 +166,19 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuDeviceGetCount(int* count) {
   return CUDA_SUCCESS;
 }
 
+// Every pair of distinct devices is peer-capable, as on an NVLink/NVSwitch node.
+VRAMSCOPE_FAKE_EXPORT CUresult cuDeviceCanAccessPeer(int* can_access, CUdevice dev, CUdevice peer) {
+  Call call("cuDeviceCanAccessPeer");
+  if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
+  if (can_access == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!vramscope::fake::ValidDevice(call.state(), dev) ||
+      !vramscope::fake::ValidDevice(call.state(), peer)) {
+    return CUDA_ERROR_INVALID_DEVICE;
+  }
+  *can_access = dev != peer ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
 VRAMSCOPE_FAKE_EXPORT CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
   Call call("cuDeviceGetName");
   if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;

@@ -171,6 +171,15 @@ VRAMSCOPE_FAKE_EXPORT int vramscope_fake_live_mappings(void) {
   return static_cast<int>(s.mappings.size());
 }
 
+VRAMSCOPE_FAKE_EXPORT uint32_t vramscope_fake_access_devices(uint64_t ptr) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.mappings.upper_bound(ptr);
+  if (it == s.mappings.begin()) return 0;
+  --it;
+  return ptr - it->first < it->second.size ? it->second.access_devices : 0;
+}
+
 VRAMSCOPE_FAKE_EXPORT int vramscope_fake_active_captures(void) {
   State& s = GlobalState();
   std::lock_guard<std::mutex> lock(s.mu);

@@ -36,7 +36,8 @@ void vramscope_fake_reset(void);
 // beyond it fail with CUDA_ERROR_OUT_OF_MEMORY. Returns 0, or -1 for a device out of range.
 int vramscope_fake_set_capacity(int device, size_t bytes);
 
-// Number of devices reported by cuDeviceGetCount (1 or 2). Returns 0, or -1 if out of range.
+// Number of devices reported by cuDeviceGetCount (1 to 16; default 2, or VRAMSCOPE_FAKE_DEVICES).
+// Returns 0, or -1 if out of range.
 int vramscope_fake_set_device_count(int count);
 
 // Manual event completion. Off (default): work "finishes" as soon as it is submitted, so
@@ -108,6 +109,9 @@ void vramscope_fake_set_array_requirements(int for_all);
 // Number of live VA reservations (cuMemAddressReserve) and of live mappings (cuMemMap).
 int vramscope_fake_live_reservations(void);
 int vramscope_fake_live_mappings(void);
+// The devices the last cuMemSetAccess granted access (read or read-write) to the VMM mapping
+// containing `ptr`: bit d for device d; 0 when no mapping contains it.
+uint32_t vramscope_fake_access_devices(uint64_t ptr);
 
 // Number of stream captures begun and not yet ended, and how many of those were invalidated
 // by a prohibited call.

@@ -101,7 +101,7 @@ TEST_F(FakeDriverTest, LiveCountersFollowAllocations) {
   EXPECT_EQ(vramscope_fake_live_bytes(0), 0u);
   EXPECT_EQ(vramscope_fake_live_allocations(0), 0);
   EXPECT_EQ(vramscope_fake_live_host_allocations(), 0);
-  EXPECT_EQ(vramscope_fake_live_bytes(7), static_cast<size_t>(-1));
+  EXPECT_EQ(vramscope_fake_live_bytes(16), static_cast<size_t>(-1));  // past the 16 devices
 }
 
 TEST_F(FakeDriverTest, CapacityIsSettable) {
@@ -118,7 +118,7 @@ TEST_F(FakeDriverTest, CapacityIsSettable) {
   ASSERT_EQ(cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
   EXPECT_EQ(free, 2 * kMiB);
   EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
-  EXPECT_EQ(vramscope_fake_set_capacity(2, kMiB), -1);
+  EXPECT_EQ(vramscope_fake_set_capacity(16, kMiB), -1);  // past the 16 devices
 }
 
 TEST_F(FakeDriverTest, ProcAddressSelectsVersionAndStreamFlavour) {
@@ -532,6 +532,8 @@ TEST_F(FakeDriverTest, VmmAccountingAndReservations) {
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   ASSERT_EQ(cuMemSetAccess(va, 4 * kMiB, &access, 1), CUDA_SUCCESS);  // spans both mappings
+  EXPECT_EQ(vramscope_fake_access_devices(va + 3 * kMiB), 1u << 1);   // recorded per mapping
+  EXPECT_EQ(vramscope_fake_access_devices(va + 4 * kMiB), 0u);        // not mapped
   memset(reinterpret_cast<void*>(va), 0x11, 4 * kMiB);
   EXPECT_EQ(cuMemAddressFree(va, size_t{128} << 30), CUDA_ERROR_INVALID_VALUE);  // still mapped
   EXPECT_EQ(cuMemUnmap(va, kMiB), CUDA_ERROR_INVALID_VALUE);  // must cover whole mappings
@@ -640,6 +642,45 @@ TEST_F(FakeDriverTest, PointerAttributesOfUnknownPointers) {
   EXPECT_EQ(cuPointerGetAttribute(&id2, CU_POINTER_ATTRIBUTE_BUFFER_ID, p), CUDA_SUCCESS);
   EXPECT_NE(id1, id2);  // never reused
   EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
+// Every pair of distinct devices is peer-capable; grown to 16 devices, the last one's memory
+// records access granted to all of them.
+TEST_F(FakeDriverTest, PeersAndAccessOfSixteenDevices) {
+  int can = -1;
+  ASSERT_EQ(cuDeviceCanAccessPeer(&can, 0, 1), CUDA_SUCCESS);
+  EXPECT_EQ(can, 1);
+  ASSERT_EQ(cuDeviceCanAccessPeer(&can, 1, 1), CUDA_SUCCESS);
+  EXPECT_EQ(can, 0);
+  EXPECT_EQ(cuDeviceCanAccessPeer(&can, 0, 2), CUDA_ERROR_INVALID_DEVICE);
+  ASSERT_EQ(vramscope_fake_set_device_count(16), 0);
+  EXPECT_EQ(vramscope_fake_set_device_count(17), -1);
+  ASSERT_EQ(cuDeviceCanAccessPeer(&can, 0, 15), CUDA_SUCCESS);
+  EXPECT_EQ(can, 1);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 15;
+  CUmemGenericAllocationHandle h = 0;
+  ASSERT_EQ(cuMemCreate(&h, 2 * kMiB, &prop, 0), CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_live_bytes(15), 2 * kMiB);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(cuMemAddressReserve(&va, 2 * kMiB, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemMap(va, 2 * kMiB, 0, h, 0), CUDA_SUCCESS);
+  CUmemAccessDesc access[16] = {};
+  for (int d = 0; d < 16; ++d) {
+    access[d].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[d].location.id = d;
+    access[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  ASSERT_EQ(cuMemSetAccess(va, 2 * kMiB, access, 16), CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_access_devices(va), 0xffffu);
+  ASSERT_EQ(cuMemSetAccess(va, 2 * kMiB, access + 15, 1), CUDA_SUCCESS);  // replaced, not added
+  EXPECT_EQ(vramscope_fake_access_devices(va), 1u << 15);
+  ASSERT_EQ(cuMemUnmap(va, 2 * kMiB), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemRelease(h), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAddressFree(va, 2 * kMiB), CUDA_SUCCESS);
+  ASSERT_EQ(vramscope_fake_set_device_count(2), 0);
 }
 
 // Run by a separate meson test with VRAMSCOPE_FAKE_DEVICES=1 and VRAMSCOPE_FAKE_CAPACITY set.

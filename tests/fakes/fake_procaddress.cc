@@ -67,6 +67,7 @@ const Entry kTable[] = {
     VRAMSCOPE_E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     VRAMSCOPE_E("cuCtxSynchronize", 2000, cuCtxSynchronize),
     VRAMSCOPE_E("cuCtxSynchronize", 13000, cuCtxSynchronize_v2),
+    VRAMSCOPE_E("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
     VRAMSCOPE_E("cuDeviceGet", 2000, cuDeviceGet),
     VRAMSCOPE_E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
     VRAMSCOPE_E("cuDeviceGetCount", 2000, cuDeviceGetCount),

@@ -27,9 +27,9 @@ void ConfigureFromEnv(State& s) {
     s.devices[d].primary.device = d;
     s.devices[d].default_pool.device = d;
   }
-  size_t devices = EnvSize("VRAMSCOPE_FAKE_DEVICES", kMaxDevices);
+  size_t devices = EnvSize("VRAMSCOPE_FAKE_DEVICES", kDefaultDevices);
   s.device_count =
-      (devices >= 1 && devices <= kMaxDevices) ? static_cast<int>(devices) : kMaxDevices;
+      (devices >= 1 && devices <= kMaxDevices) ? static_cast<int>(devices) : kDefaultDevices;
   s.manual_events = EnvSize("VRAMSCOPE_FAKE_MANUAL_EVENTS", 0) != 0;
   s.blocking_sync = false;
   const char* requirements = getenv("VRAMSCOPE_FAKE_ARRAY_REQUIREMENTS");

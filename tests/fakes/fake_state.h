@@ -36,7 +36,10 @@
 
 namespace vramscope::fake {
 
-inline constexpr int kMaxDevices = 2;
+// Devices the fake can report (VRAMSCOPE_FAKE_DEVICES, vramscope_fake_set_device_count) and how
+// many it reports by default.
+inline constexpr int kMaxDevices = 16;
+inline constexpr int kDefaultDevices = 2;
 inline constexpr int kDriverVersion = 13000;  // what cuDriverGetVersion reports (CUDA 13.0)
 inline constexpr size_t kDefaultCapacity = size_t{16} << 30;
 inline constexpr size_t kVmmGranularity = size_t{2} << 20;  // cuMemGetAllocationGranularity
@@ -84,8 +87,8 @@ struct CUgraph_st {
 // pool, and whether they are mapped now (instantiate, upload and launch map; a trim unmaps).
 struct CUgraphExec_st {
   CUctx_st* ctx = nullptr;
-  size_t need[2] = {0, 0};  // per device (kMaxDevices)
-  bool mapped[2] = {false, false};
+  size_t need[vramscope::fake::kMaxDevices] = {};  // per device
+  bool mapped[vramscope::fake::kMaxDevices] = {};
 };
 
 // A CUDA array or mipmapped array (cuArrayCreate_v2, cuArray3DCreate_v2, cuMipmappedArrayCreate).
@@ -154,6 +157,8 @@ struct Mapping {
   CUmemGenericAllocationHandle handle = 0;
   size_t offset = 0;
   CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;  // set by cuMemSetAccess
+  // Bit d: the last cuMemSetAccess granted device d read or read-write access.
+  uint32_t access_devices = 0;
 };
 
 struct Device {
@@ -176,7 +181,7 @@ struct State {
 
   bool initialized = false;        // cuInit succeeded in this process
   bool forked_after_init = false;  // set in a fork child of an initialised process
-  int device_count = kMaxDevices;
+  int device_count = kDefaultDevices;
   bool manual_events = false;
   bool blocking_sync = false;
   Device devices[kMaxDevices];

@@ -272,6 +272,7 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
   if (tiles.empty()) return CUDA_ERROR_INVALID_VALUE;
   // The host stands in for every device: the widest access granted to any device applies.
   CUmemAccess_flags access = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  uint32_t devices = 0;  // recorded for vramscope_fake_access_devices
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         !fake::ValidDevice(s, desc[i].location.id)) {
@@ -283,10 +284,14 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
       return CUDA_ERROR_INVALID_VALUE;
     }
     access = static_cast<CUmemAccess_flags>(access | desc[i].flags);
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) devices |= 1u << desc[i].location.id;
   }
   if (mprotect(reinterpret_cast<void*>(ptr), size, fake::Prot(access)) != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  for (auto it : tiles) it->second.access = access;
+  for (auto it : tiles) {
+    it->second.access = access;
+    it->second.access_devices = devices;
+  }
   return CUDA_SUCCESS;
 }

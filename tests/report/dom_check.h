@@ -220,7 +220,11 @@ inline void AddExpectedPaths(const google::protobuf::Message& message, const std
     }
     if (name == "DeviceInfo" && field->name() == "ordinal") continue;
     if (name == "ProcessKey" && field->name() == "start_time_ns") continue;
-    if (name == "Report" && field->name() == "exit_code" && !finished) continue;
+    if (name == "Report" && !finished &&
+        (field->name() == "exit_code" || field->name() == "killed" || field->name() == "signal" ||
+         field->name() == "vanished")) {
+      continue;  // still running: how it ended is not shown
+    }
     if (field->is_map()) {
       for (int k = 0; k < reflection->FieldSize(message, field); ++k) {
         const pb::Message& entry = reflection->GetRepeatedMessage(message, field, k);

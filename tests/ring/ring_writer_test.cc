@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -220,6 +221,77 @@ TEST(RingWriterTest, CloseKeepsTheFileForTheReader) {
   EXPECT_TRUE(stats->finished);
   ASSERT_EQ(events.size(), 3);  // start, alloc, exit (killed: no exit path ran)
   EXPECT_TRUE(events[2].process_exit().killed());
+}
+
+std::uint64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// A writer gone without its exit path: killed and vanished, signal unknown, and timed no
+// earlier than its last event; when the reader saw it alive before, at the drain that found it
+// gone (not at its last event, which may be long before).
+TEST(RingWriterTest, VanishedWriterEndsWhenTheReaderFoundItGone) {
+  TempDir dir;
+  RingWriter writer;
+  ASSERT_EQ(writer.Open({.dir = dir.path().c_str()}), RingError::kOk);
+  ASSERT_TRUE(writer.RecordAlloc(0, 1, 8, 8, VRAMSCOPE_RING_ALLOC_POOLED));
+  bool alive = true;
+  agent::RingReader::Options options;
+  options.writer_alive = [&alive](const agent::RingInfo&) { return alive; };
+  auto reader = agent::RingReader::OpenFile(writer.path(), options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  google::protobuf::RepeatedPtrField<v1::Event> events;
+  ASSERT_TRUE((*reader)->Drain(&events).ok());
+  ASSERT_FALSE((*reader)->finished());
+  ASSERT_EQ(events.size(), 2);  // start, alloc
+  const std::uint64_t last_event = events[1].time_ns();
+  alive = false;
+  const std::uint64_t before_drain = MonotonicNs();
+  ASSERT_GT(before_drain, last_event);
+  events.Clear();
+  ASSERT_TRUE((*reader)->Drain(&events).ok());
+  ASSERT_TRUE((*reader)->finished());
+  ASSERT_EQ(events.size(), 1);
+  const v1::ProcessExitEvent& exit = events[0].process_exit();
+  EXPECT_TRUE(exit.killed());
+  EXPECT_TRUE(exit.vanished());
+  EXPECT_EQ(exit.signal(), 0);
+  EXPECT_GE(events[0].time_ns(), before_drain);
+  EXPECT_LE(events[0].time_ns(), MonotonicNs());
+}
+
+// Found already gone (never seen alive): its last event is all the reader knows.
+TEST(RingWriterTest, WriterFoundGoneEndsAtItsLastEvent) {
+  TempDir dir;
+  RingWriter writer;
+  ASSERT_EQ(writer.Open({.dir = dir.path().c_str()}), RingError::kOk);
+  ASSERT_TRUE(writer.RecordAlloc(0, 1, 8, 8, VRAMSCOPE_RING_ALLOC_POOLED));
+  auto reader = agent::RingReader::OpenFile(writer.path(), DeadWriter());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  google::protobuf::RepeatedPtrField<v1::Event> events;
+  ASSERT_TRUE((*reader)->Drain(&events).ok());
+  ASSERT_EQ(events.size(), 3);
+  EXPECT_TRUE(events[2].process_exit().vanished());
+  EXPECT_EQ(events[2].time_ns(), events[1].time_ns());
+}
+
+// An exit record: exited with its code, not vanished.
+TEST(RingWriterTest, ExitRecordIsNotVanished) {
+  TempDir dir;
+  RingWriter writer;
+  ASSERT_EQ(writer.Open({.dir = dir.path().c_str()}), RingError::kOk);
+  writer.MarkExited(4);
+  auto reader = agent::RingReader::OpenFile(writer.path(), DeadWriter());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  google::protobuf::RepeatedPtrField<v1::Event> events;
+  ASSERT_TRUE((*reader)->Drain(&events).ok());
+  ASSERT_EQ(events.size(), 2);
+  EXPECT_FALSE(events[1].process_exit().killed());
+  EXPECT_FALSE(events[1].process_exit().vanished());
+  EXPECT_EQ(events[1].process_exit().exit_code(), 4);
 }
 
 TEST(RingWriterTest, DeviceDescribedLaterRepeatsProcessStart) {

@@ -1,12 +1,20 @@
 // A stand-in for a CUDA program under the shim: writes the records the shim would (pool reserve,
 // NVTX ranges, allocations, frees) into a ring in $VRAMSCOPE_RING_DIR, then exits as told.
 //
-//   run_fake_app [--allocs N] [--size BYTES] [--leak K] [--fork] [--oom] [--exit CODE]
-//                [--signal SIG] [--file NAME]
+//   run_fake_app [--allocs N] [--size BYTES] [--leak K] [--fork] [--fork-killed] [--oom]
+//                [--orphan-ms MS] [--exit CODE] [--signal SIG] [--abort] [--linger-ms MS]
+//                [--file NAME]
 // --file NAME is ignored: it puts NAME (any bytes) on the command line the ring records.
 // Pool: one reserve of N * size rounded up to 2 MiB; each block's allocated size is the
 // request rounded up to 512 bytes. --leak K leaves the last K blocks unfreed. --fork: a child
 // (with its own ring, as the shim does after fork) allocates N/2 blocks and exits 0 first.
+// --fork-killed: the child allocates N/2 blocks, frees none, and is killed with SIGKILL by this
+// process (no exit record: it vanishes), which then goes on. After its workload the program
+// works --linger-ms more (a sleep standing for work without allocations), then raises --signal
+// SIG, or calls abort() with --abort, or exits with --exit CODE through its exit record.
+// --orphan-ms MS: a child with its own ring allocates N/2 blocks and outlives this process by
+// about MS ms (this process goes on once the child's ring exists), then exits 4 through its
+// exit record.
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +62,8 @@ void Workload(RingWriter& ring, std::uint64_t allocs, std::uint64_t size, std::u
 int main(int argc, char** argv) {
   std::uint64_t allocs = 10, size = 1 << 20, leak = 0;
   int exit_code = 0, sig = 0;
-  bool fork_child = false, oom = false;
+  bool fork_child = false, fork_killed = false, oom = false, do_abort = false;
+  unsigned linger_ms = 0, orphan_ms = 0;
   for (int i = 1; i < argc; ++i) {
     const char* arg = argv[i];
     const char* next = i + 1 < argc ? argv[i + 1] : "0";
@@ -70,6 +79,14 @@ int main(int argc, char** argv) {
       sig = atoi(next), ++i;
     } else if (strcmp(arg, "--fork") == 0) {
       fork_child = true;
+    } else if (strcmp(arg, "--fork-killed") == 0) {
+      fork_killed = true;
+    } else if (strcmp(arg, "--abort") == 0) {
+      do_abort = true;
+    } else if (strcmp(arg, "--orphan-ms") == 0) {
+      orphan_ms = static_cast<unsigned>(atoi(next)), ++i;
+    } else if (strcmp(arg, "--linger-ms") == 0) {
+      linger_ms = static_cast<unsigned>(atoi(next)), ++i;
     } else if (strcmp(arg, "--oom") == 0) {
       oom = true;
     } else if (strcmp(arg, "--file") == 0) {
@@ -104,7 +121,50 @@ int main(int argc, char** argv) {
     int status = 0;
     waitpid(child, &status, 0);
   }
+  if (fork_killed) {
+    int ready[2];
+    if (pipe(ready) != 0) return 70;
+    const pid_t child = fork();
+    if (child == 0) {
+      RingWriter own;
+      ring.Close();
+      if (recording && own.Open({.dir = dir}) == RingError::kOk) {
+        Workload(own, allocs / 2, size, allocs / 2, false);
+      }
+      const char byte = 1;
+      if (write(ready[1], &byte, 1) != 1) _exit(71);
+      for (;;) pause();  // until killed
+    }
+    close(ready[1]);
+    char byte = 0;
+    if (read(ready[0], &byte, 1) != 1) return 72;
+    close(ready[0]);
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+  }
+  if (orphan_ms > 0) {
+    int ready[2];
+    if (pipe(ready) != 0) return 70;
+    if (fork() == 0) {
+      RingWriter own;
+      ring.Close();
+      const bool mine = recording && own.Open({.dir = dir}) == RingError::kOk;
+      if (mine) Workload(own, allocs / 2, size, 0, false);
+      const char byte = 1;
+      if (write(ready[1], &byte, 1) != 1) _exit(71);
+      usleep(orphan_ms * 1000u);
+      if (mine) own.MarkExited(4);
+      _exit(4);
+    }
+    close(ready[1]);
+    char byte = 0;
+    if (read(ready[0], &byte, 1) != 1) return 72;
+    close(ready[0]);
+  }
   if (recording) Workload(ring, allocs, size, leak, oom);
+  if (linger_ms > 0) usleep(linger_ms * 1000u);
+  if (do_abort) abort();
   if (sig != 0) raise(sig);
   if (recording) ring.MarkExited(exit_code);
   return exit_code;

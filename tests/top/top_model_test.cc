@@ -298,7 +298,8 @@ TEST(TopModelTest, PlainLinesAreKeyValue) {
   EXPECT_EQ(model.PlainLine(model.rows()[0]),
             "time_ns=1000000000 host=node1 pid=100 device=0 allocated=262144000 "
             "peak_allocated=524288000 reserved=314572800 peak_reserved=629145600 "
-            "fragmentation=0.250 allocs_per_s=7.5 ooms=1 finished=0 cmd=python train.py");
+            "fragmentation=0.250 allocs_per_s=7.5 ooms=1 finished=0 killed=0 signal=0 cmd=python "
+            "train.py");
 }
 
 TEST(TopModelTest, UpdateFromReportsKeepsEveryProcessAndDevice) {

@@ -323,7 +323,8 @@ TEST_F(TopTest, PlainLinesWhenNotATerminal) {
   EXPECT_THAT(lines[0], HasSubstr(" host=node1 pid=4242 device=0 allocated=471859200 "
                                   "peak_allocated=471859200 reserved=536870912 "
                                   "peak_reserved=536870912 fragmentation=0.500 "));
-  EXPECT_THAT(lines[0], HasSubstr(" ooms=0 finished=0 cmd=python train.py --model gpt2"));
+  EXPECT_THAT(lines[0],
+              HasSubstr(" ooms=0 finished=0 killed=0 signal=0 cmd=python train.py --model gpt2"));
   EXPECT_THAT(lines[1], HasSubstr(" pid=4242 device=1 allocated=134217728 "));
   EXPECT_THAT(lines[1], HasSubstr(" ooms=1 "));
   EXPECT_THAT(lines[2], HasSubstr(" pid=777 device=0 allocated=16777216 "));
@@ -443,7 +444,7 @@ TEST_F(LiveTest, PlainLinesWhenNotATerminal) {
   const std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
   ASSERT_FALSE(lines.empty());
   EXPECT_THAT(lines.back(), HasSubstr(" device=0 allocated=0 peak_allocated=58720256 "));
-  EXPECT_THAT(lines.back(), HasSubstr(" finished=1 cmd="));
+  EXPECT_THAT(lines.back(), HasSubstr(" finished=1 killed=0 signal=0 cmd="));
 }
 
 }  // namespace

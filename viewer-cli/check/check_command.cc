@@ -4,6 +4,7 @@
 
 #include <absl/status/statusor.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include <stdlib.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "check/compare.h"
 #include "check/report_file.h"
 #include "command.h"
+#include "run/process_end.h"
 #include "run/size.h"
 
 namespace vramscope::cli {
@@ -30,6 +32,7 @@ struct CheckOptions {
   std::string junit_path;
   bool update_baseline = false;
   bool allow_empty = false;
+  bool allow_killed = false;
   CompareOptions compare;
 };
 
@@ -37,7 +40,7 @@ void PrintCheckUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: vramscope check --baseline FILE --report FILE [--tolerance PCT] [--new-floor SIZE]\n"
-      "                       [--junit FILE] [--update-baseline] [--allow-empty]\n"
+      "                       [--junit FILE] [--allow-killed] [--allow-empty] [--update-baseline]\n"
       "\n"
       "Compares the peaks in a `vramscope run --json` report with a baseline report (the same\n"
       "format: one Report, or {\"reports\": [...]}) and fails when one grew.\n"
@@ -63,6 +66,9 @@ void PrintCheckUsage(std::FILE* out) {
       "                      4096, 512KiB, 1.5GB)\n"
       "  --junit FILE        also write JUnit XML: a testcase per figure, a failure per\n"
       "                      regression, removed figures skipped\n"
+      "  --allow-killed      a process of the report that was killed (by a signal, or vanished\n"
+      "                      without an exit record: its peaks may be short of a full run)\n"
+      "                      is only listed; without it, it fails the check\n"
       "  --update-baseline   check that --report is a valid report, print the comparison with\n"
       "                      the old baseline when there is a readable one, then replace the\n"
       "                      baseline with the report file (atomically) and exit 0\n"
@@ -76,9 +82,10 @@ void PrintCheckUsage(std::FILE* out) {
       "now, delta, delta %%) and a summary line on stdout; problems on stderr. With\n"
       "GITHUB_ACTIONS=true in the environment, also GitHub annotations on stdout: ::error per\n"
       "regression, ::notice per improvement.\n"
-      "exit status: 0 no regression (or baseline updated), 1 regression, 2 usage error, input\n"
-      "file missing, unreadable, not a report or empty (without --allow-empty), or (when\n"
-      "nothing regressed) a --junit file that cannot be written.\n");
+      "exit status: 0 no regression (or baseline updated), 1 regression or a killed process\n"
+      "(without --allow-killed), 2 usage error, input file missing, unreadable, not a report or\n"
+      "empty (without --allow-empty), or (when nothing regressed) a --junit file that cannot be\n"
+      "written.\n");
 }
 
 std::optional<double> ParseTolerance(std::string text) {
@@ -139,6 +146,8 @@ std::optional<CheckOptions> ParseArgs(int argc, char** argv, bool* help) {
       options.update_baseline = true;
     } else if (flag == "--allow-empty" && !args.HasInlineValue()) {
       options.allow_empty = true;
+    } else if (flag == "--allow-killed" && !args.HasInlineValue()) {
+      options.allow_killed = true;
     } else {
       std::fprintf(stderr, "vramscope check: unknown argument '%s'\n", std::string(arg).c_str());
       return std::nullopt;
@@ -175,6 +184,21 @@ bool AcceptEmptiness(const CheckOptions& options, std::string_view role, const s
 bool InGitHubActions() {
   const char* value = getenv("GITHUB_ACTIONS");
   return value != nullptr && std::string_view(value) == "true";
+}
+
+// Lists the report's processes that were killed (or vanished) on stdout; returns how many.
+int ListKilled(const std::vector<v1::Report>& reports, bool allowed) {
+  int killed = 0;
+  for (const v1::Report& report : reports) {
+    if (!report.finished() || !report.killed()) continue;
+    ++killed;
+    std::fprintf(
+        stdout, "%s: pid %u (%s) %s: its figures may be short of a full run\n",
+        allowed ? "allowed (--allow-killed)" : "FAIL", report.process().pid(),
+        report.command_line().empty() ? "?" : absl::StrJoin(report.command_line(), " ").c_str(),
+        ProcessEndText(true, report.exit_code(), true, report.signal()).c_str());
+  }
+  return killed;
 }
 
 int UpdateBaseline(const CheckOptions& options) {
@@ -262,7 +286,10 @@ int RunCheck(int argc, char** argv) {
       outputs_ok = false;
     }
   }
+  const int killed = ListKilled(*report, options.allow_killed);
+  std::fflush(stdout);
   if (comparison.Count(Verdict::kRegression) > 0) return kExitCheckFailed;
+  if (killed > 0 && !options.allow_killed) return kExitCheckFailed;
   return outputs_ok ? kExitOk : kExitUsage;
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 
+#include "run/process_end.h"
 #include "run/size.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 
@@ -90,15 +91,16 @@ absl::StatusOr<v1::Report> FetchCollectorReport(const CollectorQuery& query, std
 }
 
 std::string FormatProcessList(const v1::ListProcessesResponse& list) {
-  std::string out = absl::StrFormat("%-20s %8s %-9s %10s %12s  %s\n", "HOST", "PID", "STATUS",
+  std::string out = absl::StrFormat("%-20s %8s %-15s %10s %12s  %s\n", "HOST", "PID", "STATUS",
                                     "EVENTS", "PEAK RESERVED", "COMMAND");
   for (const v1::ProcessSummary& process : list.processes()) {
-    absl::StrAppendFormat(&out, "%-20s %8d %-9s %10d %13s  %s\n", process.process().host(),
-                          process.process().pid(), process.finished() ? "exited" : "running",
-                          process.events(), FormatBytes(process.peak_reserved_bytes()),
-                          process.command_line().empty()
-                              ? std::string("?")
-                              : absl::StrJoin(process.command_line(), " "));
+    const std::string status =
+        process.finished() ? ProcessEndTag(true, process.killed(), process.signal()) : "running";
+    absl::StrAppendFormat(
+        &out, "%-20s %8d %-15s %10d %13s  %s\n", process.process().host(), process.process().pid(),
+        status, process.events(), FormatBytes(process.peak_reserved_bytes()),
+        process.command_line().empty() ? std::string("?")
+                                       : absl::StrJoin(process.command_line(), " "));
   }
   return out;
 }

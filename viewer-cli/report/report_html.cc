@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "run/process_end.h"
 #include "run/size.h"
 #include "vramscope/json/json_string.h"
 
@@ -305,12 +306,24 @@ void Page::Process(const v1::Report& report, int r) {
   out_ += "</tr>\n";
   row("status, exit code");
   Cell(p + ".finished", "finished", Unit::kEnum, report.finished() ? "true" : "false",
-       report.finished() ? "exited" : "still running");
+       report.finished()
+           ? ProcessEndText(true, report.exit_code(), report.killed(), report.signal())
+           : "still running");
   if (report.finished()) {
     Cell(p + ".exit_code", "exit_code", Unit::kCount, absl::StrCat(report.exit_code()),
          absl::StrCat(report.exit_code()));
   }
   out_ += "</tr>\n";
+  if (report.finished()) {
+    row("killed, signal, vanished");
+    Cell(p + ".killed", "killed", Unit::kEnum, report.killed() ? "true" : "false",
+         report.killed() ? "killed" : "not killed");
+    Cell(p + ".signal", "signal", Unit::kCount, absl::StrCat(report.signal()),
+         absl::StrCat(report.signal()), report.signal() > 0 ? SignalName(report.signal()) : "");
+    Cell(p + ".vanished", "vanished", Unit::kEnum, report.vanished() ? "true" : "false",
+         report.vanished() ? "no exit record" : "exit record written");
+    out_ += "</tr>\n";
+  }
   row("started");
   {
     const absl::Time start = absl::FromUnixNanos(

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "run/process_end.h"
 #include "run/size.h"
 #include "run/symbolize.h"
 
@@ -37,8 +38,8 @@ std::string FormatRunReport(const v1::Report& report, std::string_view full_form
   std::string out;
   const std::string command =
       report.command_line().empty() ? "?" : absl::StrJoin(report.command_line(), " ");
-  std::string status = report.finished() ? absl::StrCat("exited ", report.exit_code())
-                                         : std::string("still running");
+  std::string status =
+      ProcessEndText(report.finished(), report.exit_code(), report.killed(), report.signal());
   std::uint64_t dropped = 0;
   for (const v1::DeviceReport& d : report.devices())
     dropped = std::max(dropped, d.dropped_records());

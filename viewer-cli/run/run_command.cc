@@ -14,6 +14,7 @@
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -332,8 +333,17 @@ int Supervise(pid_t child, RingSession& session, RunLiveView* live) {
       poll(nullptr, 0, kPollIntervalMs);
     }
     const pid_t done = waitpid(child, &status, WNOHANG);
-    if (done == child) break;
-    if (done < 0 && errno != EINTR) break;
+    if (done == child) {
+      timespec now{};
+      clock_gettime(CLOCK_MONOTONIC, &now);  // the event clock
+      session.ChildExited(status, static_cast<std::uint64_t>(now.tv_sec) * 1000000000u +
+                                      static_cast<std::uint64_t>(now.tv_nsec));
+      break;
+    }
+    if (done < 0 && errno != EINTR) {
+      session.ChildExited(-1, 0);
+      break;
+    }
   }
   if (pidfd >= 0) close(pidfd);
   return status;
@@ -493,6 +503,7 @@ int RunRun(int argc, char** argv) {
     exit_code = 126;
   } else {
     g_child = child;
+    session.WatchChild(static_cast<std::uint32_t>(child));
     const int status = Supervise(child, session, live.get());
     g_child = 0;
     if (exec_errno != 0) {

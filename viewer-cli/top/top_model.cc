@@ -8,6 +8,8 @@
 #include <cmath>
 #include <set>
 
+#include "run/process_end.h"
+
 namespace vramscope::cli::top {
 namespace {
 
@@ -104,6 +106,10 @@ v1::StatsUpdate UpdateFromReports(const std::vector<v1::Report>& reports, std::u
     *stats->mutable_process() = report.process();
     *stats->mutable_command_line() = report.command_line();
     stats->set_finished(report.finished());
+    stats->set_exit_code(report.exit_code());
+    stats->set_killed(report.killed());
+    stats->set_signal(report.signal());
+    stats->set_vanished(report.vanished());
     *stats->mutable_devices() = report.devices();
   }
   return update;
@@ -160,6 +166,8 @@ void TopModel::Update(const v1::StatsUpdate& update) {
       row.device = device.device().ordinal();
       row.key = RowKeyText(process_key, row.device);
       row.finished = stats.finished();
+      row.killed = stats.killed();
+      row.signal = stats.signal();
       row.allocated = device.current_allocated_bytes();
       row.peak_allocated = device.peak_allocated_bytes();
       row.reserved = device.current_reserved_bytes();
@@ -400,7 +408,9 @@ std::string TopModel::HeaderLine(std::size_t width) const {
 
 std::string TopModel::RowLine(const Row& row, std::size_t width) const {
   std::string command = row.display;
-  if (row.finished) command = absl::StrCat("[exited] ", command);
+  if (row.finished) {
+    command = absl::StrCat("[", ProcessEndTag(true, row.killed, row.signal), "] ", command);
+  }
   std::string line =
       absl::StrCat(Fit(absl::StrCat(row.process.pid()), kPidWidth, true),
                    Fit(absl::StrCat(row.device), kDevWidth, true),
@@ -418,10 +428,12 @@ std::string TopModel::RowLine(const Row& row, std::size_t width) const {
 std::string TopModel::PlainLine(const Row& row) const {
   return absl::StrFormat(
       "time_ns=%d host=%s pid=%d device=%d allocated=%d peak_allocated=%d reserved=%d "
-      "peak_reserved=%d fragmentation=%.3f allocs_per_s=%.1f ooms=%d finished=%d cmd=%s",
+      "peak_reserved=%d fragmentation=%.3f allocs_per_s=%.1f ooms=%d finished=%d killed=%d "
+      "signal=%d cmd=%s",
       time_ns_, row.process.host().empty() ? "-" : row.process.host(), row.process.pid(),
       row.device, row.allocated, row.peak_allocated, row.reserved, row.peak_reserved,
-      row.fragmentation, row.alloc_rate, row.ooms, row.finished ? 1 : 0, row.command);
+      row.fragmentation, row.alloc_rate, row.ooms, row.finished ? 1 : 0, row.killed ? 1 : 0,
+      row.signal, row.command);
 }
 
 }  // namespace vramscope::cli::top

@@ -45,6 +45,8 @@ struct Row {
   std::string display;  // the same with the program's directory left out (the table's text)
   std::uint32_t device = 0;
   bool finished = false;
+  bool killed = false;      // ended by a signal or vanished without an exit record
+  std::int32_t signal = 0;  // the signal, when known
   std::uint64_t allocated = 0;
   std::uint64_t peak_allocated = 0;
   std::uint64_t reserved = 0;

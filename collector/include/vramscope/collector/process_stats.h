@@ -1,5 +1,5 @@
 // Statistics of one process as the collector keeps them: the stats engine (collector/stats/)
-// builds reports; a few cheap figures (event count, command line, finished, peak reserved) are
+// builds reports; a few cheap figures (event count, command line, how it ended, peak reserved) are
 // kept alongside so that ListProcesses does not build a full report per process.
 // Thread safety: none; the collector guards each instance with its process lock.
 #ifndef VRAMSCOPE_COLLECTOR_PROCESS_STATS_H_
@@ -29,6 +29,8 @@ class ProcessStats {
   v1::Report Report() const;
 
   bool finished() const { return finished_; }
+  // How it ended (the ProcessExit event's exit code, killed, signal, vanished) once finished().
+  const v1::ProcessExitEvent& exit() const { return exit_; }
   uint64_t events() const { return events_; }
   const std::vector<std::string>& command_line() const { return command_line_; }
   // Highest peak reserved bytes summed over devices, from the ring's exact counters.
@@ -38,6 +40,7 @@ class ProcessStats {
   std::unique_ptr<ProcessStatsEngine> engine_;
   uint64_t events_ = 0;
   bool finished_ = false;
+  v1::ProcessExitEvent exit_;
   std::vector<std::string> command_line_;
   std::map<uint32_t, uint64_t> peak_reserved_;  // per device, from the ring counters
 };
