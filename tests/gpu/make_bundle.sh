@@ -15,5 +15,4 @@ ninja -C "$build" "${targets[@]}"
 rm -rf .device-bundle
 files=()
 for t in "${targets[@]}"; do files+=("$build/$t"); done
-bundler=${DEVICE_BUNDLE:-../shared/tools/device-bundle}
-"$bundler" .device-bundle "${files[@]}"
+bash tests/gpu/device_bundle.sh .device-bundle "${files[@]}"
