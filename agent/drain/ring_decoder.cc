@@ -16,6 +16,44 @@ absl::Status Invalid(const vramscope_ring_record& record, const char* what) {
 
 }  // namespace
 
+std::string ValidUtf8(std::string_view bytes) {
+  std::string out(bytes);
+  const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());
+  const std::size_t n = bytes.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    // Length of the sequence c starts and the range of its second byte (RFC 3629: no overlong
+    // forms, no surrogates, nothing above U+10FFFF).
+    std::size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;
+    if (c < 0x80) {
+      length = 1;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      length = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    }
+    bool valid = length > 0 && i + length <= n;
+    for (std::size_t k = 1; valid && k < length; ++k) {
+      const unsigned char next = s[i + k];
+      valid = k == 1 ? next >= low && next <= high : next >= 0x80 && next <= 0xBF;
+    }
+    if (!valid) {
+      out[i++] = '?';
+      continue;
+    }
+    i += length;
+  }
+  return out;
+}
+
 absl::Status DecodeRecord(const vramscope_ring_record& record, std::string_view nvtx_text,
                           v1::Event* event) {
   event->set_time_ns(record.time_ns);
@@ -64,8 +102,8 @@ absl::Status DecodeRecord(const vramscope_ring_record& record, std::string_view 
       }
       v1::NvtxPushEvent* push = event->mutable_nvtx_push();
       push->set_range_id(record.aux);
-      push->set_name(std::string(nvtx_text.substr(0, p.name_len)));
-      push->set_domain(std::string(nvtx_text.substr(p.name_len)));
+      push->set_name(ValidUtf8(nvtx_text.substr(0, p.name_len)));
+      push->set_domain(ValidUtf8(nvtx_text.substr(p.name_len)));
       push->set_category(p.category);
       push->set_parent_range_id(p.parent_range_id);
       return absl::OkStatus();

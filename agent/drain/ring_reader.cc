@@ -29,8 +29,9 @@ T Load(const T* p, int order = __ATOMIC_ACQUIRE) {
   return __atomic_load_n(p, order);
 }
 
+// A NUL-terminated header field, made valid UTF-8 (it goes into proto strings).
 std::string BoundedString(const char* data, std::size_t size) {
-  return std::string(data, strnlen(data, size));
+  return ValidUtf8(std::string_view(data, strnlen(data, size)));
 }
 
 bool ReadFile(const std::string& path, std::string* out) {
@@ -201,7 +202,7 @@ absl::Status RingReader::Validate() {
   std::string_view cmd(h.command_line, cmd_len);
   while (!cmd.empty()) {
     const std::size_t end = cmd.find('\0');
-    info_.command_line.emplace_back(cmd.substr(0, end));
+    info_.command_line.push_back(ValidUtf8(cmd.substr(0, end)));
     if (end == std::string_view::npos) break;
     cmd.remove_prefix(end + 1);
   }
