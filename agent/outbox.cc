@@ -62,11 +62,6 @@ struct SpoolName {
   uint64_t events = 0;
 };
 
-std::string SpoolFileName(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
-  return absl::StrFormat("%d_%d_%d_%d_%s%s", key.pid(), key.start_time_ns(), sequence, events,
-                         absl::BytesToHexString(key.host()), kBatchSuffix);
-}
-
 std::optional<SpoolName> ParseSpoolName(absl::string_view file) {
   if (!absl::ConsumeSuffix(&file, kBatchSuffix)) return std::nullopt;
   std::vector<absl::string_view> parts = absl::StrSplit(file, '_');
@@ -90,18 +85,12 @@ std::optional<SpoolName> ParseSpoolName(absl::string_view file) {
 // machine losing power).
 bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64_t ring_end,
                     std::string* error) {
-  std::string bytes(sizeof(SpoolHeader), '\0');
-  if (!batch.AppendToString(&bytes)) {
-    *error = "cannot serialize the batch";
+  absl::StatusOr<std::string> encoded = EncodeSpoolFile(batch, ring_end);
+  if (!encoded.ok()) {
+    *error = std::string(encoded.status().message());
     return false;
   }
-  SpoolHeader header{};
-  memcpy(header.magic, kSpoolMagic, sizeof(kSpoolMagic));
-  header.sequence = batch.sequence();
-  header.ring_end = ring_end;
-  header.payload_bytes = bytes.size() - sizeof(SpoolHeader);
-  header.crc32 = Crc32(bytes.data() + sizeof(SpoolHeader), header.payload_bytes);
-  memcpy(bytes.data(), &header, sizeof(header));
+  const std::string& bytes = *encoded;
   const std::string temp = absl::StrCat(path, kTempSuffix);
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -128,30 +117,8 @@ bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64
   return true;
 }
 
-struct SpoolFile {
-  v1::EventBatch batch;
-  uint64_t ring_end = 0;
-  uint64_t payload_bytes = 0;
-};
-
-// Reads and validates the file `path` named `name`.
-absl::StatusOr<SpoolFile> ReadSpoolFile(const std::string& path, const SpoolName& name) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open: ", strerror(errno)));
-  std::string bytes;
-  char buffer[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return absl::DataLossError(absl::StrCat("cannot read: ", strerror(err)));
-    }
-    if (n == 0) break;
-    bytes.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
+// Validates the contents `bytes` of a file named `name`.
+absl::StatusOr<SpoolFile> ParseSpoolContents(absl::string_view bytes, const SpoolName& name) {
   SpoolHeader header{};
   if (bytes.size() < sizeof(header)) {
     return absl::DataLossError(absl::StrFormat(
@@ -189,6 +156,27 @@ absl::StatusOr<SpoolFile> ReadSpoolFile(const std::string& path, const SpoolName
   return file;
 }
 
+// Reads and validates the file `path` named `name`.
+absl::StatusOr<SpoolFile> ReadSpoolFile(const std::string& path, const SpoolName& name) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open: ", strerror(errno)));
+  std::string bytes;
+  char buffer[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat("cannot read: ", strerror(err)));
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return ParseSpoolContents(bytes, name);
+}
+
 // In place of a batch that is lost: its sequence, with a DropEvent for its events.
 v1::EventBatch LostBatch(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
   v1::EventBatch batch;
@@ -206,6 +194,34 @@ bool HasExit(const v1::EventBatch& batch) {
 bool RateLimited(uint64_t count) { return count > 10 && count % 1000 != 0; }
 
 }  // namespace
+
+std::string SpoolFileName(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
+  return absl::StrFormat("%d_%d_%d_%d_%s%s", key.pid(), key.start_time_ns(), sequence, events,
+                         absl::BytesToHexString(key.host()), kBatchSuffix);
+}
+
+absl::StatusOr<std::string> EncodeSpoolFile(const v1::EventBatch& batch, uint64_t ring_end) {
+  std::string bytes(sizeof(SpoolHeader), '\0');
+  if (!batch.AppendToString(&bytes))
+    return absl::InvalidArgumentError("cannot serialize the batch");
+  SpoolHeader header{};
+  memcpy(header.magic, kSpoolMagic, sizeof(kSpoolMagic));
+  header.sequence = batch.sequence();
+  header.ring_end = ring_end;
+  header.payload_bytes = bytes.size() - sizeof(SpoolHeader);
+  header.crc32 = Crc32(bytes.data() + sizeof(SpoolHeader), header.payload_bytes);
+  memcpy(bytes.data(), &header, sizeof(header));
+  return bytes;
+}
+
+absl::StatusOr<SpoolFile> ParseSpoolFile(absl::string_view file_name, absl::string_view bytes) {
+  std::optional<SpoolName> name = ParseSpoolName(file_name);
+  if (!name) {
+    return absl::InvalidArgumentError(
+        "not a spool file name of this agent version (PID_START_SEQUENCE_EVENTS_HOST.batch)");
+  }
+  return ParseSpoolContents(bytes, *name);
+}
 
 void Log(LogLevel level, absl::string_view message) {
   if (static_cast<int>(level) < g_min_level.load(std::memory_order_relaxed)) return;
