@@ -65,11 +65,6 @@ struct SpoolName {
   uint64_t events = 0;
 };
 
-std::string SpoolFileName(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
-  return absl::StrFormat("%d_%d_%d_%d_%s%s", key.pid(), key.start_time_ns(), sequence, events,
-                         absl::BytesToHexString(key.host()), kBatchSuffix);
-}
-
 std::optional<SpoolName> ParseSpoolName(absl::string_view file) {
   if (!absl::ConsumeSuffix(&file, kBatchSuffix)) return std::nullopt;
   std::vector<absl::string_view> parts = absl::StrSplit(file, '_');
@@ -88,23 +83,10 @@ std::optional<SpoolName> ParseSpoolName(absl::string_view file) {
   return name;
 }
 
-// Writes header + `batch` to `path` + ".tmp", then renames it to `path`: a file under its final
-// name is always complete (against the agent dying; there is no fsync, so not against the
-// machine losing power).
-bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64_t ring_end,
-                    std::string* error) {
-  std::string bytes(sizeof(SpoolHeader), '\0');
-  if (!batch.AppendToString(&bytes)) {
-    *error = "cannot serialize the batch";
-    return false;
-  }
-  SpoolHeader header{};
-  memcpy(header.magic, kSpoolMagic, sizeof(kSpoolMagic));
-  header.sequence = batch.sequence();
-  header.ring_end = ring_end;
-  header.payload_bytes = bytes.size() - sizeof(SpoolHeader);
-  header.crc32 = Crc32(bytes.data() + sizeof(SpoolHeader), header.payload_bytes);
-  memcpy(bytes.data(), &header, sizeof(header));
+// Writes `bytes` to `path` + ".tmp", then renames it to `path`: a file under its final name is
+// always complete (against the agent dying; there is no fsync, so not against the machine losing
+// power). The temporary name is one a replay removes.
+bool WriteFileAtomically(const std::string& path, absl::string_view bytes, std::string* error) {
   const std::string temp = absl::StrCat(path, kTempSuffix);
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) {
@@ -131,54 +113,19 @@ bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64
   return true;
 }
 
-bool WriteTextFile(const std::string& path, absl::string_view text, std::string* error) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    *error = strerror(errno);
+// Header + `batch`, written atomically to `path`.
+bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64_t ring_end,
+                    std::string* error) {
+  absl::StatusOr<std::string> encoded = EncodeSpoolFile(batch, ring_end);
+  if (!encoded.ok()) {
+    *error = std::string(encoded.status().message());
     return false;
   }
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      *error = n < 0 ? strerror(errno) : "short write";
-      ::close(fd);
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) {
-    *error = strerror(errno);
-    return false;
-  }
-  return true;
+  return WriteFileAtomically(path, *encoded, error);
 }
 
-struct SpoolFile {
-  v1::EventBatch batch;
-  uint64_t ring_end = 0;
-  uint64_t payload_bytes = 0;
-};
-
-// Reads and validates the file `path` named `name`.
-absl::StatusOr<SpoolFile> ReadSpoolFile(const std::string& path, const SpoolName& name) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open: ", strerror(errno)));
-  std::string bytes;
-  char buffer[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return absl::DataLossError(absl::StrCat("cannot read: ", strerror(err)));
-    }
-    if (n == 0) break;
-    bytes.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
+// Validates the contents `bytes` of a file named `name`.
+absl::StatusOr<SpoolFile> ParseSpoolContents(absl::string_view bytes, const SpoolName& name) {
   SpoolHeader header{};
   if (bytes.size() < sizeof(header)) {
     return absl::DataLossError(absl::StrFormat(
@@ -216,6 +163,27 @@ absl::StatusOr<SpoolFile> ReadSpoolFile(const std::string& path, const SpoolName
   return file;
 }
 
+// Reads and validates the file `path` named `name`.
+absl::StatusOr<SpoolFile> ReadSpoolFile(const std::string& path, const SpoolName& name) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot open: ", strerror(errno)));
+  std::string bytes;
+  char buffer[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return absl::DataLossError(absl::StrCat("cannot read: ", strerror(err)));
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return ParseSpoolContents(bytes, name);
+}
+
 // In place of a batch that is lost: its sequence, with a DropEvent for its events.
 v1::EventBatch LostBatch(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
   v1::EventBatch batch;
@@ -233,6 +201,34 @@ bool HasExit(const v1::EventBatch& batch) {
 bool RateLimited(uint64_t count) { return count > 10 && count % 1000 != 0; }
 
 }  // namespace
+
+std::string SpoolFileName(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
+  return absl::StrFormat("%d_%d_%d_%d_%s%s", key.pid(), key.start_time_ns(), sequence, events,
+                         absl::BytesToHexString(key.host()), kBatchSuffix);
+}
+
+absl::StatusOr<std::string> EncodeSpoolFile(const v1::EventBatch& batch, uint64_t ring_end) {
+  std::string bytes(sizeof(SpoolHeader), '\0');
+  if (!batch.AppendToString(&bytes))
+    return absl::InvalidArgumentError("cannot serialize the batch");
+  SpoolHeader header{};
+  memcpy(header.magic, kSpoolMagic, sizeof(kSpoolMagic));
+  header.sequence = batch.sequence();
+  header.ring_end = ring_end;
+  header.payload_bytes = bytes.size() - sizeof(SpoolHeader);
+  header.crc32 = Crc32(bytes.data() + sizeof(SpoolHeader), header.payload_bytes);
+  memcpy(bytes.data(), &header, sizeof(header));
+  return bytes;
+}
+
+absl::StatusOr<SpoolFile> ParseSpoolFile(absl::string_view file_name, absl::string_view bytes) {
+  std::optional<SpoolName> name = ParseSpoolName(file_name);
+  if (!name) {
+    return absl::InvalidArgumentError(
+        "not a spool file name of this agent version (PID_START_SEQUENCE_EVENTS_HOST.batch)");
+  }
+  return ParseSpoolContents(bytes, *name);
+}
 
 void Log(LogLevel level, absl::string_view message) {
   if (static_cast<int>(level) < g_min_level.load(std::memory_order_relaxed)) return;
@@ -680,7 +676,7 @@ void Outbox::Reject(const v1::ProcessKey& key, uint64_t sequence, const std::str
     if (!ec) {
       std::string error;
       const std::string note = to.string() + std::string(kReasonSuffix);
-      if (!WriteTextFile(note, absl::StrCat(reason, "\n"), &error)) {
+      if (!WriteFileAtomically(note, absl::StrCat(reason, "\n"), &error)) {
         Log(LogLevel::kWarning, absl::StrFormat("cannot write %s: %s", note, error));
       }
       counters_.spool_bytes -= found->bytes;

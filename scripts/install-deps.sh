@@ -8,6 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
   clang-format
+  clang-14 libclang-rt-14-dev llvm-14  # tests/fuzz: libFuzzer, its sanitizers, llvm-symbolizer
   chromium  # tests/report: the HTML report rendered by headless Chromium
   libncurses-dev tmux
 )

@@ -166,7 +166,7 @@ TEST_F(CuptiRunTest, NoCuptiFlagTurnsItOff) {
 }
 
 TEST_F(CuptiRunTest, PlainPreloadLeavesCuptiOffUnlessAskedWithARing) {
-  const std::string base = "LD_PRELOAD=" + Env("VRAMSCOPE_SHIM") +
+  const std::string base = "LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}" + Env("VRAMSCOPE_SHIM") +
                            " VRAMSCOPE_CUPTI_LIB=/nonexistent/libcupti.so.13 " +
                            Env("VRAMSCOPE_CUPTI_APP") + " basic " + Out();
   const std::string ring = "VRAMSCOPE_RING_DIR=" + dir_ + " ";

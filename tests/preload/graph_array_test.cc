@@ -67,9 +67,9 @@ class GraphArrayTest : public ::testing::Test {
   }
   // The app by `route` under the shim with the summary line; returns the line.
   std::string RunWithSummary(const std::string& route, const std::string& extra_env = "") {
-    const int status =
-        Shell("LD_PRELOAD=" + Env("VRAMSCOPE_SHIM") + " VRAMSCOPE_SUMMARY=1 " + extra_env + " " +
-              Env("VRAMSCOPE_GRAPH_APP") + " " + route + " " + Out());
+    const int status = Shell("LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}" + Env("VRAMSCOPE_SHIM") +
+                             " VRAMSCOPE_SUMMARY=1 " + extra_env + " " +
+                             Env("VRAMSCOPE_GRAPH_APP") + " " + route + " " + Out());
     EXPECT_EQ(status, 0) << route << ": " << stderr_;
     std::smatch match;
     if (!std::regex_search(stderr_, match, std::regex(R"(vramscope: mode=[^\n]*)"))) return "";
@@ -117,8 +117,9 @@ TEST_F(GraphArrayTest, SummaryEqualsWhatTheDriverHoldsByEveryRoute) {
 // Graph launches, destroys and trims from four threads at once (graph_array_app threads): each
 // refresh reads the pool under its device's lock, so the last figure recorded is the pool's last.
 TEST_F(GraphArrayTest, ConcurrentLaunchesAndTrimsEndOnTheDriversFigure) {
-  const int status = Shell("LD_PRELOAD=" + Env("VRAMSCOPE_SHIM") + " VRAMSCOPE_SUMMARY=1 " +
-                           Env("VRAMSCOPE_GRAPH_APP") + " direct " + Out() + " threads");
+  const int status =
+      Shell("LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}" + Env("VRAMSCOPE_SHIM") +
+            " VRAMSCOPE_SUMMARY=1 " + Env("VRAMSCOPE_GRAPH_APP") + " direct " + Out() + " threads");
   ASSERT_EQ(status, 0) << stderr_;
   const auto fake = ReadFigures(Out());
   KindFigures graph;

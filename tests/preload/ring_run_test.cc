@@ -218,7 +218,7 @@ TEST_F(RingRunTest, ForkedChildIsReportedAsItsOwnProcess) {
 }
 
 TEST_F(RingRunTest, UnusableRingDirectoryWarnsOnceAndChangesNothing) {
-  const std::string command = "LD_PRELOAD=" + Env("VRAMSCOPE_SHIM") +
+  const std::string command = "LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}" + Env("VRAMSCOPE_SHIM") +
                               " VRAMSCOPE_RING_DIR=/proc/vramscope-no-such-dir " +
                               Env("VRAMSCOPE_RING_APP") + " basic " + Out();
   EXPECT_EQ(Shell(command), 3) << stderr_;

@@ -1,6 +1,10 @@
 // Deterministic fuzzing of the ring reader and decoder: random regions, and valid rings with
-// random bytes changed (header and records). The reader must return an error or events, never
-// crash, hang or read out of bounds (run under -Db_sanitize=address,undefined to see the last).
+// random bytes changed (header and records). Every input must keep the contracts of
+// ring_fuzz_check.h (a region that opens drains completely, the same in pieces, no more events
+// than records, events that survive the wire...); reads out of bounds are the sanitizer build's
+// to catch (scripts/test.sh runs this suite under ASan and UBSan). The coverage-driven version is
+// tests/fuzz/ring_fuzzer.cc.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,6 +15,7 @@
 
 #include "drain/ring_decoder.h"
 #include "drain/ring_reader.h"
+#include "ring_fuzz_check.h"
 #include "ring_test_util.h"
 #include "vramscope/ring/ring_writer.h"
 
@@ -29,7 +34,7 @@ RingReader::Options DeadWriter() {
 
 // A valid ring image with a mix of every record kind.
 std::vector<std::uint64_t> ValidRing() {
-  testing::TempDir dir;
+  vramscope::testing::TempDir dir;
   interposer::RingWriter writer;
   EXPECT_EQ(writer.Open({.dir = dir.path().c_str(), .capacity = kCapacity}),
             interposer::RingError::kOk);
@@ -50,20 +55,18 @@ std::vector<std::uint64_t> ValidRing() {
   return image;
 }
 
-// Opens and drains a region until finished or an error; bounded so a bug cannot hang the test.
-void Exercise(std::vector<std::uint64_t>& image) {
-  auto reader = RingReader::OpenMemory(image.data(), image.size() * 8, DeadWriter());
-  if (!reader.ok()) return;
-  google::protobuf::RepeatedPtrField<v1::Event> events;
-  for (int i = 0; i < 4; ++i) {
-    auto stats = (*reader)->Drain(&events, 16);
-    if (!stats.ok() || stats->finished) break;
-  }
-  (void)(*reader)->Counters();
+// The contracts of ring_fuzz_check.h on `image`; what is wrong, or "".
+std::string Exercise(const std::vector<std::uint64_t>& image) {
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(image.data());
+  std::string problem = testing::CheckRing(bytes, image.size() * 8);
+  if (problem.empty()) problem = testing::CheckDecoder(bytes, image.size() * 8);
+  return problem;
 }
 
 TEST(RingFuzzTest, ValidRingDrainsCompletely) {
   std::vector<std::uint64_t> image = ValidRing();
+  const std::uint64_t head = reinterpret_cast<vramscope_ring_header*>(image.data())->head;
+  EXPECT_EQ(Exercise(image), "");
   auto reader = RingReader::OpenMemory(image.data(), kRingBytes, DeadWriter());
   ASSERT_TRUE(reader.ok()) << reader.status();
   google::protobuf::RepeatedPtrField<v1::Event> events;
@@ -71,7 +74,65 @@ TEST(RingFuzzTest, ValidRingDrainsCompletely) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_TRUE(stats->finished);
   EXPECT_EQ(stats->invalid, 0u);
-  EXPECT_GT(events.size(), 10);
+  EXPECT_EQ(stats->dropped, 0u);
+  EXPECT_EQ(stats->records, head);
+  // Every record is an event but the NVTX pushes' two TEXT records each; ProcessStart first, the
+  // writer's ProcessExit last.
+  const std::uint64_t pushes = (head - 1) / 9;
+  EXPECT_EQ(static_cast<std::uint64_t>(events.size()), 1 + head - 2 * pushes);
+  EXPECT_TRUE(events[0].has_process_start());
+  EXPECT_TRUE(events[events.size() - 1].has_process_exit());
+}
+
+// The checks can fail: a reader that read one record less, or an event the collector could not
+// parse, is reported.
+TEST(RingFuzzTest, ChecksSeeBrokenContracts) {
+  std::vector<std::uint64_t> image = ValidRing();
+  auto reader = RingReader::OpenMemory(image.data(), kRingBytes, DeadWriter());
+  ASSERT_TRUE(reader.ok());
+  google::protobuf::RepeatedPtrField<v1::Event> events;
+  auto stats = (*reader)->Drain(&events);
+  ASSERT_TRUE(stats.ok());
+  DrainStats wrong = *stats;
+  ++wrong.events;
+  EXPECT_NE(testing::CheckDrainStats(wrong, 0, **reader, events.size(), SIZE_MAX), "");
+  EXPECT_NE(testing::CheckEventsFromRecords(events, 1), "");
+  events[1].mutable_nvtx_push()->set_name("\xff\xfe");
+  EXPECT_NE(testing::CheckWire(events), "");
+}
+
+// Text from the ring goes into proto3 strings: bytes that are not UTF-8 (a Latin-1 argument, a
+// truncated NVTX name, a scribbled header) must not make the batch unparseable at the collector.
+TEST(RingFuzzTest, TextThatIsNotUtf8SurvivesTheWire) {
+  vramscope::testing::TempDir dir;
+  interposer::RingWriter writer;
+  ASSERT_EQ(writer.Open({.dir = dir.path().c_str(), .capacity = kCapacity}),
+            interposer::RingError::kOk);
+  const std::string name = "caf\xe9 \xc3\xa9t\xc3";  // Latin-1, then UTF-8, then a cut sequence
+  const std::string domain =
+      "\xed\xa0\x80"
+      "d";  // a surrogate
+  ASSERT_TRUE(
+      writer.RecordNvtxPush(0, 1, 0, 0, name.data(), name.size(), domain.data(), domain.size()));
+  writer.MarkExited(0);
+  std::vector<std::uint64_t> image(kRingBytes / 8);
+  std::memcpy(image.data(), writer.header(), kRingBytes);
+  auto* header = reinterpret_cast<vramscope_ring_header*>(image.data());
+  std::strcpy(header->host, "h\xffst");
+  const char argv[] = "app\0\xe0\x80\x80";  // an overlong NUL
+  std::memcpy(header->command_line, argv, sizeof(argv));
+  header->command_line_len = sizeof(argv);
+
+  auto reader = RingReader::OpenMemory(image.data(), kRingBytes, DeadWriter());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  google::protobuf::RepeatedPtrField<v1::Event> events;
+  ASSERT_TRUE((*reader)->Drain(&events).ok());
+  EXPECT_EQ(testing::CheckWire(events), "");
+  ASSERT_GE(events.size(), 2);
+  EXPECT_EQ(events[0].process_start().host(), "h?st");
+  EXPECT_THAT(events[0].process_start().command_line(), ::testing::ElementsAre("app", "???"));
+  EXPECT_EQ(events[1].nvtx_push().name(), "caf? \xc3\xa9t?");
+  EXPECT_EQ(events[1].nvtx_push().domain(), "???d");
 }
 
 TEST(RingFuzzTest, HeaderErrorsAreStatusesNotCrashes) {
@@ -139,7 +200,7 @@ TEST(RingFuzzTest, RandomRegions) {
       h->tail = rng() % 1000;
       h->head = h->tail + rng() % (kCapacity + 1);
     }
-    Exercise(image);
+    ASSERT_EQ(Exercise(image), "") << "iteration " << iteration;
   }
 }
 
@@ -158,7 +219,7 @@ TEST(RingFuzzTest, MutatedValidRings) {
                                                   rng() % (kRingBytes - VRAMSCOPE_RING_HEADER_SIZE);
       bytes[at] = static_cast<std::uint8_t>(rng());
     }
-    Exercise(image);
+    ASSERT_EQ(Exercise(image), "") << "iteration " << iteration;
   }
 }
 
@@ -170,9 +231,17 @@ TEST(RingFuzzTest, DecoderOnRandomRecords) {
     for (std::uint64_t& w : words) w = rng();
     std::memcpy(&record, words, sizeof(record));
     record.kind = static_cast<std::uint8_t>(rng() % (VRAMSCOPE_RING_KIND_LIMIT + 2));
-    const std::string text(rng() % 200, 'x');
-    v1::Event event;
-    (void)DecodeRecord(record, text, &event);
+    if (rng() % 2 == 0) {
+      // A plausible NVTX text length, so pushes decode too.
+      record.payload.nvtx_push.name_len = static_cast<std::uint16_t>(rng() % 100);
+      record.payload.nvtx_push.domain_len = static_cast<std::uint16_t>(rng() % 50);
+    }
+    std::string bytes(reinterpret_cast<const char*>(&record), sizeof(record));
+    for (std::size_t n = rng() % 200; n > 0; --n) bytes += static_cast<char>(' ' + rng() % 95);
+    ASSERT_EQ(
+        testing::CheckDecoder(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()),
+        "")
+        << "iteration " << iteration;
   }
 }
 

@@ -43,6 +43,8 @@
 
 #include <absl/base/thread_annotations.h>
 #include <absl/container/flat_hash_map.h>
+#include <absl/status/statusor.h>
+#include <absl/strings/string_view.h>
 #include <absl/synchronization/mutex.h>
 #include <absl/time/time.h>
 
@@ -199,6 +201,22 @@ class Outbox {
 };
 
 std::string ProcessKeyString(const v1::ProcessKey& key);
+
+// --- The spool file format (what Outbox writes and replays), for tests and fuzzing ------------
+// A file is a 40-byte header (magic "VSSPOOL1", sequence, ring_end, payload length, CRC-32 of the
+// payload; host byte order) and the serialized EventBatch, named
+// PID_STARTTIMENS_SEQUENCE_EVENTS_HEXHOST.batch.
+struct SpoolFile {
+  v1::EventBatch batch;
+  uint64_t ring_end = 0;
+  uint64_t payload_bytes = 0;
+};
+std::string SpoolFileName(const v1::ProcessKey& key, uint64_t sequence, uint64_t events);
+// Header and payload of the file for `batch` (its sequence as set). Error: not serializable.
+absl::StatusOr<std::string> EncodeSpoolFile(const v1::EventBatch& batch, uint64_t ring_end);
+// Validates a file's contents against its name (without the directory): what a replay accepts.
+// InvalidArgument for a name that is not a spool file's; DataLoss for damaged contents.
+absl::StatusOr<SpoolFile> ParseSpoolFile(absl::string_view file_name, absl::string_view bytes);
 
 }  // namespace vramscope::agent
 

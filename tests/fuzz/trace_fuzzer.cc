@@ -1,7 +1,10 @@
-// libFuzzer entry point for the trace reader: the same contract as trace_fuzz_test.cc, driven by
-// coverage. Built only when the compiler supports -fsanitize=fuzzer (clang; not g++):
-//   CXX=clang++ meson setup build-fuzz && ninja -C build-fuzz tests/replay/trace_fuzzer
-//   build-fuzz/tests/replay/trace_fuzzer -max_len=4096 CORPUS_DIR
+// libFuzzer target: the trace reader of `vramscope replay` (viewer-cli/replay): the same contract
+// as tests/replay/trace_fuzz_test.cc (tests/replay/trace_fuzz_check.h), driven by coverage.
+//
+// Input: trace bytes, CSV or gzip (seeds: the heads of the bundled traces, make_seeds.sh).
+// Calls: LoadTraceBytes; TraceParser::Feed/Finish with a TraceLoader, in chunks; ReplayTrace.
+// Contracts: success or a located `NAME:LINE: message` error whose line exists; the same answer
+// whole and in chunks; a replayed pool's peak equals the trace's peak live bytes.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -9,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "trace_fuzz_check.h"
+#include "tests/replay/trace_fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
