@@ -2,7 +2,7 @@
 //
 // A subcommand is a function taking the arguments after its name (argv[0] is the subcommand
 // name) and returning the process exit code: 0 ok, 1 check failed, 2 usage or unreadable input,
-// 3 cannot reach the collector (STYLE.md).
+// 3 cannot reach the collector (docs/style.md).
 #pragma once
 
 #include <string_view>

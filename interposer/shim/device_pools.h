@@ -1,7 +1,7 @@
 // One Pool per primary context, created lazily on the first cuMemAlloc_v2 made under it, with
 // the driver behind it (DriverUpstream) and the device-wide fence (EpochFences).
 //
-// Fence scheme (cudaFree is a device-wide fence; DESIGN.md): a pooled free is stamped with its
+// Fence scheme (cudaFree is a device-wide fence; docs/design.md): a pooled free is stamped with its
 // slot's current epoch. Epoch e is complete once a cuCtxSynchronize of the slot's context that
 // *began after* the free returned successfully: that call waited for every stream of the
 // context, including streams the shim never saw (per-thread default streams, non-blocking

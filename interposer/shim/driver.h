@@ -1,7 +1,7 @@
 // The real CUDA driver: libcuda.so.1 opened with dlopen on first need, its entry points looked
 // up with the real dlsym by exact name, and the identity table that maps a real entry point to
 // the shim's wrapper (cuGetProcAddress and dlsym results are matched by pointer, never by name,
-// so every ABI version keeps its own function: research/interposers.md section 4).
+// so every ABI version keeps its own function; docs/driver-notes.md).
 //
 // Thread safety: LoadDriver may race with itself (serialised inside); after it returned true
 // the table is immutable until a fork child re-reads nothing (the mapping is inherited).

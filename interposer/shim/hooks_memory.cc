@@ -2,7 +2,7 @@
 // as the application's own allocations: cuMemGetInfo_v2, cuMemGetAddressRange_v2,
 // cuPointerGetAttribute(s), cuIpcGetMemHandle.
 //
-// IPC choice (DESIGN.md "IPC"): a legacy IPC handle names a whole driver allocation and the
+// IPC choice (docs/design.md, "IPC"): a legacy IPC handle names a whole driver allocation and the
 // importer maps it at the allocation's base. For a pooled pointer that is only right when the
 // pooled block starts its driver allocation (a plain cuMemAlloc segment); VMM-mapped memory
 // cannot be exported with cuIpcGetMemHandle at all. So cuIpcGetMemHandle on pooled memory is

@@ -4,10 +4,11 @@
 //
 // Only calls that reach these exports are seen: a program or library linked against the shared
 // runtime (PyTorch's libtorch_cuda.so / libc10_cuda.so, `nvcc -cudart shared`). A static runtime
-// (nvcc's default, CuPy, cuBLAS) calls its own copy and reaches the shim at the driver level as
-// before (research/interposers.md 3.6). Everything the fast path does not serve goes to the real
-// runtime, which then calls cuMemAlloc_v2 / cuMemFree_v2 through the driver-level hooks, so the
-// runtime keeps its own state (initialisation, sticky and last errors) and its error codes:
+// (nvcc's default, CuPy, cuBLAS) calls its own copy, which a preloaded cudaMalloc never binds,
+// and reaches the shim at the driver level as before. Everything the fast path does not serve
+// goes to the real runtime, which then calls cuMemAlloc_v2 / cuMemFree_v2 through the
+// driver-level hooks, so the runtime keeps its own state (initialisation, sticky and last errors)
+// and its error codes:
 //
 //   cudaMalloc: served from the pool only when the runtime has answered once in this process
 //     (so it is initialised), the mode pools, no stream capture is live (the driver decides what

@@ -1,4 +1,4 @@
-// Ordered reuse: the provable fast path of the free fence (DESIGN.md, "cudaFree is a
+// Ordered reuse: the provable fast path of the free fence (docs/design.md, "cudaFree is a
 // device-wide fence").
 //
 // A pooled free may not be reused while work queued before it can still touch the block. When

@@ -442,7 +442,7 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuGetErrorName(CUresult error, const char** pStr)
 }
 
 // The runtime and NVML fetch private tables through cuGetExportTable. The fake has none; the
-// shim must never wrap or depend on it (research/interposers.md 1.2, 5.1).
+// shim must never wrap or depend on it (docs/driver-notes.md).
 VRAMSCOPE_FAKE_EXPORT CUresult cuGetExportTable(const void** ppExportTable,
                                                 const CUuuid* pExportTableId) {
   Call call("cuGetExportTable");

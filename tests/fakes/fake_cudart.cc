@@ -1,7 +1,7 @@
 // A fake shared CUDA runtime (libcudart.so.N, N = FAKE_CUDART_MAJOR) for the runtime-level hooks
 // (interposer/shim/hooks_runtime.cc): cudaMalloc, cudaFree and cudaGetLastError, exported with
 // the real runtime's symbol version ("libcudart.so.N"), reaching the driver the way the real
-// one does (research/interposers.md 1.2): dlopen("libcuda.so.1"), dlsym of cuGetProcAddress_v2,
+// one does (docs/driver-notes.md): dlopen("libcuda.so.1"), dlsym of cuGetProcAddress_v2,
 // then every entry point through it. It initialises lazily, makes device 0's primary context
 // current for a thread that has none, maps driver errors to runtime errors and keeps a sticky
 // per-thread last error, like the real runtime.

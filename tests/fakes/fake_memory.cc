@@ -3,10 +3,10 @@
 //
 // Mimics: cuMemAlloc_v2 needs a current context, rejects 0 bytes, fails with
 // CUDA_ERROR_OUT_OF_MEMORY beyond the device capacity and with
-// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when a capture forbids it (research/interposers.md 1.2);
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when a capture forbids it (docs/driver-notes.md);
 // cuMemFree_v2(0) succeeds, a pointer that is not an allocation base fails with
 // CUDA_ERROR_INVALID_VALUE; cuMemGetAddressRange_v2 and IPC handles name the whole allocation
-// ("the handle names the whole allocation; an importer gets the allocation base", 1.2).
+// (an importer maps the allocation's base).
 //
 // Deviations: memory is host memory; cuIpcOpenMemHandle_v2 accepts handles of its own process
 // (the real driver refuses them) and refuses other processes' (it cannot share their memory).

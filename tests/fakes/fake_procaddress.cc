@@ -1,7 +1,7 @@
 // cuGetProcAddress (CUDA 11.3 ABI, 4 arguments) and cuGetProcAddress_v2 (CUDA 12 ABI, 5
 // arguments) of the fake CUDA driver, serving the fake's own table.
 //
-// Mimics the real driver as measured in research/interposers.md 1.2 and documented in cuda.h:
+// Mimics the real driver as measured (docs/driver-notes.md) and documented in cuda.h:
 // - the symbol is a base name ("cuMemAlloc"); the driver returns the newest variant introduced
 //   at or before `cudaVersion` ("cuMemAlloc" at 3020 -> cuMemAlloc_v2; "cuGetProcAddress" at
 //   11030 -> the 4-argument cuGetProcAddress, at 12000 -> cuGetProcAddress_v2);

@@ -37,7 +37,7 @@ void ConfigureFromEnv(State& s) {
 }
 
 // fork(): the real driver cannot be used in the child of a process that initialised it
-// (research/interposers.md 1.2, 7.6); every call there returns CUDA_ERROR_NOT_INITIALIZED. The
+// (docs/driver-notes.md); every call there returns CUDA_ERROR_NOT_INITIALIZED. The
 // prepare/parent/child handlers also keep the mutex consistent across fork.
 void AtForkPrepare() { GlobalState().mu.lock(); }
 void AtForkParent() { GlobalState().mu.unlock(); }

@@ -4,7 +4,7 @@
 // - Events complete when the work before them does. Nothing runs here, so by default a record
 //   completes at once; in manual mode the test decides (fake_cuda_control.h), which lets tests
 //   prove that a shim waits for events before reusing memory.
-// - Stream capture (research/interposers.md 1.2, 7.4): a capturing stream's own synchronize or
+// - Stream capture (docs/driver-notes.md): a capturing stream's own synchronize or
 //   query fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture; other
 //   "potentially unsafe" calls follow the thread's capture mode (CheckCaptureUnsafeLocked);
 //   cuStreamEndCapture of an invalidated capture returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.

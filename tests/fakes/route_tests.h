@@ -10,7 +10,7 @@
 //                                        module whose path contains it (default "libcuda.so.1";
 //                                        set "libvramscope.so" to prove a route reaches the shim)
 //   VRAMSCOPE_EXPECT_SYMBOLS=a,b,...     which members that applies to (default: the allocation
-//                                        and capture entry points of research/interposers.md 5)
+//                                        and capture entry points the shim hooks)
 //   VRAMSCOPE_FAKE_DEVICES / _CAPACITY   as for the fake; the tests expect 2 devices
 #ifndef VRAMSCOPE_TESTS_FAKES_ROUTE_TESTS_H_
 #define VRAMSCOPE_TESTS_FAKES_ROUTE_TESTS_H_

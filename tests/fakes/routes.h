@@ -1,6 +1,6 @@
 // Routes by which a program reaches the CUDA driver, as helpers that fill one table.
 //
-// research/interposers.md 1.2-1.6: real programs reach libcuda.so.1 by
+// Real programs reach libcuda.so.1 by (docs/driver-notes.md)
 //   (R4) the PLT: linked against libcuda, calling cuMemAlloc_v2 etc. by name    -> LoadDirect
 //   (R3) dlopen("libcuda.so.1") + dlsym(handle, "<exact versioned name>")      -> LoadByDlsym
 //        (JAX/XLA, cuBLASLt, NVML, ctypes)

@@ -1,7 +1,7 @@
 // Route R1 with the real CUDA runtime: libcudart.so.13 from the toolkit, loaded with dlopen,
 // initialising against the fake driver. Skipped when the runtime library cannot be loaded.
 //
-// The runtime reaches the driver only through cuGetProcAddress_v2 (research/interposers.md 1.2);
+// The runtime reaches the driver only through cuGetProcAddress_v2 (docs/driver-notes.md);
 // this test checks that the fake sees exactly that sequence. The runtime then asks for private
 // driver tables with cuGetExportTable, which the fake does not have, so its first call fails
 // (cudaErrorNotSupported): the runtime's own allocations cannot be run over the fake. The

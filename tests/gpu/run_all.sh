@@ -304,8 +304,8 @@ fi
 echo "== 7. allocation + free cost"
 # Each process reports the best of 7 repetitions (alloc_bench REPS), its median beside it. On
 # this VM a whole process often lands in a 1.4-1.7x slower mode for all its repetitions (the
-# shim's build and settings do not matter: BENCHMARKS.md section 3; in one set of 30 runs the
-# driver's own cuCtxGetCurrent was slower in those processes too, in another not). So three
+# shim's build and settings do not matter: BENCHMARKS.md, "Machines"; the driver's own
+# cuCtxGetCurrent was sometimes slower in those processes too). So three
 # processes run, the one with the lowest driver-entry pair gives the rows, and all three are
 # printed.
 run bench.base "$bin/alloc_bench" 500 1048576 5

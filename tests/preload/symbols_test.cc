@@ -1,4 +1,4 @@
-// libvramscope.so links nothing heavy and exports only its hooks (DESIGN.md: the shim carries
+// libvramscope.so links nothing heavy and exports only its hooks (docs/design.md: the shim carries
 // no gRPC, protobuf, Abseil, libcudart or libcuda). Reads `readelf -d` and `nm -D` of the
 // library named by VRAMSCOPE_SHIM_PATH.
 #include <gtest/gtest.h>
