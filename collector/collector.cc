@@ -538,12 +538,15 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::st
   return Append(process, batch, wire);
 }
 
-absl::StatusOr<uint64_t> Collector::Refuse(const v1::ProcessKey& key, uint64_t sequence,
-                                           uint64_t events) {
+absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused) {
   batches_refused_.fetch_add(1, std::memory_order_relaxed);
+  const v1::ProcessKey& key = refused.process;
+  const uint64_t sequence = refused.sequence;
+  const uint64_t events = refused.events;
   // A key that cannot be filed gets nothing stored: every batch naming it is refused alike, so
-  // there is no sequence to keep contiguous.
-  if (!ValidateProcessKey(key).ok()) return uint64_t{0};
+  // there is no sequence to keep contiguous. (A host that is not UTF-8 arrives escaped in
+  // `process`, which would validate: key_usable says what the sender's key was.)
+  if (!refused.key_usable || !ValidateProcessKey(key).ok()) return uint64_t{0};
   if (sequence == 0) return StoredSequence(key);
   absl::StatusOr<Process*> found = FindOrCreate(key, sequence);
   if (!found.ok()) return found.status();

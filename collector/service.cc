@@ -105,8 +105,7 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       case IngestMessage::Kind::kRejected: {
         // One bad batch (one process's hostile strings, a bogus key) is answered on its own;
         // the stream, and every other process's batches on it, go on.
-        absl::StatusOr<uint64_t> acked =
-            collector_->Refuse(message.process, message.sequence, message.events);
+        absl::StatusOr<uint64_t> acked = collector_->Refuse(message);
         if (!acked.ok()) return acked.status();
         const uint64_t refused = collector_->batches_refused();
         if (refused <= 10 || refused % 1000 == 0) {

@@ -169,6 +169,17 @@ class RefuseTest : public ::testing::Test {
     EXPECT_TRUE(collector.ok()) << collector.status();
     return collector.ok() ? std::move(*collector) : nullptr;
   }
+  // What CheckIngestMessage answers for a refused batch of `key` (a key sent as it is).
+  static IngestMessage Refused(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
+    IngestMessage message;
+    message.kind = IngestMessage::Kind::kRejected;
+    message.process = key;
+    message.key_usable = ValidateProcessKey(key).ok();
+    message.sequence = sequence;
+    message.events = events;
+    message.reason = "refused in a test";
+    return message;
+  }
   TempDir dir_;
 };
 
@@ -177,12 +188,13 @@ TEST_F(RefuseTest, ARefusedSequenceIsConsumedAndCountedAsDropped) {
   {
     auto collector = Open();
     ASSERT_EQ(*collector->Ingest(Batch(key, 1, 10)), 1u);
-    EXPECT_EQ(*collector->Refuse(key, 2, 7), 2u);
+    EXPECT_EQ(*collector->Refuse(Refused(key, 2, 7)), 2u);
     // The next batch follows without a gap.
     EXPECT_EQ(*collector->Ingest(Batch(key, 3, 10)), 3u);
     // A resend of the refused sequence is a duplicate; a gap is still a gap.
-    EXPECT_EQ(*collector->Refuse(key, 2, 7), 3u);
-    EXPECT_EQ(collector->Refuse(key, 9, 7).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(*collector->Refuse(Refused(key, 2, 7)), 3u);
+    EXPECT_EQ(collector->Refuse(Refused(key, 9, 7)).status().code(),
+              absl::StatusCode::kFailedPrecondition);
     absl::StatusOr<v1::Report> report = collector->GetReport(key);
     ASSERT_TRUE(report.ok());
     ASSERT_EQ(report->devices_size(), 1);
@@ -198,10 +210,19 @@ TEST_F(RefuseTest, ARefusedSequenceIsConsumedAndCountedAsDropped) {
 
 TEST_F(RefuseTest, AKeyThatCannotBeFiledStoresNothing) {
   auto collector = Open();
-  EXPECT_EQ(*collector->Refuse(Key(0), 1, 5), 0u);
-  EXPECT_EQ(*collector->Refuse(Key(21, "bad\xE9"), 1, 5), 0u);
+  EXPECT_EQ(*collector->Refuse(Refused(Key(0), 1, 5)), 0u);
+  EXPECT_EQ(*collector->Refuse(Refused(Key(21, "bad\xE9"), 1, 5)), 0u);
+  // A host that is not UTF-8 reaches Refuse escaped (valid, but not the key that was sent): as
+  // CheckIngestMessage answers it, nothing is filed under the escaped name either.
+  v1::EventBatch latin1 = Batch(Key(24, "bad\xE9"), 1, 5);
+  google::protobuf::Arena arena;
+  const IngestMessage escaped = CheckIngestMessage(latin1.SerializeAsString(), &arena);
+  ASSERT_EQ(escaped.kind, IngestMessage::Kind::kRejected);
+  EXPECT_FALSE(escaped.key_usable);
+  EXPECT_TRUE(ValidateProcessKey(escaped.process).ok()) << escaped.process.host();
+  EXPECT_EQ(*collector->Refuse(escaped), 0u);
   // Sequence 0 (a batch with events that claimed to be a probe) stores nothing either.
-  EXPECT_EQ(*collector->Refuse(Key(22), 0, 5), 0u);
+  EXPECT_EQ(*collector->Refuse(Refused(Key(22), 0, 5)), 0u);
   EXPECT_EQ(collector->ListProcesses(true).processes_size(), 0);
   EXPECT_EQ(collector->Ingest(HostileStart(Key(23), 3)).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -1,10 +1,14 @@
-// libFuzzer target: what the collector does with one raw EventBatch from the network (the
-// service parses it, collector/service.cc, and Collector::Ingest validates, stores and counts it).
+// libFuzzer target: what the collector does with one raw Ingest message from the network, as the
+// service does it (collector/service.cc): CheckIngestMessage decides (store, refuse the batch
+// alone, or malformed), then Collector::Ingest stores or Collector::Refuse consumes its sequence.
 //
 // Input: the bytes of one Ingest message (seeds: serialized batches, tests/fuzz/make_seeds.cc).
-// Calls: EventBatch::ParseFromString, Collector::Open (a fresh temporary data directory),
-// Ingest, GetReport, ListProcesses, Snapshot; Collector::Open again over the same directory.
+// Calls: CheckIngestMessage, ValidateBatch, Collector::Open (a fresh temporary data directory),
+// Ingest or Refuse, GetReport, ListProcesses, Snapshot; Collector::Open again over the directory.
 // Contracts, beyond "no crash, no sanitizer finding":
+//   - the verdict's reason is valid UTF-8 (it travels in IngestAck.reject_reason); a batch to
+//     store passes ValidateBatch; a refused batch with a usable key has its sequence consumed
+//     (acknowledged, and the reopened collector continues after it);
 //   - an accepted batch is acknowledged with its own sequence (a probe with 0), a second copy is
 //     a duplicate, and the next sequence is accepted too;
 //   - what was accepted re-serializes: a collector reopened over the directory loads every stored
@@ -21,8 +25,10 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_check.h"
+#include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/collector.h"
 #include "vramscope/collector/log.h"
+#include "vramscope/utf8.h"
 
 namespace vramscope::collector {
 namespace {
@@ -45,10 +51,44 @@ std::string Reports(const Collector& collector) {
   return all;
 }
 
+// A refused batch: its sequence is consumed where the key can be filed, and that survives a
+// restart; nothing is stored where it cannot.
+void CheckRefusal(const IngestMessage& message) {
+  FUZZ_CHECK(!message.reason.empty(), "a refusal without a reason");
+  char pattern[] = "/tmp/vramscope-batch-fuzz.XXXXXX";
+  if (mkdtemp(pattern) == nullptr) return;
+  const std::string dir = pattern;
+  uint64_t consumed = 0;
+  {
+    auto collector = Collector::Open(CollectorIn(dir));
+    FUZZ_CHECK(collector.ok(), collector.status().ToString());
+    absl::StatusOr<uint64_t> acked = (*collector)->Refuse(message);
+    if (acked.ok()) consumed = *acked;
+    FUZZ_CHECK(message.key_usable || consumed == 0, "a refused key that cannot be filed was");
+  }
+  {
+    auto reopened = Collector::Open(CollectorIn(dir));
+    FUZZ_CHECK(reopened.ok(), reopened.status().ToString());
+    if (message.key_usable) {
+      FUZZ_CHECK((*reopened)->StoredSequence(message.process) == consumed,
+                 "the refused sequence is not consumed after a restart");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 void Check(absl::string_view wire) {
-  v1::EventBatch batch;
-  // The service refuses what does not parse, before the collector sees it.
-  if (!batch.ParseFromArray(wire.data(), static_cast<int>(wire.size()))) return;
+  google::protobuf::Arena arena;
+  const IngestMessage message = CheckIngestMessage(wire, &arena);
+  FUZZ_CHECK(IsValidUtf8(message.reason), "the verdict's reason is not UTF-8");
+  if (message.kind == IngestMessage::Kind::kMalformed) return;  // the stream ends there
+  if (message.kind == IngestMessage::Kind::kRejected) {
+    CheckRefusal(message);
+    return;
+  }
+  const v1::EventBatch& batch = *message.batch;
+  FUZZ_CHECK(ValidateBatch(batch).ok(), "a batch to store fails ValidateBatch");
 
   char pattern[] = "/tmp/vramscope-batch-fuzz.XXXXXX";
   if (mkdtemp(pattern) == nullptr) return;

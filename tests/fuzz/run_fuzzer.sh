@@ -19,9 +19,13 @@ if [ -z "${ASAN_SYMBOLIZER_PATH:-}" ] && [ -x /usr/bin/llvm-symbolizer-14 ]; the
 fi
 mkdir "$work/corpus"
 status=0
+# libFuzzer's own exit code for a finding is 77, which meson reads as "skipped": make every
+# finding (crash, sanitizer report, broken contract, timeout, memory limit) exit 1.
 "$fuzzer" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=25 -print_final_stats=1 \
+  -error_exitcode=1 -timeout_exitcode=1 \
   -artifact_prefix="$artifacts/$(basename "$fuzzer")-" "$@" "$work/corpus" "$corpus" \
   >"$work/log" 2>&1 || status=$?
 # Without the line per new input: the start, any report, and the final statistics.
 grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)' "$work/log" || true
+[ "$status" -eq 77 ] && status=1
 exit "$status"

@@ -27,6 +27,7 @@
 #include "drain/ring_decoder.h"
 #include "drain/ring_reader.h"
 #include "vramscope/ring.h"
+#include "vramscope/utf8.h"
 #include "vramscope/v1/events.pb.h"
 
 namespace vramscope::agent::testing {
@@ -90,10 +91,13 @@ inline std::string CheckDecoder(const std::uint8_t* data, std::size_t size) {
         kind + "decoded");
     VRAMSCOPE_RING_CHECK(!event.has_alloc() || v1::AllocationKind_IsValid(event.alloc().kind()),
                          kind + "allocation kind out of range");
-    VRAMSCOPE_RING_CHECK(
-        !event.has_nvtx_push() ||
-            event.nvtx_push().name().size() + event.nvtx_push().domain().size() == text.size(),
-        kind + "NVTX name and domain are not the text");
+    // The name and the domain are the text, each made valid UTF-8 (vramscope/utf8.h).
+    const std::size_t name_len = record.payload.nvtx_push.name_len;
+    VRAMSCOPE_RING_CHECK(!event.has_nvtx_push() ||
+                             (name_len <= text.size() &&
+                              event.nvtx_push().name() == ToValidUtf8(text.substr(0, name_len)) &&
+                              event.nvtx_push().domain() == ToValidUtf8(text.substr(name_len))),
+                         kind + "NVTX name and domain are not the text");
     RingEvents one;
     *one.Add() = event;
     if (std::string wire = CheckWire(one); !wire.empty()) return kind + wire;

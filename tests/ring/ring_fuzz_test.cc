@@ -129,10 +129,12 @@ TEST(RingFuzzTest, TextThatIsNotUtf8SurvivesTheWire) {
   ASSERT_TRUE((*reader)->Drain(&events).ok());
   EXPECT_EQ(testing::CheckWire(events), "");
   ASSERT_GE(events.size(), 2);
-  EXPECT_EQ(events[0].process_start().host(), "h?st");
-  EXPECT_THAT(events[0].process_start().command_line(), ::testing::ElementsAre("app", "???"));
-  EXPECT_EQ(events[1].nvtx_push().name(), "caf? \xc3\xa9t?");
-  EXPECT_EQ(events[1].nvtx_push().domain(), "???d");
+  // Escaped as vramscope/utf8.h does: every byte that is not part of a UTF-8 character as \xHH.
+  EXPECT_EQ(events[0].process_start().host(), "h\\xFFst");
+  EXPECT_THAT(events[0].process_start().command_line(),
+              ::testing::ElementsAre("app", "\\xE0\\x80\\x80"));
+  EXPECT_EQ(events[1].nvtx_push().name(), "caf\\xE9 \xc3\xa9t\\xC3");
+  EXPECT_EQ(events[1].nvtx_push().domain(), "\\xED\\xA0\\x80d");
 }
 
 TEST(RingFuzzTest, HeaderErrorsAreStatusesNotCrashes) {

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/record_log.h"
 #include "vramscope/v1/collector.pb.h"
 #include "vramscope/v1/events.pb.h"
@@ -81,13 +82,14 @@ class Collector {
   // A batch failing ValidateBatch (vramscope/collector/batch_check.h; with `wire`, only
   // ValidateBatchHeader, as parsing checked the rest) is INVALID_ARGUMENT and stores nothing.
   absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {});
-  // Batch `sequence` of `key`, holding `events` events, was refused as invalid
-  // (CheckIngestMessage). If the key can be filed and the sequence is the next one, the sequence
-  // is recorded as consumed: a batch holding one DropEvent for `events` is stored in its place,
-  // so the process's later batches follow without a gap. A duplicate or sequence 0 stores
-  // nothing; a gap is FAILED_PRECONDITION as for Ingest. Returns the sequence to acknowledge
-  // (0 for a key that cannot be filed).
-  absl::StatusOr<uint64_t> Refuse(const v1::ProcessKey& key, uint64_t sequence, uint64_t events);
+  // CheckIngestMessage refused a batch (`refused.kind` is kRejected): batch `refused.sequence` of
+  // `refused.process`, holding `refused.events` events. If the key can be filed
+  // (`refused.key_usable`: the key as sent, not only its escaped form in `refused.process`) and
+  // the sequence is the next one, the sequence is recorded as consumed: a batch holding one
+  // DropEvent for the events is stored in its place, so the process's later batches follow
+  // without a gap. A duplicate or sequence 0 stores nothing; a gap is FAILED_PRECONDITION as for
+  // Ingest. Returns the sequence to acknowledge (0 for a key that cannot be filed).
+  absl::StatusOr<uint64_t> Refuse(const IngestMessage& refused);
   // The highest contiguous sequence stored for `key` (0 if unknown).
   uint64_t StoredSequence(const v1::ProcessKey& key) const;
 
