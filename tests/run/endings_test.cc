@@ -19,34 +19,17 @@
 #include "report/collector_source.h"
 #include "report/report_html.h"
 #include "run/run_command.h"
+#include "run_fixture.h"
 #include "top/top_model.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
 namespace {
 
-std::string FakeApp() {
-  const char* path = getenv("VRAMSCOPE_FAKE_APP");
-  return path != nullptr ? path : "";
-}
+using testing::FakeApp;
 
-class EndingsTest : public ::testing::Test {
+class EndingsTest : public testing::RunFixture {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(FakeApp().empty()) << "VRAMSCOPE_FAKE_APP is not set (meson sets it)";
-    ASSERT_NE(getenv("VRAMSCOPE_SHIM"), nullptr);
-    char pattern[] = "/tmp/vramscope-endings-test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    for (const std::string& f : files_) unlink(f.c_str());
-    rmdir(dir_.c_str());
-  }
-  std::string File(const std::string& name) {
-    files_.push_back(dir_ + "/" + name);
-    return files_.back();
-  }
   static std::vector<char*> Argv(std::vector<std::string>& args) {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -94,8 +77,6 @@ class EndingsTest : public ::testing::Test {
     return static_cast<double>(report.end_time_ns() - report.start_time_ns()) / 1e9;
   }
 
-  std::string dir_;
-  std::vector<std::string> files_;
   std::string stderr_;
   std::string stdout_;
   std::vector<v1::Report> reports_;

@@ -14,33 +14,16 @@
 #include <google/protobuf/struct.pb.h>
 
 #include "run/run_command.h"
+#include "run_fixture.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
 namespace {
 
-std::string FakeApp() {
-  const char* path = getenv("VRAMSCOPE_FAKE_APP");
-  return path != nullptr ? path : "";
-}
+using testing::FakeApp;
 
-class RunTest : public ::testing::Test {
+class RunTest : public testing::RunFixture {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(FakeApp().empty()) << "VRAMSCOPE_FAKE_APP is not set (meson sets it)";
-    ASSERT_NE(getenv("VRAMSCOPE_SHIM"), nullptr);
-    char pattern[] = "/tmp/vramscope-run-test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override {
-    for (const std::string& f : files_) unlink(f.c_str());
-    rmdir(dir_.c_str());
-  }
-  std::string File(const std::string& name) {
-    files_.push_back(dir_ + "/" + name);
-    return files_.back();
-  }
   // Runs `vramscope run ARGS` and returns the exit code; stderr is kept in stderr_.
   int Run(std::vector<std::string> args) {
     args.insert(args.begin(), "run");
@@ -65,8 +48,6 @@ class RunTest : public ::testing::Test {
     return report;
   }
 
-  std::string dir_;
-  std::vector<std::string> files_;
   std::string stderr_;
 };
 
