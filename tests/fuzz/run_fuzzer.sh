@@ -12,7 +12,8 @@ trap 'rm -rf "$work"' EXIT
 artifacts=${FUZZ_ARTIFACTS:-$PWD}
 mkdir -p "$artifacts"
 # Any sanitizer finding ends the run as a failure (see README.md for why leaks are on here).
-export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1:abort_on_error=1}
+# Later options win: leak detection stays on here whatever the test setup says.
+export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}halt_on_error=1:detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 if [ -z "${ASAN_SYMBOLIZER_PATH:-}" ] && [ -x /usr/bin/llvm-symbolizer-14 ]; then
   export ASAN_SYMBOLIZER_PATH=/usr/bin/llvm-symbolizer-14
