@@ -48,9 +48,9 @@ class DefaultRingTest : public ::testing::Test {
     const std::string err = tmp_.path() + "/stderr.txt";
     const std::string command = "env -u VRAMSCOPE_RING_DIR " + ring_dir_env +
                                 " VRAMSCOPE_TEST_DEFAULT_RING_DIR=" + default_dir_ +
-                                " VRAMSCOPE_LOG=info LD_PRELOAD=" + Env("VRAMSCOPE_SHIM") + " " +
-                                Env("VRAMSCOPE_RING_APP") + " " + mode + " " + tmp_.path() +
-                                "/out.txt 2>" + err;
+                                " VRAMSCOPE_LOG=info LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}" +
+                                Env("VRAMSCOPE_SHIM") + " " + Env("VRAMSCOPE_RING_APP") + " " +
+                                mode + " " + tmp_.path() + "/out.txt 2>" + err;
     const int status = system(command.c_str());
     stderr_ = ReadFile(err);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
