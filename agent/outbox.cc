@@ -47,6 +47,9 @@ struct SpoolHeader {
 static_assert(sizeof(SpoolHeader) == 40);
 constexpr absl::string_view kBatchSuffix = ".batch";
 constexpr absl::string_view kTempSuffix = ".tmp";
+// The most batches a replay fills in as lost between two spooled batches of one process: far
+// more than a spool bounded by --max-spool-bytes holds, far fewer than a forged name can claim.
+constexpr uint64_t kMaxReplayGap = uint64_t{1} << 20;
 constexpr absl::string_view kCorruptSuffix = ".corrupt";
 // Batches the collector rejected, moved out of the spool (not replayed), each with FILE.reason.
 constexpr absl::string_view kRejectedDir = "rejected";
@@ -360,6 +363,22 @@ void Outbox::Replay() {
       process.replay_base = process.acked;
       process.next_sequence = f.name.sequence;
       process.replayed = Replayed{};
+    }
+    if (f.name.sequence > process.next_sequence &&
+        f.name.sequence - process.next_sequence > kMaxReplayGap) {
+      // No spool holds that many batches (the spool bound): a forged or foreign file. Filling
+      // the gap would queue a batch per missing sequence; it is set aside instead.
+      ++counters_.spool_files_rejected;
+      std::error_code rename_error;
+      if (!f.path.empty()) {
+        std::filesystem::rename(f.path, f.path + std::string(kCorruptSuffix), rename_error);
+      }
+      Log(LogLevel::kError,
+          absl::StrFormat("spool file %s claims batch %d of %s, %d after the batches before it "
+                          "(at most %d can be missing); set aside as %s%s",
+                          f.path, f.name.sequence, name, f.name.sequence - process.next_sequence,
+                          kMaxReplayGap, kCorruptSuffix, rename_error ? " (rename failed)" : ""));
+      continue;
     }
     if (f.name.sequence > process.next_sequence) {
       // Deleted by someone else: nothing to send for them, but the collector must see no gap.

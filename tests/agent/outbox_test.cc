@@ -465,5 +465,24 @@ TEST_F(OutboxTest, ASpoolDirectoryServesOneOutboxAtATime) {
   EXPECT_EQ(third.counters().batches_replayed, 1u);
 }
 
+TEST_F(OutboxTest, AForgedSpoolSequenceFarAheadIsSetAsideNotFilledIn) {
+  // Two valid files of one process, batches 1 and 2^40: filling the gap would queue 2^40 lost
+  // batches. The far one is set aside (*.corrupt) and counted; batch 1 is replayed.
+  TempDir spool;
+  for (uint64_t sequence : {uint64_t{1}, uint64_t{1} << 40}) {
+    const v1::EventBatch batch = Batch(Key(7), sequence, 3);
+    absl::StatusOr<std::string> file = EncodeSpoolFile(batch, 0);
+    ASSERT_TRUE(file.ok()) << file.status();
+    std::ofstream(spool.path() + "/" + SpoolFileName(batch.process(), sequence, 3)) << *file;
+  }
+  OutboxOptions options;
+  options.spool_dir = spool.path();
+  Outbox outbox(options);
+  EXPECT_EQ(outbox.counters().spool_files_rejected, 1u);
+  EXPECT_EQ(outbox.counters().pending_batches, 1u);
+  EXPECT_TRUE(std::filesystem::exists(spool.path() + "/" +
+                                      SpoolFileName(Key(7), uint64_t{1} << 40, 3) + ".corrupt"));
+}
+
 }  // namespace
 }  // namespace vramscope::agent
