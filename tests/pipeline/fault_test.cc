@@ -81,6 +81,17 @@ class FaultTest : public ::testing::Test {
     return report;
   }
 
+  // Every process the collector knows, finished ones included.
+  v1::ListProcessesResponse ListAll(int port) {
+    grpc::ClientContext context;
+    v1::ListProcessesRequest request;
+    request.set_include_finished(true);
+    v1::ListProcessesResponse list;
+    grpc::Status status = Stub(port)->ListProcesses(&context, request, &list);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return list;
+  }
+
   // DropEvent records stored in the data directory's logs whose name contains `part`.
   uint64_t DroppedRecordsStored(const std::string& part) {
     uint64_t dropped = 0;
@@ -374,11 +385,7 @@ TEST_F(FaultTest, AgentOnceDrainsRingsAndExits) {
                            absl::StrCat("--collector=127.0.0.1:", port), "--batch-events=1000"}));
   EXPECT_EQ(agent.Wait(), 0) << agent.output();
 
-  grpc::ClientContext context;
-  v1::ListProcessesRequest request;
-  request.set_include_finished(true);
-  v1::ListProcessesResponse list;
-  ASSERT_TRUE(Stub(port)->ListProcesses(&context, request, &list).ok());
+  const v1::ListProcessesResponse list = ListAll(port);
   ASSERT_EQ(list.processes_size(), 1);
   EXPECT_EQ(list.processes(0).process().pid(), static_cast<uint32_t>(child));
   v1::Report report = Report(port, list.processes(0).process());
@@ -603,11 +610,7 @@ TEST_F(FaultTest, DamagedSpoolFilesAreReportedAndTheAgentGoesOn) {
   EXPECT_THAT(log, HasSubstr("unusable spool files 3"));
   // The lost batches reach the collector as counted drops under their own sequence numbers;
   // the ring's process is delivered whole.
-  grpc::ClientContext context;
-  v1::ListProcessesRequest request;
-  request.set_include_finished(true);
-  v1::ListProcessesResponse list;
-  ASSERT_TRUE(Stub(port)->ListProcesses(&context, request, &list).ok());
+  const v1::ListProcessesResponse list = ListAll(port);
   ASSERT_EQ(list.processes_size(), 3);
   for (const v1::ProcessSummary& process : list.processes()) {
     if (process.process().pid() == static_cast<uint32_t>(::getpid())) {
@@ -685,11 +688,7 @@ TEST_F(FaultTest, HostileStringsArriveEscapedBesideANormalProcess) {
                    absl::StrCat("--collector=127.0.0.1:", port), "--spool-dir=" + spool_.path()}));
   EXPECT_EQ(agent.Wait(), 0) << agent.output();
 
-  grpc::ClientContext context;
-  v1::ListProcessesRequest request;
-  request.set_include_finished(true);
-  v1::ListProcessesResponse list;
-  ASSERT_TRUE(Stub(port)->ListProcesses(&context, request, &list).ok());
+  const v1::ListProcessesResponse list = ListAll(port);
   ASSERT_EQ(list.processes_size(), 2) << agent.output();
   for (const v1::ProcessSummary& process : list.processes()) {
     v1::Report report = Report(port, process.process());
@@ -736,11 +735,7 @@ TEST_F(FaultTest, ARingClaimingPid0IsSkippedAndStallsNoOne) {
   EXPECT_THAT(log, HasSubstr("the header claims pid 0"));
   EXPECT_THAT(log, HasSubstr("skipped 1 damaged 0 identity-mismatch 1"));
 
-  grpc::ClientContext context;
-  v1::ListProcessesRequest request;
-  request.set_include_finished(true);
-  v1::ListProcessesResponse list;
-  ASSERT_TRUE(Stub(port)->ListProcesses(&context, request, &list).ok());
+  const v1::ListProcessesResponse list = ListAll(port);
   ASSERT_EQ(list.processes_size(), 1);
   EXPECT_EQ(list.processes(0).process().pid(), static_cast<uint32_t>(normal));
   EXPECT_EQ(Report(port, list.processes(0).process()).events(), 504u);
