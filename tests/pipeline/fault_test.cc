@@ -81,6 +81,17 @@ class FaultTest : public ::testing::Test {
     return report;
   }
 
+  // `vramscope-agent --once` over `ring_dir` into the collector on `port`, spooling to spool_;
+  // its exit status (-1 when it did not start).
+  int AgentOnce(Subprocess& agent, const std::string& ring_dir, int port) {
+    if (!agent.Start({agent_bin_, "--once", "--once-timeout=60", "--ring-dir=" + ring_dir,
+                      absl::StrCat("--collector=127.0.0.1:", port),
+                      "--spool-dir=" + spool_.path()})) {
+      return -1;
+    }
+    return agent.Wait();
+  }
+
   // Every process the collector knows, finished ones included.
   v1::ListProcessesResponse ListAll(int port) {
     grpc::ClientContext context;
@@ -683,10 +694,7 @@ TEST_F(FaultTest, HostileStringsArriveEscapedBesideANormalProcess) {
   const int port = StartCollector(collector, "127.0.0.1:0");
   ASSERT_NE(port, 0);
   Subprocess agent;
-  ASSERT_TRUE(
-      agent.Start({agent_bin_, "--once", "--once-timeout=60", "--ring-dir=" + rings.path(),
-                   absl::StrCat("--collector=127.0.0.1:", port), "--spool-dir=" + spool_.path()}));
-  EXPECT_EQ(agent.Wait(), 0) << agent.output();
+  EXPECT_EQ(AgentOnce(agent, rings.path(), port), 0) << agent.output();
 
   const v1::ListProcessesResponse list = ListAll(port);
   ASSERT_EQ(list.processes_size(), 2) << agent.output();
@@ -727,10 +735,7 @@ TEST_F(FaultTest, ARingClaimingPid0IsSkippedAndStallsNoOne) {
   const int port = StartCollector(collector, "127.0.0.1:0");
   ASSERT_NE(port, 0);
   Subprocess agent;
-  ASSERT_TRUE(
-      agent.Start({agent_bin_, "--once", "--once-timeout=60", "--ring-dir=" + rings.path(),
-                   absl::StrCat("--collector=127.0.0.1:", port), "--spool-dir=" + spool_.path()}));
-  EXPECT_EQ(agent.Wait(), 0) << agent.output();
+  EXPECT_EQ(AgentOnce(agent, rings.path(), port), 0) << agent.output();
   const std::string log = agent.output();
   EXPECT_THAT(log, HasSubstr("the header claims pid 0"));
   EXPECT_THAT(log, HasSubstr("skipped 1 damaged 0 identity-mismatch 1"));
