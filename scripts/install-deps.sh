@@ -11,6 +11,11 @@ packages=(
   clang-14 libclang-rt-14-dev llvm-14  # tests/fuzz: libFuzzer, its sanitizers, llvm-symbolizer
   chromium  # tests/report: the HTML report rendered by headless Chromium
   libncurses-dev tmux
+  prometheus prometheus-cpp-dev  # collector /metrics; tests start a real Prometheus, run promtool
+  libsqlite3-dev libpqxx-dev postgresql  # run history: SQLite default, PostgreSQL (tests start one)
+  libcli11-dev  # the command-line grammar
+  libdw-dev  # stack symbolization
+  libjs-d3 libjs-dygraphs  # the HTML report's plots, inlined at build time
 )
 missing=()
 for p in "${packages[@]}"; do
