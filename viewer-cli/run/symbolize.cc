@@ -5,8 +5,12 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
-#include <stdio.h>
-#include <sys/wait.h>
+#include <cxxabi.h>
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+#include <elfutils/libdwfl.h>
+#include <fcntl.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <map>
@@ -17,8 +21,6 @@
 
 namespace vramscope::cli {
 namespace {
-
-constexpr std::size_t kBatch = 256;  // addresses per addr2line command line
 
 struct Frame {
   std::string path;
@@ -44,82 +46,129 @@ bool ParseFrame(std::string_view frame, Frame* out) {
   return true;
 }
 
-std::string ShellQuote(std::string_view text) {
-  std::string out = "'";
-  for (char c : text) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out.push_back(c);
-    }
-  }
-  out += "'";
+std::string Demangle(const char* name) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  if (demangled == nullptr) return name;
+  std::string out(demangled);
+  free(demangled);
   return out;
 }
 
-bool IsAddressLine(std::string_view line) {
-  if (line.size() < 3 || line.substr(0, 2) != "0x") return false;
-  for (char c : line.substr(2)) {
-    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return false;
+// A function's name from its DWARF entry (following abstract_origin and specification): the
+// demangled linkage name, else the plain name; empty when it has neither.
+std::string DieFunctionName(Dwarf_Die* die) {
+  Dwarf_Attribute attr;
+  for (int name : {DW_AT_linkage_name, DW_AT_MIPS_linkage_name}) {
+    if (dwarf_attr_integrate(die, name, &attr) != nullptr) {
+      if (const char* text = dwarf_formstring(&attr)) return Demangle(text);
+    }
   }
-  return true;
+  if (dwarf_attr_integrate(die, DW_AT_name, &attr) != nullptr) {
+    if (const char* text = dwarf_formstring(&attr)) return text;
+  }
+  return "";
 }
 
-// One addr2line run over `offsets` of `path`; fills `names[i]` with the frames of offsets[i]
-// (empty when unresolved). False when addr2line could not be run.
-bool RunAddr2line(const std::string& addr2line, const std::string& path,
-                  const std::vector<std::uint64_t>& offsets,
-                  std::vector<std::vector<std::string>>* names) {
-  std::string command = absl::StrCat(ShellQuote(addr2line), " -a -f -C -i -e ", ShellQuote(path));
-  for (std::uint64_t offset : offsets) {
-    // Return addresses point after the call: look up the call instruction itself.
-    absl::StrAppend(&command, absl::StrFormat(" 0x%x", offset > 0 ? offset - 1 : 0));
-  }
-  command += " 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return false;
-  std::string output;
-  char buffer[8192];
-  std::size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-  const int status = pclose(pipe);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) == 127) return false;
-  names->assign(offsets.size(), {});
-  int index = -1;
-  std::string function;
-  bool have_function = false;
-  std::size_t start = 0;
-  while (start < output.size()) {
-    std::size_t end = output.find('\n', start);
-    if (end == std::string::npos) end = output.size();
-    const std::string_view line(output.data() + start, end - start);
-    start = end + 1;
-    if (IsAddressLine(line)) {
-      ++index;
-      have_function = false;
-      continue;
-    }
-    if (index < 0 || index >= static_cast<int>(offsets.size())) continue;
-    if (!have_function) {
-      function = std::string(line);
-      have_function = true;
-      continue;
-    }
-    have_function = false;
-    // `line` is FILE:LINE (possibly "??:0" or "??:?", and " (discriminator N)" after it).
-    std::string location(line);
-    if (const std::size_t d = location.find(" (discriminator"); d != std::string::npos) {
-      location.resize(d);
-    }
-    if (function == "??" && location.rfind("??", 0) == 0) continue;
-    std::string name = function;
-    if (location.rfind("??", 0) != 0) absl::StrAppend(&name, " (", location, ")");
-    // Debug info names files as the compiler saw them, in any encoding: the frame goes into a
-    // proto string (the JSON report), so bytes that are not UTF-8 are escaped.
-    (*names)[static_cast<std::size_t>(index)].push_back(ToValidUtf8(name));
-  }
-  return true;
+// "FILE:LINE" of an inlined call (DW_AT_call_file/line of the inlined scope), or "".
+std::string CallSite(Dwarf_Die* cu, Dwarf_Die* inlined) {
+  Dwarf_Attribute attr;
+  Dwarf_Word file = 0, line = 0;
+  if (dwarf_formudata(dwarf_attr(inlined, DW_AT_call_file, &attr), &file) != 0) return "";
+  if (dwarf_formudata(dwarf_attr(inlined, DW_AT_call_line, &attr), &line) != 0) line = 0;
+  Dwarf_Files* files = nullptr;
+  std::size_t count = 0;
+  if (dwarf_getsrcfiles(cu, &files, &count) != 0 || file >= count) return "";
+  const char* name = dwarf_filesrc(files, file, nullptr, nullptr);
+  return name == nullptr ? "" : absl::StrCat(name, ":", line);
 }
+
+std::string Located(const std::string& function, const std::string& location) {
+  return location.empty() ? function : absl::StrCat(function, " (", location, ")");
+}
+
+// One module opened with libdw at its link-time addresses (load bias 0), so a drain offset is
+// an address in it. Owns the Dwfl session (and through it the file descriptor).
+class ModuleSymbols {
+ public:
+  explicit ModuleSymbols(const std::string& path) {
+    static const Dwfl_Callbacks kCallbacks = {nullptr, dwfl_standard_find_debuginfo,
+                                              dwfl_offline_section_address, nullptr};
+    dwfl_ = dwfl_begin(&kCallbacks);
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (dwfl_ == nullptr || fd < 0) {
+      if (fd >= 0) close(fd);
+      return;
+    }
+    module_ = dwfl_report_elf(dwfl_, path.c_str(), path.c_str(), fd, 0, true);
+    if (module_ == nullptr) close(fd);  // otherwise libdw closes it with the module
+    dwfl_report_end(dwfl_, nullptr, nullptr);
+  }
+  ~ModuleSymbols() {
+    if (dwfl_ != nullptr) dwfl_end(dwfl_);
+  }
+  ModuleSymbols(const ModuleSymbols&) = delete;
+  ModuleSymbols& operator=(const ModuleSymbols&) = delete;
+
+  bool ok() const { return module_ != nullptr; }
+
+  // The frames of the code at `address`, innermost first (an inlined call is a frame of its
+  // own); empty when neither debug information nor a symbol covers it. A symbol covers an
+  // address only within its size: the nearest symbol before a gap is not taken for it.
+  std::vector<std::string> Frames(GElf_Addr address) {
+    const std::string symbol = SymbolName(address);
+    std::vector<std::string> out = InlineChain(address, symbol);
+    if (out.empty() && !symbol.empty()) out.push_back(Located(symbol, SourceLine(address)));
+    return out;
+  }
+
+ private:
+  // The demangled name of the ELF symbol whose extent holds `address`, or "".
+  std::string SymbolName(GElf_Addr address) {
+    GElf_Off offset = 0;
+    GElf_Sym sym;
+    const char* name =
+        dwfl_module_addrinfo(module_, address, &offset, &sym, nullptr, nullptr, nullptr);
+    return name == nullptr ? "" : Demangle(name);
+  }
+
+  std::string SourceLine(GElf_Addr address) {
+    Dwfl_Line* line = dwfl_module_getsrc(module_, address);
+    int number = 0;
+    const char* file = line == nullptr
+                           ? nullptr
+                           : dwfl_lineinfo(line, nullptr, &number, nullptr, nullptr, nullptr);
+    return file == nullptr ? "" : absl::StrCat(file, ":", number);
+  }
+
+  // From DWARF scopes: the innermost function gets the line table's location, each caller the
+  // call site recorded on the inlined scope inside it; ends at the enclosing subprogram, named
+  // by its ELF symbol when there is one (with its parameter types, as addr2line names it; DWARF
+  // gives a static function only its bare name).
+  std::vector<std::string> InlineChain(GElf_Addr address, const std::string& symbol) {
+    std::vector<std::string> out;
+    Dwarf_Addr bias = 0;
+    Dwarf_Die* cu = dwfl_module_addrdie(module_, address, &bias);
+    if (cu == nullptr) return out;
+    Dwarf_Die* scopes = nullptr;
+    const int count = dwarf_getscopes(cu, address - bias, &scopes);
+    std::string location = SourceLine(address);
+    for (int i = 0; i < count; ++i) {
+      const int tag = dwarf_tag(&scopes[i]);
+      if (tag != DW_TAG_inlined_subroutine && tag != DW_TAG_subprogram) continue;
+      std::string name = DieFunctionName(&scopes[i]);
+      if (tag == DW_TAG_subprogram && !symbol.empty()) name = symbol;
+      out.push_back(Located(name.empty() ? "??" : name, location));
+      if (tag == DW_TAG_subprogram) break;
+      location = CallSite(cu, &scopes[i]);
+    }
+    free(scopes);
+    return out;
+  }
+
+  Dwfl* dwfl_ = nullptr;
+  Dwfl_Module* module_ = nullptr;
+};
 
 std::string Basename(std::string_view path) {
   const std::size_t slash = path.rfind('/');
@@ -147,7 +196,7 @@ std::string SiteLabel(const v1::SiteStats& site) {
   return site.frames(0);
 }
 
-SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports, const std::string& addr2line) {
+SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports) {
   SymbolizeResult result;
   // Distinct frames, grouped by module.
   std::map<std::string, std::vector<std::uint64_t>> by_module;
@@ -167,24 +216,21 @@ SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports, const std::st
   result.frames = resolved.size();
   for (const auto& [path, offsets] : by_module) {
     if (access(path.c_str(), R_OK) != 0) continue;
-    for (std::size_t begin = 0; begin < offsets.size(); begin += kBatch) {
-      const std::vector<std::uint64_t> batch(
-          offsets.begin() + static_cast<std::ptrdiff_t>(begin),
-          offsets.begin() + static_cast<std::ptrdiff_t>(std::min(offsets.size(), begin + kBatch)));
-      std::vector<std::vector<std::string>> names;
-      if (!RunAddr2line(addr2line, path, batch, &names)) {
-        result.warning = absl::StrCat("cannot run ", addr2line,
-                                      " (binutils) to resolve allocation sites; frames are shown "
-                                      "as MODULE+0xOFFSET");
-        break;
-      }
-      for (std::size_t i = 0; i < batch.size(); ++i) {
-        if (names[i].empty()) continue;
-        resolved[absl::StrFormat("%s+0x%x", path, batch[i])] = std::move(names[i]);
-        ++result.resolved;
-      }
+    ModuleSymbols module(path);
+    if (!module.ok()) {
+      ++result.unreadable_modules;
+      continue;
     }
-    if (!result.warning.empty()) break;
+    for (std::uint64_t offset : offsets) {
+      // Return addresses point after the call: look up the call instruction itself.
+      std::vector<std::string> names = module.Frames(offset > 0 ? offset - 1 : 0);
+      if (names.empty()) continue;
+      // Debug info names files as the compiler saw them, in any encoding: the frame goes into
+      // a proto string (the JSON report), so bytes that are not UTF-8 are escaped.
+      for (std::string& name : names) name = ToValidUtf8(name);
+      resolved[absl::StrFormat("%s+0x%x", path, offset)] = std::move(names);
+      ++result.resolved;
+    }
   }
   for (v1::Report& report : *reports) {
     for (v1::DeviceReport& device : *report.mutable_devices()) {

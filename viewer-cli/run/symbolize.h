@@ -1,11 +1,14 @@
 // Allocation sites, resolved outside the application: the drain names each return address
 // "PATH+0xOFFSET" (agent/drain/site_assembler.h); this turns those into "function (file:line)"
-// with binutils' addr2line, run once per module in batches (`addr2line -a -f -C -i -e PATH`).
-// An inlined call expands into several frames, innermost first, as the site's frames are.
-// A frame addr2line cannot name keeps its "PATH+0xOFFSET" form (stripped binaries, a module
-// deleted since, no addr2line on PATH); FoldedStacks then shows "basename+0xOFFSET".
+// with elfutils' libdw, each module opened once at its link-time addresses: names from DWARF
+// (inlined calls expand into several frames, innermost first, as the site's frames are), else
+// from the ELF symbol whose extent holds the address (never the nearest symbol before a gap, so
+// a stripped library's internal function is not named after its exported neighbour); separate
+// debug files are found as libdw's standard search does (build-id, .gnu_debuglink,
+// /usr/lib/debug). A frame it cannot name keeps its "PATH+0xOFFSET" form (stripped code, a
+// module deleted since); FoldedStacks then shows "basename+0xOFFSET".
 //
-// Thread safety: none needed (pure functions; they run child processes).
+// Thread safety: none needed (pure functions).
 #pragma once
 
 #include <cstddef>
@@ -17,15 +20,13 @@
 namespace vramscope::cli {
 
 struct SymbolizeResult {
-  std::size_t frames = 0;    // distinct "PATH+0xOFFSET" frames seen
-  std::size_t resolved = 0;  // of those, named by addr2line
-  std::string warning;       // non-empty when addr2line could not be run at all
+  std::size_t frames = 0;              // distinct "PATH+0xOFFSET" frames seen
+  std::size_t resolved = 0;            // of those, named
+  std::size_t unreadable_modules = 0;  // present but not an ELF file libdw could read
 };
 
-// Rewrites the frames of every device's top_sites in `reports`. `addr2line` is the program to
-// run (a name looked up on PATH, or a path).
-SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports,
-                                 const std::string& addr2line = "addr2line");
+// Rewrites the frames of every device's top_sites in `reports`.
+SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports);
 
 // The frame that names a site in one line: the innermost frame outside the CUDA runtime and
 // driver (functions cuda*, __cuda*, cu[A-Z]*; modules libcudart*, libcuda*), which is where the
