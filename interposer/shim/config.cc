@@ -91,6 +91,9 @@ Config ReadConfig() {
   }
   if (ReadU64("VRAMSCOPE_RUNTIME_HOOKS", &value)) config.runtime_hooks = value != 0;
   if (ReadU64("VRAMSCOPE_STACKS", &value)) config.stacks = value != 0;
+  if (const char* unwind = getenv("VRAMSCOPE_STACKS_UNWIND")) {
+    config.stacks_libgcc = strcmp(unwind, "libgcc") == 0;
+  }
   if (ReadU64("VRAMSCOPE_CUPTI", &value)) config.cupti = value != 0;
   if (ReadU64("VRAMSCOPE_ORDERED", &value)) config.ordered = value != 0;
   return config;

@@ -49,6 +49,9 @@ struct Config {
   bool runtime_hooks = true;
   // VRAMSCOPE_STACKS=1: allocation sites (call stacks) in the ALLOC records (stacks.h).
   bool stacks = false;
+  // VRAMSCOPE_STACKS_UNWIND=libgcc: walk stacks with libgcc's _Unwind_Backtrace only (the fast
+  // walk of unwind.h off), to compare or to work around a walk that stops early.
+  bool stacks_libgcc = false;
   // VRAMSCOPE_CUPTI=1: CUPTI memory activity records into the ring (cupti.h); `vramscope run`
   // sets it. Off by default under plain LD_PRELOAD.
   bool cupti = false;

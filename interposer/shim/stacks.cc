@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "shim.h"
+#include "fast_unwind.h"
 
 namespace vramscope::interposer {
 namespace {
@@ -199,8 +200,11 @@ std::uint64_t CaptureSite(RingWriter* ring) {
     dl_iterate_phdr(FindSelf, nullptr);  // idempotent; racing threads store the same range
   }
   Unwound unwound;
-  unwound.count = 0;
-  _Unwind_Backtrace(CollectFrame, &unwound);
+  unwound.count = Cfg().stacks_libgcc ? -1 : FastBacktrace(unwound.frames, kMaxRawFrames);
+  if (unwound.count < 0) {
+    unwound.count = 0;
+    _Unwind_Backtrace(CollectFrame, &unwound);
+  }
   const std::uintptr_t self_start = g_self_start.load(std::memory_order_relaxed);
   const std::uintptr_t self_end = g_self_end.load(std::memory_order_relaxed);
   int first = 0;

@@ -1,0 +1,494 @@
+#include "fast_unwind.h"
+
+#include <dlfcn.h>  // _dl_find_object (glibc >= 2.35)
+#include <string.h>
+
+#include <atomic>
+#include <cstddef>
+
+namespace vramscope::interposer {
+namespace {
+
+// x86-64 DWARF register numbers.
+constexpr unsigned kRegRbp = 6;
+constexpr unsigned kRegRsp = 7;
+constexpr unsigned kRegRa = 16;
+// A frame's CFA lies above the previous one by less than this, or the walk stops.
+constexpr std::uintptr_t kMaxFrameBytes = std::uintptr_t{1} << 26;
+
+// What one code address's frame looks like (see unwind.h).
+enum RuleKind : std::uint8_t { kFollow = 0, kEnd = 1, kGiveUp = 2 };
+struct Rule {
+  RuleKind kind = kGiveUp;
+  bool cfa_is_rbp = false;  // CFA = rbp + cfa_offset, else rsp + cfa_offset
+  bool rbp_saved = false;   // the caller's rbp is at CFA + rbp_offset, else rbp is unchanged
+  std::int32_t cfa_offset = 0;
+  std::int16_t rbp_offset = 0;
+};
+
+std::uint64_t Pack(const Rule& r) {
+  return std::uint64_t{static_cast<std::uint32_t>(r.cfa_offset)} |
+         std::uint64_t{r.cfa_is_rbp} << 32 | std::uint64_t{r.rbp_saved} << 33 |
+         std::uint64_t{r.kind} << 34 |
+         std::uint64_t{static_cast<std::uint16_t>(r.rbp_offset)} << 48;
+}
+
+Rule Unpack(std::uint64_t v) {
+  Rule r;
+  r.cfa_offset = static_cast<std::int32_t>(static_cast<std::uint32_t>(v));
+  r.cfa_is_rbp = (v >> 32) & 1;
+  r.rbp_saved = (v >> 33) & 1;
+  r.kind = static_cast<RuleKind>((v >> 34) & 3);
+  r.rbp_offset = static_cast<std::int16_t>(static_cast<std::uint16_t>(v >> 48));
+  return r;
+}
+
+// The rule table: key = pc << 1 | published, 0 = empty. A writer claims an empty slot by CAS
+// (key = pc << 1), stores the value, then publishes (key |= 1, release).
+constexpr std::size_t kSlots = std::size_t{1} << 15;
+constexpr int kProbes = 16;
+struct Slot {
+  std::atomic<std::uint64_t> key;
+  std::atomic<std::uint64_t> value;
+};
+constinit Slot g_rules[kSlots] = {};
+constinit std::atomic<std::uint64_t> g_rules_computed{0};
+constinit std::atomic<std::uint64_t> g_walks_given_up{0};
+
+// --- Reading .eh_frame ---------------------------------------------------------------------------
+
+// A bounds-free reader over mapped unwind tables (they are the loader's, read-only, complete).
+struct Cursor {
+  const std::uint8_t* p;
+  bool ok = true;
+
+  template <typename T>
+  T Fixed() {
+    T v;
+    memcpy(&v, p, sizeof(v));
+    p += sizeof(v);
+    return v;
+  }
+  std::uint64_t Uleb() {
+    std::uint64_t v = 0;
+    for (unsigned shift = 0;; shift += 7) {
+      const std::uint8_t b = *p++;
+      if (shift < 64) v |= std::uint64_t{b & 0x7fu} << shift;
+      if ((b & 0x80) == 0) return v;
+    }
+  }
+  std::int64_t Sleb() {
+    std::int64_t v = 0;
+    unsigned shift = 0;
+    std::uint8_t b;
+    do {
+      b = *p++;
+      if (shift < 64) v |= static_cast<std::int64_t>(std::uint64_t{b & 0x7fu} << shift);
+      shift += 7;
+    } while (b & 0x80);
+    if (shift < 64 && (b & 0x40)) v |= -(std::int64_t{1} << shift);
+    return v;
+  }
+  // A DW_EH_PE-encoded pointer; `data_base` for datarel. Indirect pointers are followed only
+  // when `follow` (the personality routine's is skipped, never read).
+  std::uintptr_t Encoded(std::uint8_t encoding, std::uintptr_t data_base = 0, bool follow = true) {
+    if (encoding == 0xff) return 0;  // omitted
+    const auto here = reinterpret_cast<std::uintptr_t>(p);
+    std::uint64_t v = 0;
+    switch (encoding & 0x0f) {
+      case 0x00:
+        v = Fixed<std::uint64_t>();
+        break;
+      case 0x01:
+        v = Uleb();
+        break;
+      case 0x02:
+        v = Fixed<std::uint16_t>();
+        break;
+      case 0x03:
+        v = Fixed<std::uint32_t>();
+        break;
+      case 0x04:
+        v = Fixed<std::uint64_t>();
+        break;
+      case 0x09:
+        v = static_cast<std::uint64_t>(Sleb());
+        break;
+      case 0x0a:
+        v = static_cast<std::uint64_t>(std::int64_t{Fixed<std::int16_t>()});
+        break;
+      case 0x0b:
+        v = static_cast<std::uint64_t>(std::int64_t{Fixed<std::int32_t>()});
+        break;
+      case 0x0c:
+        v = Fixed<std::uint64_t>();
+        break;
+      default:
+        ok = false;
+        return 0;
+    }
+    switch (encoding & 0x70) {
+      case 0x00:
+        break;
+      case 0x10:
+        v += here;
+        break;  // pcrel
+      case 0x30:
+        v += data_base;
+        break;  // datarel
+      default:
+        ok = false;
+        return 0;
+    }
+    if ((encoding & 0x80) && follow && v != 0) memcpy(&v, reinterpret_cast<void*>(v), 8);
+    return static_cast<std::uintptr_t>(v);
+  }
+};
+
+// The parts of a CIE the walk needs.
+struct Cie {
+  std::uint64_t code_align = 1;
+  std::int64_t data_align = -8;
+  std::uint8_t fde_encoding = 0;
+  const std::uint8_t* instructions = nullptr;
+  const std::uint8_t* end = nullptr;
+  bool ok = false;
+};
+
+// Length field of a CIE or FDE: sets `*end`, returns false for the 64-bit form's absurd sizes.
+bool ReadLength(Cursor* c, const std::uint8_t** end) {
+  std::uint64_t length = c->Fixed<std::uint32_t>();
+  if (length == 0xffffffffu) length = c->Fixed<std::uint64_t>();
+  if (length == 0 || length > (std::uint64_t{1} << 32)) return false;
+  *end = c->p + length;
+  return true;
+}
+
+Cie ParseCie(const std::uint8_t* at) {
+  Cie cie;
+  Cursor c{at};
+  if (!ReadLength(&c, &cie.end) || c.Fixed<std::uint32_t>() != 0) return cie;
+  const std::uint8_t version = c.Fixed<std::uint8_t>();
+  const char* augmentation = reinterpret_cast<const char*>(c.p);
+  c.p += strlen(augmentation) + 1;
+  if (augmentation[0] != '\0' && augmentation[0] != 'z') return cie;  // "eh" and older forms
+  cie.code_align = c.Uleb();
+  cie.data_align = c.Sleb();
+  const std::uint64_t ra = version == 1 ? c.Fixed<std::uint8_t>() : c.Uleb();
+  if (ra != kRegRa) return cie;
+  if (augmentation[0] == 'z') {
+    const std::uint64_t length = c.Uleb();
+    const std::uint8_t* data_end = c.p + length;
+    for (const char* a = augmentation + 1; *a != '\0'; ++a) {
+      if (*a == 'R') {
+        cie.fde_encoding = c.Fixed<std::uint8_t>();
+      } else if (*a == 'P') {
+        const std::uint8_t encoding = c.Fixed<std::uint8_t>();
+        c.Encoded(encoding, 0, /*follow=*/false);
+      } else if (*a == 'L') {
+        c.Fixed<std::uint8_t>();
+      } else if (*a == 'S') {
+        return cie;  // a signal frame: libgcc knows its special case
+      } else {
+        break;  // unknown letters: the length lets us skip the rest
+      }
+    }
+    c.p = data_end;
+  }
+  cie.instructions = c.p;
+  cie.ok = c.ok;
+  return cie;
+}
+
+// The register state the CFA program builds.
+struct State {
+  unsigned cfa_reg = kRegRsp;
+  std::int64_t cfa_offset = 8;
+  enum How : std::uint8_t { kSame, kOffset, kUndefined, kOther };
+  How rbp = kSame;
+  std::int64_t rbp_offset = 0;
+  How ra = kUndefined;
+  std::int64_t ra_offset = 0;
+  bool cfa_expression = false;
+};
+
+void SetRule(State* s, std::uint64_t reg, State::How how, std::int64_t offset) {
+  if (reg == kRegRbp) {
+    s->rbp = how;
+    s->rbp_offset = offset;
+  } else if (reg == kRegRa) {
+    s->ra = how;
+    s->ra_offset = offset;
+  }
+}
+
+void RestoreRule(State* s, const State& initial, std::uint64_t reg) {
+  if (reg == kRegRbp) SetRule(s, reg, initial.rbp, initial.rbp_offset);
+  if (reg == kRegRa) SetRule(s, reg, initial.ra, initial.ra_offset);
+}
+
+// Runs a CFA program from `loc` until the location passes `pc` (pc 0: the whole program, for a
+// CIE's initial instructions). Returns false on an instruction it does not know.
+bool RunProgram(Cursor c, const std::uint8_t* end, const Cie& cie, std::uintptr_t loc,
+                std::uintptr_t pc, const State& initial, State* s) {
+  State stack[8];
+  int depth = 0;
+  while (c.p < end && c.ok) {
+    const std::uint8_t op = c.Fixed<std::uint8_t>();
+    std::uint64_t advance = 0;
+    switch (op >> 6) {
+      case 1:
+        advance = op & 0x3f;
+        break;
+      case 2:
+        SetRule(s, op & 0x3f, State::kOffset, static_cast<std::int64_t>(c.Uleb()) * cie.data_align);
+        continue;
+      case 3:
+        RestoreRule(s, initial, op & 0x3f);
+        continue;
+      default:
+        break;
+    }
+    if (advance == 0) {
+      switch (op) {
+        case 0x00:
+          continue;  // nop
+        case 0x02:
+          advance = c.Fixed<std::uint8_t>();
+          break;
+        case 0x03:
+          advance = c.Fixed<std::uint16_t>();
+          break;
+        case 0x04:
+          advance = c.Fixed<std::uint32_t>();
+          break;
+        case 0x05: {  // offset_extended
+          const std::uint64_t reg = c.Uleb();
+          SetRule(s, reg, State::kOffset, static_cast<std::int64_t>(c.Uleb()) * cie.data_align);
+          continue;
+        }
+        case 0x06:
+          RestoreRule(s, initial, c.Uleb());
+          continue;
+        case 0x07:
+          SetRule(s, c.Uleb(), State::kUndefined, 0);
+          continue;
+        case 0x08:
+          SetRule(s, c.Uleb(), State::kSame, 0);
+          continue;
+        case 0x09: {  // register
+          const std::uint64_t reg = c.Uleb();
+          c.Uleb();
+          SetRule(s, reg, State::kOther, 0);
+          continue;
+        }
+        case 0x0a:
+          if (depth == 8) return false;
+          stack[depth++] = *s;
+          continue;
+        case 0x0b:
+          if (depth == 0) return false;
+          // The CFA rule comes back with the registers' rules, as libgcc restores it.
+          *s = stack[--depth];
+          continue;
+        case 0x0c:
+          s->cfa_reg = static_cast<unsigned>(c.Uleb());
+          s->cfa_offset = static_cast<std::int64_t>(c.Uleb());
+          s->cfa_expression = false;
+          continue;
+        case 0x0d:
+          s->cfa_reg = static_cast<unsigned>(c.Uleb());
+          continue;
+        case 0x0e:
+          s->cfa_offset = static_cast<std::int64_t>(c.Uleb());
+          continue;
+        case 0x0f:  // def_cfa_expression
+          c.p += c.Uleb();
+          s->cfa_expression = true;
+          continue;
+        case 0x10:    // expression
+        case 0x16: {  // val_expression
+          const std::uint64_t reg = c.Uleb();
+          c.p += c.Uleb();
+          SetRule(s, reg, State::kOther, 0);
+          continue;
+        }
+        case 0x11: {  // offset_extended_sf
+          const std::uint64_t reg = c.Uleb();
+          SetRule(s, reg, State::kOffset, c.Sleb() * cie.data_align);
+          continue;
+        }
+        case 0x12:
+          s->cfa_reg = static_cast<unsigned>(c.Uleb());
+          s->cfa_offset = c.Sleb() * cie.data_align;
+          s->cfa_expression = false;
+          continue;
+        case 0x13:
+          s->cfa_offset = c.Sleb() * cie.data_align;
+          continue;
+        case 0x14:    // val_offset
+        case 0x15: {  // val_offset_sf
+          const std::uint64_t reg = c.Uleb();
+          if (op == 0x14)
+            c.Uleb();
+          else
+            c.Sleb();
+          SetRule(s, reg, State::kOther, 0);
+          continue;
+        }
+        case 0x2e:
+          c.Uleb();
+          continue;   // GNU_args_size
+        case 0x2f: {  // GNU_negative_offset_extended
+          const std::uint64_t reg = c.Uleb();
+          SetRule(s, reg, State::kOffset, -static_cast<std::int64_t>(c.Uleb()) * cie.data_align);
+          continue;
+        }
+        default:
+          return false;  // set_loc and anything newer
+      }
+    }
+    loc += advance * cie.code_align;
+    if (pc != 0 && loc > pc) break;
+  }
+  return c.ok;
+}
+
+Rule RuleFromState(const State& s) {
+  Rule r;
+  if (s.ra == State::kUndefined) {
+    r.kind = kEnd;
+    return r;
+  }
+  if (s.cfa_expression || (s.cfa_reg != kRegRsp && s.cfa_reg != kRegRbp) ||
+      s.ra != State::kOffset || s.ra_offset != -8 || s.cfa_offset < 0 || s.cfa_offset > INT32_MAX ||
+      s.rbp == State::kUndefined || s.rbp == State::kOther || s.rbp_offset < INT16_MIN ||
+      s.rbp_offset > INT16_MAX) {
+    return r;  // kGiveUp
+  }
+  r.kind = kFollow;
+  r.cfa_is_rbp = s.cfa_reg == kRegRbp;
+  r.cfa_offset = static_cast<std::int32_t>(s.cfa_offset);
+  r.rbp_saved = s.rbp == State::kOffset;
+  r.rbp_offset = static_cast<std::int16_t>(s.rbp_offset);
+  return r;
+}
+
+// The FDE covering `pc` through .eh_frame_hdr's search table, or null.
+const std::uint8_t* FindFde(const std::uint8_t* hdr, std::uintptr_t pc) {
+  if (hdr[0] != 1 || hdr[3] != 0x3b) return nullptr;  // version 1; datarel sdata4 table
+  Cursor c{hdr + 4};
+  const auto base = reinterpret_cast<std::uintptr_t>(hdr);
+  c.Encoded(hdr[1], base);
+  const std::uintptr_t count = c.Encoded(hdr[2], base);
+  if (!c.ok || count == 0) return nullptr;
+  const auto* table = c.p;
+  std::size_t lo = 0, hi = count;  // the last entry whose start is <= pc
+  while (hi - lo > 1) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    std::int32_t start;
+    memcpy(&start, table + mid * 8, 4);
+    if (base + static_cast<std::intptr_t>(start) <= pc)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  std::int32_t start, fde;
+  memcpy(&start, table + lo * 8, 4);
+  memcpy(&fde, table + lo * 8 + 4, 4);
+  if (base + static_cast<std::intptr_t>(start) > pc) return nullptr;
+  return reinterpret_cast<const std::uint8_t*>(base + static_cast<std::intptr_t>(fde));
+}
+
+// x86-64 Linux's signal return trampoline: mov $15, %rax; syscall. libgcc unwinds through it
+// without unwind tables; this walk does not.
+bool IsSigreturn(std::uintptr_t pc) {
+  static constexpr std::uint8_t kCode[] = {0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05};
+  return memcmp(reinterpret_cast<const void*>(pc), kCode, sizeof(kCode)) == 0;
+}
+
+Rule ComputeRule(std::uintptr_t pc) {
+  Rule end;
+  end.kind = kEnd;
+  dl_find_object object;
+  if (_dl_find_object(reinterpret_cast<void*>(pc), &object) != 0) return end;
+  if (object.dlfo_eh_frame == nullptr) return IsSigreturn(pc) ? Rule{} : end;
+  const std::uint8_t* fde = FindFde(static_cast<const std::uint8_t*>(object.dlfo_eh_frame), pc);
+  if (fde == nullptr) return IsSigreturn(pc) ? Rule{} : end;
+  Cursor c{fde};
+  const std::uint8_t* fde_end;
+  if (!ReadLength(&c, &fde_end)) return Rule{};
+  const std::uint8_t* id_at = c.p;
+  const std::uint32_t cie_offset = c.Fixed<std::uint32_t>();
+  const Cie cie = ParseCie(id_at - cie_offset);
+  if (!cie.ok) return Rule{};
+  const std::uintptr_t begin = c.Encoded(cie.fde_encoding);
+  const std::uintptr_t range = c.Encoded(cie.fde_encoding & 0x0f);
+  if (!c.ok || pc < begin || pc - begin >= range) return IsSigreturn(pc) ? Rule{} : end;
+  c.p += c.Uleb();  // augmentation data ('z' is the only form ParseCie accepts)
+  State initial;
+  if (!RunProgram(Cursor{cie.instructions}, cie.end, cie, 0, 0, initial, &initial)) return Rule{};
+  State state = initial;
+  if (!RunProgram(c, fde_end, cie, begin, pc, initial, &state)) return Rule{};
+  return RuleFromState(state);
+}
+
+Rule Lookup(std::uintptr_t pc) {
+  const std::uint64_t want = std::uint64_t{pc} << 1 | 1;
+  std::size_t slot = (pc * 0x9E3779B97F4A7C15ull) >> 49;  // 15 bits
+  for (int probe = 0; probe < kProbes; ++probe, slot = (slot + 1) & (kSlots - 1)) {
+    std::uint64_t key = g_rules[slot].key.load(std::memory_order_acquire);
+    if (key == want) return Unpack(g_rules[slot].value.load(std::memory_order_relaxed));
+    if (key != 0) continue;
+    const Rule rule = ComputeRule(pc);
+    g_rules_computed.fetch_add(1, std::memory_order_relaxed);
+    if (g_rules[slot].key.compare_exchange_strong(key, want & ~std::uint64_t{1},
+                                                  std::memory_order_acq_rel)) {
+      g_rules[slot].value.store(Pack(rule), std::memory_order_relaxed);
+      g_rules[slot].key.store(want, std::memory_order_release);
+    }
+    return rule;
+  }
+  g_rules_computed.fetch_add(1, std::memory_order_relaxed);
+  return ComputeRule(pc);  // a crowded neighbourhood: not cached
+}
+
+}  // namespace
+
+__attribute__((noinline)) int FastBacktrace(std::uintptr_t* frames, int max) {
+  std::uintptr_t ip, sp, bp;
+  // rbp first (an output may be given rbp's register), rip last: `ip` is the address of the
+  // instruction after the lea, where rsp and rbp still hold what was read.
+  asm volatile(
+      "mov %%rbp, %2\n\t"
+      "mov %%rsp, %1\n\t"
+      "lea 0(%%rip), %0"
+      : "=r"(ip), "=r"(sp), "=r"(bp));
+  int count = 0;
+  std::uintptr_t pc = ip;  // the first frame's own address; callers' are return address - 1
+  while (count < max) {
+    const Rule rule = Lookup(pc);
+    if (rule.kind == kEnd) return count;
+    if (rule.kind == kGiveUp) break;
+    const std::uintptr_t cfa =
+        (rule.cfa_is_rbp ? bp : sp) + static_cast<std::uintptr_t>(rule.cfa_offset);
+    if (cfa <= sp || cfa - sp > kMaxFrameBytes) break;
+    std::uintptr_t ra;
+    memcpy(&ra, reinterpret_cast<const void*>(cfa - 8), sizeof(ra));
+    if (rule.rbp_saved) memcpy(&bp, reinterpret_cast<const void*>(cfa + rule.rbp_offset), 8);
+    if (ra == 0) return count;
+    frames[count++] = ra;
+    sp = cfa;
+    pc = ra - 1;
+  }
+  if (count == max) return count;
+  g_walks_given_up.fetch_add(1, std::memory_order_relaxed);
+  return -1;
+}
+
+UnwindCounters GetUnwindCounters() {
+  return {g_rules_computed.load(std::memory_order_relaxed),
+          g_walks_given_up.load(std::memory_order_relaxed)};
+}
+
+}  // namespace vramscope::interposer
