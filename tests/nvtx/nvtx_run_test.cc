@@ -105,11 +105,11 @@ void ExpectRanges(const vramscope::v1::DeviceReport& device) {
 
 TEST_F(NvtxRunTest, PerRangePeakNetGrowthAndCountsAreExact) {
   vramscope::v1::Report report;
-  ASSERT_EQ(Run("--trace " + Path("trace.json"), &report), 0) << stderr_;
+  ASSERT_EQ(Run("--no-stacks --trace " + Path("trace.json"), &report), 0) << stderr_;
   const vramscope::v1::DeviceReport* device = Device0(report);
   ASSERT_NE(device, nullptr) << stderr_;
   ExpectRanges(*device);
-  // Stacks were not asked for: no sites.
+  // Stacks were turned off: no sites.
   EXPECT_EQ(device->top_sites_size(), 0);
 
   // The trace: every range instance is a complete slice; the worker's on another thread.
@@ -131,10 +131,11 @@ TEST_F(NvtxRunTest, PerRangePeakNetGrowthAndCountsAreExact) {
 }
 
 TEST_F(NvtxRunTest, PassthroughAllocationsCarryRangesAndSites) {
-  // The passthrough path (registry.cc) names the innermost range and the site as the pool does.
+  // The passthrough path (registry.cc) names the innermost range and the site as the pool does;
+  // `vramscope run` records stacks without being asked.
   setenv("VRAMSCOPE_MODE", "passthrough", 1);
   vramscope::v1::Report report;
-  const int status = Run("--stacks", &report);
+  const int status = Run("", &report);
   unsetenv("VRAMSCOPE_MODE");
   ASSERT_EQ(status, 0) << stderr_;
   EXPECT_EQ(report.mode(), "passthrough");
