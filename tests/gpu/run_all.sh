@@ -212,6 +212,19 @@ try:
 except OSError as e:
     print("no folded stacks: %s" % e)
 PY
+# Stacks are on by default in `vramscope run`: the same no-cache step without them (--no-stacks),
+# then with them again (the default), to bound what recording every allocation's stack costs
+# (goal: within 3%). Two runs each, alternating, means compared.
+for r in 1 2; do
+  PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.nostacks$r "${vsrun[@]}" --no-stacks -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 16
+  PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.stacks$r "${vsrun[@]}" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 16
+done
+ms_mean() { for r in 1 2; do grep -ho '"ms_per_step": [0-9.]*' "$logs/$1$r.out" | awk '{print $2}'; done | awk 'NF{s+=$1; n++} END{if (n==2) printf "%.2f", s/n}'; }
+sn=$(ms_mean torch.nostacks)
+so=$(ms_mean torch.stacks)
+verdict=$(awk -v n="$sn" -v s="$so" 'BEGIN{ if (n+0<=0 || s+0<=0) {print "FAIL no timing"; exit}
+  printf "%s %+.1f%% with stacks", (s <= n*1.03) ? "ok" : "FAIL", 100*(s-n)/n}')
+row "torch no-cache step, stacks on/off" "${sn:-?} ms (--no-stacks)" "${so:-?} ms (stacks)" "$verdict"
 # Which library holds what (issues #4, #8): the report's peak requested bytes per calling library;
 # its libc10_cuda entry (PyTorch's allocator calling cudaMalloc) against max_memory_allocated of
 # torch.caching, 1%; cuBLAS's and the other libraries' own memory are the other entries.
