@@ -541,6 +541,21 @@ verdict=$(awk -v s="${apeak:-0}" -v e="${aexpect:-x}" -v c="${acur:-x}" -v d="${
 [ $st -eq 0 ] || verdict="FAIL status $st"
 row "arrays peak (2 x 64 MiB)" "driver drop ${adelta:-?} B" "shim ${apeak:-?} B" "$verdict"
 
+# `vramscope top`'s NVML view, through `vramscope run --live` (not a terminal: plain lines every
+# second): the GPU line must name this GPU with its capacity (nvidia-smi's, within 1%), and the
+# traced program's memory counted as traced on it. thrust_loop runs a few seconds.
+run top.nvml "${vsrun[@]}" --live -- "$bin/thrust_loop" 3000 $((1 << 22))
+nvml_line=$(grep -h ' gpu=0 uuid=GPU-' "$logs/top.nvml.out" | tail -1)
+smi_total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -1)
+verdict=$(awk -v line="$nvml_line" -v smi="${smi_total:-0}" 'BEGIN{
+  n = split(line, kv, " "); for (i = 1; i <= n; ++i) { split(kv[i], p, "="); f[p[1]] = p[2] }
+  if (line == "") { print "FAIL no GPU line"; exit }
+  want = smi * 1048576; e = (f["total"] - want) / want; if (e < 0) e = -e
+  printf "%s total %.1f GB, traced seen %s", (e <= 0.01) ? "ok" : "FAIL", f["total"] / 1e9, f["traced"] }')
+max_traced=$(grep -ho ' traced=[0-9]*' "$logs/top.nvml.out" | cut -d= -f2 | sort -n | tail -1)
+[ "${max_traced:-0}" -gt 0 ] 2>/dev/null || verdict="FAIL traced never > 0 ($verdict)"
+row "top NVML GPU line (run --live)" "nvidia-smi ${smi_total:-?} MiB" "${max_traced:-0} B traced at most" "$verdict"
+
 echo
 echo "== summary (logs in $logs)"
 printf '%-34s | %-24s | %-24s | %s\n' "check" "without shim" "with shim" "verdict"

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -213,6 +214,8 @@ TEST(TopModelTest, GraphOfTheTotalSumsRows) {
 TEST(TopModelTest, HistoryIsBoundedBySamplesAndAge) {
   TopModelOptions options;
   options.max_samples = 3;
+  options.history_ns = 300 * kSecond;
+  options.fit_window = false;
   TopModel model(options);
   for (int i = 1; i <= 10; ++i) model.Update(TwoProcesses(static_cast<std::uint64_t>(i) * kSecond));
   int with_data = 0;
@@ -329,6 +332,93 @@ TEST(TopModelTest, TableLeavesTheProgramsDirectoryOutPlainLinesKeepIt) {
   EXPECT_THAT(model.PlainLine(model.rows()[0]), HasSubstr(" cmd=/opt/venv/bin/python train.py"));
   model.SetFilter("venv");  // the filter sees the whole command line
   EXPECT_EQ(model.rows().size(), 1u);
+}
+
+TEST(TopModelTest, TheGraphWindowFitsHowLongTheRowHasBeenWatched) {
+  TopModel model;
+  for (std::uint64_t t = 1000; t <= 1020; t += 5) model.Update(TwoProcesses(t * kSecond));
+  EXPECT_EQ(model.WindowNs(), 30 * kSecond);  // 20 s of history: the 30 s window
+  EXPECT_THAT(model.GraphTitle(), HasSubstr("last 30 s"));
+  // The whole history spans the graph: its first sample lands in the first third.
+  const std::vector<GraphColumn> graph = model.Graph(30);
+  EXPECT_FALSE(graph[0].has_data);
+  EXPECT_TRUE(graph[10].has_data);
+  model.Update(TwoProcesses(1200 * kSecond));  // 200 s: 5 min
+  EXPECT_EQ(model.WindowNs(), 300 * kSecond);
+  EXPECT_THAT(model.GraphTitle(), HasSubstr("last 5 min"));
+  model.Update(TwoProcesses(4000 * kSecond));  // 50 min: 60 min
+  EXPECT_EQ(model.WindowNs(), 3600 * kSecond);
+  // A longer job: history is kept 60 min, the window stays at 60 min.
+  for (std::uint64_t t = 4600; t <= 9400; t += 600) model.Update(TwoProcesses(t * kSecond));
+  EXPECT_EQ(model.WindowNs(), 3600 * kSecond);
+  EXPECT_THAT(model.GraphTitle(), HasSubstr("last 60 min"));
+}
+
+// Three GPUs as NVML lists them; node1's traced rows are pids 100 (cuda:0, cuda:1) and 200.
+std::vector<GpuMemory> ThreeGpus(std::uint64_t untraced_bytes) {
+  GpuMemory a{0, "GPU-aaaa", "H200", 150 * kMiB * 1024, 4096 * kMiB, {}};
+  a.processes = {{100, 300 * kMiB}, {200, 200 * kMiB}, {300, untraced_bytes}, {301, 5 * kMiB}};
+  GpuMemory b{1, "GPU-bbbb", "H200", 150 * kMiB * 1024, 100 * kMiB, {{100, 100 * kMiB}}};
+  GpuMemory c{2, "GPU-cccc", "H200", 150 * kMiB * 1024, 0, {}};
+  return {a, b, c};
+}
+
+TEST(TopModelTest, NvmlProcessesThatAreNotTracedMakeOneRowPerGpu) {
+  TopModel model;
+  model.Update(TwoProcesses(1000 * kSecond));
+  model.SetGpus(ThreeGpus(1024 * kMiB), "node1", 1000 * kSecond);
+  // Only GPU 0 has untraced processes: 300 and 301; 100 and 200 are node1's traced pids.
+  ASSERT_EQ(model.rows().size(), 4u);
+  const Row& untraced = model.rows()[0];  // the largest reserved
+  EXPECT_TRUE(untraced.untraced);
+  EXPECT_EQ(untraced.device, 0u);
+  EXPECT_EQ(untraced.reserved, 1029 * kMiB);
+  EXPECT_EQ(untraced.untraced_processes, 2u);
+  EXPECT_THAT(model.RowLine(untraced, 100), HasSubstr("[untraced: 2 processes]"));
+  EXPECT_THAT(model.PlainLine(untraced),
+              HasSubstr("host=node1 untraced_processes=2 device=0 reserved=1078984704 "));
+  const std::vector<std::string> lines = model.GpuLines(100);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_THAT(lines[0], HasSubstr("GPU 0 H200: 4.00G of 150G used, traced 500M, untraced 1.00G "
+                                  "(2 processes)"));
+  EXPECT_THAT(lines[1], HasSubstr("GPU 1 H200: 100M of 150G used, traced 100M, untraced 0B "
+                                  "(0 processes)"));
+  EXPECT_THAT(model.PlainGpuLines()[0],
+              HasSubstr("gpu=0 uuid=GPU-aaaa total=161061273600 used=4294967296 traced=524288000 "
+                        "untraced=1078984704 untraced_processes=2 name=H200"));
+  // Its peak stays when the memory goes down; the graph can show it.
+  model.SetGpus(ThreeGpus(24 * kMiB), "node1", 1001 * kSecond);
+  const Row* row = nullptr;
+  for (const Row& r : model.rows()) row = r.untraced ? &r : row;
+  ASSERT_NE(row, nullptr);
+  EXPECT_EQ(row->reserved, 29 * kMiB);
+  EXPECT_EQ(row->peak_reserved, 1029 * kMiB);
+}
+
+TEST(TopModelTest, TracedPidsCountOnlyOnThisHostAndGpusFollowUuids) {
+  v1::StatsUpdate update = TwoProcesses(1000 * kSecond);
+  // This process sees GPU-cccc as its cuda:0 (CUDA_VISIBLE_DEVICES=2).
+  AddProcess(update, 400, "./other", {{0, kMiB, 2 * kMiB}});
+  update.mutable_processes(2)->mutable_devices(0)->mutable_device()->set_uuid("GPU-cccc");
+  TopModel model;
+  model.Update(update);
+  model.SetGpus(ThreeGpus(0), "node1", 1000 * kSecond);
+  std::vector<std::string> lines = model.GpuLines(100);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_THAT(lines[0], HasSubstr("traced 500M"));  // 100's and 200's cuda:0, no UUID
+  EXPECT_THAT(lines[2], HasSubstr("GPU 2 H200: 0B of 150G used, traced 2.00M"));  // pid 400
+  // Another machine's view: node1's pids are not this host's, so every process is untraced.
+  model.SetGpus(ThreeGpus(0), "node2", 1001 * kSecond);
+  std::map<std::uint32_t, std::size_t> untraced;
+  for (const Row& row : model.rows()) {
+    if (row.untraced) untraced[row.device] = row.untraced_processes;
+  }
+  EXPECT_EQ(untraced, (std::map<std::uint32_t, std::size_t>{{0, 4}, {1, 1}}));
+  EXPECT_THAT(model.GpuLines(100)[0], HasSubstr("traced 0B"));
+  // No NVML: no untraced rows and no GPU lines.
+  model.SetGpus({}, "node1", 1002 * kSecond);
+  for (const Row& row : model.rows()) EXPECT_FALSE(row.untraced);
+  EXPECT_TRUE(model.GpuLines(80).empty());
 }
 
 }  // namespace

@@ -340,6 +340,29 @@ TEST_F(TopTest, PlainLinesWhenNotATerminal) {
   EXPECT_THAT(stream[8], HasSubstr(" pid=777 device=0 "));
 }
 
+// NVML present (the fake library): a line per GPU, then one untraced row per GPU with processes
+// that are not traced on this machine (the stream's processes are node1's, not this host's).
+TEST_F(TopTest, PlainLinesWithNvmlNameEveryGpuAndTheUntracedMemory) {
+  Feed(1);
+  const std::string nvml =
+      absl::StrCat("VRAMSCOPE_NVML_LIBRARY=", Quote(Env("VRAMSCOPE_TEST_FAKE_NVML")),
+                   " VRAMSCOPE_FAKE_NVML='GPU-fake-0|Fake H200|150000000000|20000000000|"
+                   "4242:536870912,31337:1073741824;GPU-fake-1|Fake H200|150000000000|0|' ");
+  std::string out;
+  ASSERT_EQ(Shell(nvml + Top("--once"), &out), 0) << out;
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 6u) << out;
+  EXPECT_THAT(lines[0], HasSubstr(" gpu=0 uuid=GPU-fake-0 total=150000000000 used=20000000000 "
+                                  "traced=0 untraced=1610612736 untraced_processes=2 "
+                                  "name=Fake H200"));
+  EXPECT_THAT(lines[1], HasSubstr(" gpu=1 uuid=GPU-fake-1 total=150000000000 used=0 "));
+  EXPECT_THAT(lines[2], HasSubstr(" untraced_processes=2 device=0 reserved=1610612736 "));
+  // --no-gpus: NVML left alone.
+  ASSERT_EQ(Shell(nvml + Top("--once --no-gpus"), &out), 0) << out;
+  lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  EXPECT_EQ(lines.size(), 3u) << out;
+}
+
 TEST_F(TopTest, ExitThreeWithoutACollectorAndTwoForUsage) {
   // A port nothing listens on: bind one, note it, close it.
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -189,14 +189,29 @@ void Dashboard::Draw(const TopModel& model, std::string_view status) {
   Put(0, width - static_cast<int>(clock.size()), clock, static_cast<int>(clock.size()));
   if (colors_) wattroff(stdscr, COLOR_PAIR(kPairTitle) | A_BOLD);
 
+  // This machine's GPUs as NVML sees them (none without NVML), at most a sixth of the screen;
+  // a cut list says how many GPUs it leaves out.
+  std::vector<std::string> gpus = model.GpuLines(static_cast<std::size_t>(width));
+  const std::size_t gpu_room = static_cast<std::size_t>(std::max(1, (height - 5) / 6));
+  if (gpus.size() > gpu_room) {
+    const std::size_t more = gpus.size() - (gpu_room - 1);
+    gpus.resize(gpu_room - 1);
+    gpus.push_back(absl::StrCat("... and ", more, " more GPUs (--plain lists every GPU)"));
+  }
+  for (std::size_t i = 0; i < gpus.size(); ++i) {
+    Put(1 + static_cast<int>(i), 0, gpus[i], width);
+  }
+  const int gpu_lines = static_cast<int>(gpus.size());
+
   // Everything but the table has a fixed share; the table gets the rest.
-  const int available = height - 5;  // title, table header, graph title, details title, status
+  // Title, table header, graph title, details title, status, the GPU lines.
+  const int available = height - 5 - gpu_lines;
   const int details = std::min(5, available / 4);
   const int graph = std::clamp(available / 3, 1, 10);
   const int table = std::max(1, available - details - graph);
-  DrawTable(model, 1, table + 1, width);
-  DrawGraph(model, 2 + table, graph + 1, width);
-  DrawDetails(model, 3 + table + graph, details + 1, width);
+  DrawTable(model, 1 + gpu_lines, table + 1, width);
+  DrawGraph(model, 2 + gpu_lines + table, graph + 1, width);
+  DrawDetails(model, 3 + gpu_lines + table + graph, details + 1, width);
 
   // Status line: a problem, the filter being typed, or the keys.
   std::string last;

@@ -14,6 +14,7 @@
 #include "args.h"
 #include "command.h"
 #include "top/dashboard.h"
+#include "top/nvml.h"
 #include "top/top_model.h"
 #include "top/watch_source.h"
 
@@ -32,18 +33,47 @@ struct TopOptions {
   std::string filter;
   bool plain = false;
   bool once = false;
+  bool gpus = true;  // NVML's view of this machine's GPUs (--no-gpus: off)
+};
+
+// This machine's GPUs from NVML, given to the model at most once a second (an NVML query takes
+// a few milliseconds). Without NVML it does nothing.
+class GpuFeed {
+ public:
+  explicit GpuFeed(bool enabled) {
+    if (!enabled) return;
+    nvml_ = top::Nvml::Load();
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) == 0) host_ = host;
+  }
+
+  void Feed(TopModel& model) {
+    if (nvml_ == nullptr || !model.has_data()) return;
+    const absl::Time now = absl::Now();
+    if (now - last_ < absl::Seconds(1)) return;
+    last_ = now;
+    model.SetGpus(nvml_->Query(), host_, model.time_ns());
+  }
+
+ private:
+  std::unique_ptr<top::Nvml> nvml_;
+  std::string host_;
+  absl::Time last_ = absl::InfinitePast();
 };
 
 void PrintTopUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: vramscope top [--collector ADDR] [--interval DURATION] [--filter TEXT] [--plain]\n"
-      "                     [--once]\n"
+      "                     [--once] [--no-gpus]\n"
       "\n"
       "Live dashboard of every process vramscope-collector knows: a row per process and device\n"
       "with allocated and reserved bytes now and at peak, fragmentation, allocations per\n"
-      "second and OOMs; a graph of memory over the last 5 minutes (the selected row or the\n"
-      "total); the selected process's NVTX ranges and top allocation sites.\n"
+      "second and OOMs; a graph of memory (the selected row or the total) over a window that\n"
+      "fits how long it has been watched (30 s up to 60 min); the selected process's NVTX\n"
+      "ranges and top allocation sites. Where NVML (the NVIDIA driver's libnvidia-ml.so.1) is\n"
+      "present: a line per GPU of this machine with its capacity and used memory, and per GPU\n"
+      "one row for the memory of this machine's processes that are not traced.\n"
       "\n"
       "keys: q quit, s sort by the next column, r reverse, / filter by command or pid\n"
       "      (Enter keeps, Esc cancels), j/k or arrows select, t graph selected/total, ? help\n"
@@ -57,6 +87,7 @@ void PrintTopUsage(std::FILE* out) {
       "                       is not a terminal): one line per process and device per\n"
       "                       interval, key=value with bytes as integers, the command last\n"
       "  --once               print one snapshot in plain lines and exit\n"
+      "  --no-gpus            leave NVML alone: no GPU lines, no untraced row\n"
       "  -h, --help           this text\n"
       "\n"
       "`vramscope run --live -- CMD` shows the same dashboard for CMD with no collector.\n"
@@ -114,6 +145,8 @@ std::optional<TopOptions> ParseTopArgs(int argc, char** argv, bool* help) {
       options.plain = true;
     } else if (name == "--once" && !args.HasInlineValue()) {
       options.once = true;
+    } else if (name == "--no-gpus" && !args.HasInlineValue()) {
+      options.gpus = false;
     } else {
       std::fprintf(stderr, "vramscope top: unknown argument '%s'\n", arg.c_str());
       return std::nullopt;
@@ -124,6 +157,7 @@ std::optional<TopOptions> ParseTopArgs(int argc, char** argv, bool* help) {
 
 // False when stdout is gone (a closed pipe, where SIGPIPE is ignored).
 bool PrintPlain(const TopModel& model) {
+  for (const std::string& line : model.PlainGpuLines()) std::printf("%s\n", line.c_str());
   for (const top::Row& row : model.rows()) std::printf("%s\n", model.PlainLine(row).c_str());
   return std::fflush(stdout) == 0 && !std::ferror(stdout);
 }
@@ -131,6 +165,7 @@ bool PrintPlain(const TopModel& model) {
 int RunPlain(const TopOptions& options, top::WatchSource& source) {
   TopModel model;
   model.SetFilter(options.filter);
+  GpuFeed gpus(options.gpus);
   for (;;) {
     // The collector sends at once and then every interval; allow it ample slack.
     std::optional<v1::StatsUpdate> update = source.TakeUpdate(options.interval + absl::Seconds(30));
@@ -143,6 +178,7 @@ int RunPlain(const TopOptions& options, top::WatchSource& source) {
       continue;
     }
     model.Update(*update);
+    gpus.Feed(model);
     // The reader went away (`vramscope top | head`): nothing more to do.
     if (!PrintPlain(model)) return kExitOk;
     if (options.once) {
@@ -157,9 +193,11 @@ int RunDashboard(const TopOptions& options, top::WatchSource& source) {
   model.SetFilter(options.filter);
   Dashboard dashboard(options.collector);
   if (!dashboard.Start()) return kExitUsage;
+  GpuFeed gpus(options.gpus);
   std::string wanted;
   for (;;) {
     if (std::optional<v1::StatsUpdate> update = source.TakeUpdate()) model.Update(*update);
+    gpus.Feed(model);
     if (std::optional<v1::Report> report = source.TakeReport()) {
       if (top::ProcessKeyText(report->process()) == model.SelectedProcessKey()) {
         model.SetDetails(*report);
@@ -180,7 +218,8 @@ int RunDashboard(const TopOptions& options, top::WatchSource& source) {
 // `vramscope run --live`.
 class LiveView : public RunLiveView {
  public:
-  explicit LiveView(bool terminal) : terminal_(terminal), dashboard_("run --live") {}
+  explicit LiveView(bool terminal)
+      : terminal_(terminal), dashboard_("run --live"), gpus_(/*enabled=*/true) {}
 
   bool TakesTerminal() const override { return terminal_; }
 
@@ -233,6 +272,7 @@ class LiveView : public RunLiveView {
   void Feed(const std::vector<v1::Report>& reports, absl::Time now) {
     model_.Update(
         top::UpdateFromReports(reports, static_cast<std::uint64_t>(absl::ToUnixNanos(now))));
+    gpus_.Feed(model_);
     const std::string key = model_.SelectedProcessKey();
     for (const v1::Report& report : reports) {
       if (top::ProcessKeyText(report.process()) == key) model_.SetDetails(report);
@@ -244,6 +284,7 @@ class LiveView : public RunLiveView {
   absl::Time last_update_ = absl::InfinitePast();
   TopModel model_;
   Dashboard dashboard_;
+  GpuFeed gpus_;
 };
 
 }  // namespace

@@ -14,6 +14,8 @@ namespace vramscope::cli::top {
 namespace {
 
 constexpr std::string_view kTotalKey = "";
+constexpr std::string_view kUntracedPrefix = "untraced/";
+constexpr std::uint64_t kSecondNs = 1000000000;
 
 std::string RowKeyText(const std::string& process_key, std::uint32_t device) {
   return absl::StrCat(process_key, "/", device);
@@ -193,9 +195,10 @@ void TopModel::Update(const v1::StatsUpdate& update) {
     }
   }
   AddSample(std::string(kTotalKey), total);
-  // History of rows that went away is dropped with them.
+  // History of rows that went away is dropped with them (the untraced rows' goes with SetGpus).
   for (auto it = history_.begin(); it != history_.end();) {
-    if (!it->first.empty() && counts.find(it->first) == counts.end()) {
+    if (!it->first.empty() && counts.find(it->first) == counts.end() &&
+        it->first.rfind(kUntracedPrefix, 0) != 0) {
       it = history_.erase(it);
     } else {
       ++it;
@@ -207,7 +210,107 @@ void TopModel::Update(const v1::StatsUpdate& update) {
   all_ = std::move(rows);
   time_ns_ = now;
   ++updates_;
+  RebuildGpuRows();
   Rebuild();
+}
+
+void TopModel::SetGpus(std::vector<GpuMemory> gpus, std::string local_host, std::uint64_t time_ns) {
+  gpus_ = std::move(gpus);
+  local_host_ = std::move(local_host);
+  gpus_time_ns_ = time_ns;
+  RebuildGpuRows();
+  std::set<std::string> keys;
+  for (const Row& row : gpu_rows_) {
+    keys.insert(row.key);
+    AddSample(row.key, Sample{time_ns, 0, row.reserved});
+  }
+  for (auto it = history_.begin(); it != history_.end();) {
+    const bool gone = it->first.rfind(kUntracedPrefix, 0) == 0 && !keys.contains(it->first);
+    it = gone ? history_.erase(it) : std::next(it);
+  }
+  Rebuild();
+}
+
+bool TopModel::OnGpu(const Row& row, const GpuMemory& gpu) const {
+  // A traced row's device is the process's CUDA ordinal (CUDA_VISIBLE_DEVICES and
+  // CUDA_DEVICE_ORDER decide it), NVML's index the PCI order: the UUID says which GPU it is;
+  // without one, the ordinal is taken for the index.
+  auto it = devices_.find(row.key);
+  const std::string uuid = it == devices_.end() ? "" : it->second.device().uuid();
+  return uuid.empty() ? row.device == gpu.index : uuid == gpu.uuid;
+}
+
+std::uint64_t TopModel::TracedBytesOn(const GpuMemory& gpu) const {
+  std::uint64_t bytes = 0;
+  for (const Row& row : all_) {
+    if (!row.finished && row.process.host() == local_host_ && OnGpu(row, gpu)) {
+      bytes += row.reserved;
+    }
+  }
+  return bytes;
+}
+
+void TopModel::RebuildGpuRows() {
+  gpu_rows_.clear();
+  std::set<std::uint32_t> traced;
+  for (const Row& row : all_) {
+    if (!row.finished && row.process.host() == local_host_) traced.insert(row.process.pid());
+  }
+  for (const GpuMemory& gpu : gpus_) {
+    Row row;
+    row.untraced = true;
+    row.device = gpu.index;
+    const std::string id = gpu.uuid.empty() ? absl::StrCat(gpu.index) : gpu.uuid;
+    row.key = std::string(kUntracedPrefix) + id;
+    row.process.set_host(local_host_);
+    for (const GpuProcess& process : gpu.processes) {
+      if (traced.contains(process.pid)) continue;
+      ++row.untraced_processes;
+      row.reserved += process.used_bytes;
+    }
+    if (row.untraced_processes == 0) continue;
+    std::uint64_t& peak = untraced_peaks_[row.key];
+    peak = std::max(peak, row.reserved);
+    row.peak_reserved = peak;
+    row.command = "untraced";
+    row.display = absl::StrCat("[untraced: ", row.untraced_processes,
+                               row.untraced_processes == 1 ? " process]" : " processes]");
+    gpu_rows_.push_back(std::move(row));
+  }
+}
+
+Row TopModel::UntracedOn(const GpuMemory& gpu) const {
+  for (const Row& row : gpu_rows_) {
+    if (row.device == gpu.index) return row;
+  }
+  return Row{};
+}
+
+std::vector<std::string> TopModel::GpuLines(std::size_t width) const {
+  std::vector<std::string> out;
+  for (const GpuMemory& gpu : gpus_) {
+    const Row row = UntracedOn(gpu);
+    out.push_back(
+        Fit(absl::StrCat("GPU ", gpu.index, " ", gpu.name, ": ", ShortBytes(gpu.used_bytes), " of ",
+                         ShortBytes(gpu.total_bytes), " used, traced ",
+                         ShortBytes(TracedBytesOn(gpu)), ", untraced ", ShortBytes(row.reserved),
+                         " (", row.untraced_processes, " processes)"),
+            width));
+  }
+  return out;
+}
+
+std::vector<std::string> TopModel::PlainGpuLines() const {
+  std::vector<std::string> out;
+  for (const GpuMemory& gpu : gpus_) {
+    const Row row = UntracedOn(gpu);
+    out.push_back(absl::StrFormat(
+        "time_ns=%d gpu=%d uuid=%s total=%d used=%d traced=%d untraced=%d untraced_processes=%d "
+        "name=%s",
+        gpus_time_ns_, gpu.index, gpu.uuid.empty() ? "-" : gpu.uuid, gpu.total_bytes,
+        gpu.used_bytes, TracedBytesOn(gpu), row.reserved, row.untraced_processes, gpu.name));
+  }
+  return out;
 }
 
 void TopModel::AddSample(const std::string& key, const Sample& sample) {
@@ -255,12 +358,14 @@ void TopModel::SetFilter(std::string filter) {
 
 void TopModel::Rebuild() {
   visible_.clear();
-  for (const Row& row : all_) {
-    if (!filter_.empty() && row.command.find(filter_) == std::string::npos &&
-        absl::StrCat(row.process.pid()).find(filter_) == std::string::npos) {
-      continue;
+  for (const std::vector<Row>* rows : {&all_, &gpu_rows_}) {
+    for (const Row& row : *rows) {
+      if (!filter_.empty() && row.command.find(filter_) == std::string::npos &&
+          (row.untraced || absl::StrCat(row.process.pid()).find(filter_) == std::string::npos)) {
+        continue;
+      }
+      visible_.push_back(row);
     }
-    visible_.push_back(row);
   }
   std::sort(visible_.begin(), visible_.end(), [&](const Row& a, const Row& b) {
     return descending_ ? Less(b, a, sort_) : Less(a, b, sort_);
@@ -303,21 +408,34 @@ std::string TopModel::SelectedProcessKey() const {
   return row == nullptr ? "" : row->process_key;
 }
 
+std::string TopModel::GraphKey() const {
+  if (graph_total_) return std::string(kTotalKey);
+  const Row* row = selected();
+  return row == nullptr ? "\n" : row->key;  // "\n": no row, no history
+}
+
+std::uint64_t TopModel::WindowNs() const {
+  if (!options_.fit_window) return options_.history_ns;
+  std::uint64_t age = 0;
+  auto it = history_.find(GraphKey());
+  if (it != history_.end() && !it->second.empty() && time_ns_ > it->second.front().time_ns) {
+    age = time_ns_ - it->second.front().time_ns;
+  }
+  for (std::uint64_t seconds : {30, 60, 120, 300, 600, 900, 1800, 3600}) {
+    if (seconds * kSecondNs >= age) return std::min(seconds * kSecondNs, options_.history_ns);
+  }
+  return options_.history_ns;
+}
+
 std::vector<GraphColumn> TopModel::Graph(std::size_t width) const {
   std::vector<GraphColumn> columns(width);
   if (width == 0) return columns;
-  std::string key(kTotalKey);
-  if (!graph_total_) {
-    const Row* row = selected();
-    if (row == nullptr) return columns;
-    key = row->key;
-  }
-  auto it = history_.find(key);
+  auto it = history_.find(GraphKey());
   if (it == history_.end() || it->second.empty()) return columns;
   // Column i holds the samples aged [(width - 1 - i), (width - i)) * span / width before
   // time_ns(): the newest lands in the last column.
   const std::uint64_t end = time_ns_;
-  const std::uint64_t span = options_.history_ns;
+  const std::uint64_t span = WindowNs();
   for (const Sample& sample : it->second) {
     const std::uint64_t age = end > sample.time_ns ? end - sample.time_ns : 0;
     if (age >= span) continue;
@@ -344,13 +462,20 @@ std::vector<GraphColumn> TopModel::Graph(std::size_t width) const {
 std::string TopModel::GraphTitle() const {
   std::uint64_t peak = 0;
   for (const GraphColumn& column : Graph(256)) peak = std::max(peak, column.reserved);
-  const std::string window = absl::StrCat(options_.history_ns / 60000000000ull, " min");
+  const std::uint64_t span = WindowNs();
+  const std::string window = span < 60 * kSecondNs || span % (60 * kSecondNs) != 0
+                                 ? absl::StrCat(span / kSecondNs, " s")
+                                 : absl::StrCat(span / (60 * kSecondNs), " min");
   if (graph_total_) {
     return absl::StrCat("total of ", visible_.size() == all_.size() ? "all rows" : "shown rows",
                         ", last ", window, ", max ", ShortBytes(peak));
   }
   const Row* row = selected();
   if (row == nullptr) return "no process";
+  if (row->untraced) {
+    return absl::StrCat("untraced processes cuda:", row->device, ", last ", window, ", max ",
+                        ShortBytes(peak));
+  }
   return absl::StrCat("pid ", row->process.pid(), " cuda:", row->device, ", last ", window,
                       ", max ", ShortBytes(peak));
 }
@@ -407,6 +532,16 @@ std::string TopModel::HeaderLine(std::size_t width) const {
 }
 
 std::string TopModel::RowLine(const Row& row, std::size_t width) const {
+  if (row.untraced) {
+    const std::string line = absl::StrCat(
+        Fit("-", kPidWidth, true), Fit(absl::StrCat(row.device), kDevWidth, true),
+        Fit("-", kBytesWidth, true), Fit("-", kBytesWidth, true),
+        Fit(ShortBytes(row.reserved), kBytesWidth, true),
+        Fit(ShortBytes(row.peak_reserved), kBytesWidth, true), Fit("-", kFragWidth, true),
+        Fit("-", kRateWidth, true), Fit("-", kOomWidth, true), " ",
+        Fit(row.display, width > kFixedWidth ? width - kFixedWidth : 0));
+    return Fit(line, width);
+  }
   std::string command = row.display;
   if (row.finished) {
     command = absl::StrCat("[", ProcessEndTag(true, row.killed, row.signal), "] ", command);
@@ -426,6 +561,13 @@ std::string TopModel::RowLine(const Row& row, std::size_t width) const {
 }
 
 std::string TopModel::PlainLine(const Row& row) const {
+  if (row.untraced) {
+    return absl::StrFormat(
+        "time_ns=%d host=%s untraced_processes=%d device=%d reserved=%d peak_reserved=%d "
+        "cmd=%s",
+        gpus_time_ns_, local_host_.empty() ? "-" : local_host_, row.untraced_processes, row.device,
+        row.reserved, row.peak_reserved, row.display);
+  }
   return absl::StrFormat(
       "time_ns=%d host=%s pid=%d device=%d allocated=%d peak_allocated=%d reserved=%d "
       "peak_reserved=%d fragmentation=%.3f allocs_per_s=%.1f ooms=%d finished=%d killed=%d "

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "top/nvml.h"
 #include "vramscope/v1/collector.pb.h"
 #include "vramscope/v1/report.pb.h"
 
@@ -56,6 +57,11 @@ struct Row {
   std::uint64_t alloc_count = 0;
   std::uint64_t ooms = 0;
   std::uint64_t dropped = 0;
+  // The memory of this machine's processes that vramscope does not trace, on one GPU, from
+  // NVML (SetGpus): `reserved` is their sum now, `peak_reserved` the most seen; no pid;
+  // `device` is NVML's index (nvidia-smi's), which a traced row's CUDA ordinal need not be.
+  bool untraced = false;
+  std::size_t untraced_processes = 0;
 };
 
 // One point of a row's (or the total's) memory over time.
@@ -74,8 +80,12 @@ struct GraphColumn {
 };
 
 struct TopModelOptions {
-  // How far back the history (and the graph) reaches.
-  std::uint64_t history_ns = 5ull * 60 * 1000000000;
+  // How far back the history (and the graph) reaches at most.
+  std::uint64_t history_ns = 60ull * 60 * 1000000000;
+  // The graph spans the shortest of 30 s, 1, 2, 5, 10, 15, 30, 60 min that holds the graphed
+  // row's whole history (so a short job fills the width), never more than history_ns; false:
+  // always history_ns.
+  bool fit_window = true;
   // Samples kept per row at most (older ones are dropped first).
   std::size_t max_samples = 4096;
 };
@@ -87,6 +97,18 @@ class TopModel {
   // A new snapshot: rows replaced, history extended, rates from the previous snapshot's counts
   // (the first one uses the report's average rate). Rows of processes no longer present go.
   void Update(const v1::StatsUpdate& update);
+  // This machine's GPUs as NVML sees them at `time_ns` (same clock as the updates), and the
+  // host name its traced processes carry: per GPU, the processes NVML lists that are not traced
+  // rows of `local_host` become one untraced row. An empty list removes them (no NVML).
+  void SetGpus(std::vector<GpuMemory> gpus, std::string local_host, std::uint64_t time_ns);
+  const std::vector<GpuMemory>& gpus() const { return gpus_; }
+  // One line per GPU: "GPU 0 NAME: USED of TOTAL used, traced X, untraced Y (N processes)",
+  // each exactly `width` characters, numbered as nvidia-smi does; a traced row counts on the
+  // GPU its device's UUID names (without a UUID, the GPU whose index is its ordinal); nothing
+  // without NVML.
+  std::vector<std::string> GpuLines(std::size_t width) const;
+  // The same for plain output: key=value, bytes as integers.
+  std::vector<std::string> PlainGpuLines() const;
   // The selected process's full report (top sites, NVTX ranges): kept until another process is
   // selected or a newer one arrives.
   void SetDetails(const v1::Report& report);
@@ -125,6 +147,8 @@ class TopModel {
   // in its slice, or carries the previous column's value when the slice has no sample.
   std::vector<GraphColumn> Graph(std::size_t width) const;
   std::string GraphTitle() const;
+  // The time the graph spans (see TopModelOptions::fit_window).
+  std::uint64_t WindowNs() const;
 
   // The selected row's NVTX ranges (from the update, else the details) and top sites (details).
   std::vector<v1::NvtxRangeStats> SelectedRanges() const;
@@ -142,7 +166,12 @@ class TopModel {
 
  private:
   void Rebuild();
+  void RebuildGpuRows();
   void AddSample(const std::string& key, const Sample& sample);
+  std::string GraphKey() const;
+  bool OnGpu(const Row& row, const GpuMemory& gpu) const;
+  std::uint64_t TracedBytesOn(const GpuMemory& gpu) const;
+  Row UntracedOn(const GpuMemory& gpu) const;  // an empty row where none is untraced
   const v1::DeviceReport* SelectedDeviceReport() const;
 
   TopModelOptions options_;
@@ -163,6 +192,11 @@ class TopModel {
   std::map<std::string, v1::DeviceReport> devices_;    // latest device report by row key
   std::optional<v1::Report> details_;
   std::string details_key_;  // process key of details_
+  std::vector<GpuMemory> gpus_;
+  std::string local_host_;
+  std::uint64_t gpus_time_ns_ = 0;
+  std::vector<Row> gpu_rows_;                            // untraced, one per GPU
+  std::map<std::string, std::uint64_t> untraced_peaks_;  // by row key
 };
 
 // "host/pid/start_time_ns".
