@@ -50,6 +50,7 @@ unacknowledged batch is also on disk, and a restarted agent sends it.
   --stats-interval=SECONDS   print the agent's counters this often (default 0 = never)
   --once                     drain every ring once, send, wait for the acknowledgements, exit
   --once-timeout=SECONDS     how long --once waits for the collector (default 30)
+  --version                  the version, then exit
   --help                     this text
 
 A batch the collector rejects as invalid is not resent: with --spool-dir it is kept in
@@ -124,6 +125,10 @@ int Main(int argc, char** argv) {
     absl::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg == "--version") {
+      std::printf("%s %s\n", "vramscope-agent", VRAMSCOPE_VERSION);
       return 0;
     }
     if (arg == "--once") {

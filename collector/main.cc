@@ -44,6 +44,7 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
                              loss; always: fdatasync each batch before acknowledging it, power
                              loss included, at about a third of the ingest rate
   --port-file=FILE           write the port actually bound to FILE (useful with port 0)
+  --version                  the version, then exit
   --help                     this text
 
 SIZE takes a K, M, G or T suffix (powers of 1024).
@@ -125,6 +126,10 @@ int Main(int argc, char** argv) {
     absl::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg == "--version") {
+      std::printf("%s %s\n", "vramscope-collector", VRAMSCOPE_VERSION);
       return 0;
     }
     if (!absl::StartsWith(arg, "--")) return Usage(absl::StrCat("unexpected argument ", arg));
