@@ -8,8 +8,8 @@
 #include <atomic>
 #include <cstddef>
 
-#include "shim.h"
 #include "fast_unwind.h"
+#include "shim.h"
 
 namespace vramscope::interposer {
 namespace {

@@ -1,9 +1,7 @@
-// interposer/shim/fast_unwind.h: the fast walk returns exactly the frames libgcc's _Unwind_Backtrace
-// returns, through frames addressed from rsp and from rbp (alloca), through libc (qsort's
-// comparator), on another thread, and past the frame limit; a second walk through the same
+// interposer/shim/fast_unwind.h: the fast walk returns exactly the frames libgcc's
+// _Unwind_Backtrace returns, through frames addressed from rsp and from rbp (alloca), through libc
+// (qsort's comparator), on another thread, and past the frame limit; a second walk through the same
 // code reads no unwind table again; nothing here makes it give up.
-#include "fast_unwind.h"
-
 #include <alloca.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -12,6 +10,8 @@
 #include <cstdint>
 #include <thread>
 #include <vector>
+
+#include "fast_unwind.h"
 
 namespace vramscope::interposer {
 namespace {
