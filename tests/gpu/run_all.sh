@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of vramscope, in one go, on a machine with an NVIDIA GPU.
 #
-#   bash tests/gpu/run_all.sh [BUNDLE]
+#   bash tests/gpu/run_all.sh [BUNDLE]            every section (about 12 minutes on an H200)
+#   ONLY="1 2 3" bash tests/gpu/run_all.sh [BUNDLE]   only those sections
 #
 # BUNDLE (default .device-bundle) is what tests/gpu/make_bundle.sh gathered on the build machine:
 # bin/ with libvramscope.so, vramscope and the CUDA programs, lib/ with the libraries they need.
@@ -22,6 +23,10 @@ mkdir -p "$logs"
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 nvflags=(-O2 -std=c++17 -gencode 'arch=compute_90,code=[sm_90,compute_90]')
 python=${PYTHON:-python3}
+
+# ONLY="2 3 9" runs just those sections (numbers as in the "== N." headers; the device and
+# build steps always run), to split the whole set across calls shorter than one machine lease.
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 rows=()
 failed=0
@@ -67,6 +72,7 @@ if [ ! -x "$bin/alloc_bench_shared" ]; then
   "$nvcc" "${nvflags[@]}" -cudart shared -o "$bin/alloc_bench_shared" tests/gpu/alloc_bench.cu || { echo "nvcc failed for alloc_bench_shared"; failed=1; }
 fi
 
+if want 1; then
 echo "== 1. examples, static and shared runtime"
 for ex in alloc_churn alloc_churn_shared_rt; do
   run "$ex.base" env LD_LIBRARY_PATH="$bundle_libs" "$bin/$ex" 2000
@@ -81,6 +87,8 @@ for ex in alloc_churn alloc_churn_shared_rt; do
   row "$ex (2000 it.)" "${b} ms" "${s} ms, ${avoided:-?} calls saved" "$verdict ($same, ordered=$(ordered_of "$ex.shim"))"
 done
 
+fi  # section
+if want 1b; then
 echo "== 1b. vramscope run on the example (the main job): report against the shim's own counters"
 run vsrun env LD_LIBRARY_PATH="$bundle_libs" "$bin/vramscope" run --json "$logs/alloc_churn.report.json" -- env VRAMSCOPE_SUMMARY=1 "$bin/alloc_churn" 500
 st=$?
@@ -99,6 +107,8 @@ verdict="ok"
 [ "$rq" = "$sq" ] && [ "$rc" = "$sa" ] || verdict="FAIL report $rq/$rc vs shim $sq/$sa"
 row "vramscope run alloc_churn" "shim: ${sq:-?} B, ${sa:-?} allocs" "report: ${rq} B, ${rc} allocs" "$verdict (reserved ${rr} B)"
 
+fi  # section
+if want 2; then
 echo "== 2. thrust sort+reduce loop (ten alternating runs of 1000 iterations each)"
 thrust_ms() {  # thrust_ms NAME... -> the "ms/iteration" of each NAME.err file, one per line
   for n in "$@"; do grep -ho '[0-9.]* ms/iteration' "$logs/$n.err" | cut -d' ' -f1; done
@@ -137,6 +147,8 @@ treserved=$(summary_field thrust.shim1 peak_reserved)
 treq=$(summary_field thrust.shim1 peak_requested)
 row "thrust loop 1 Mi keys (10 runs)" "median ${tbm} ms/it (best ${tb})" "median ${tsm} (best ${ts}); cached ${tcm} (${tc}); fence syncs ${tsyncs:-?}/run; reserved ${treserved:-?} B for ${treq:-?} requested" "$verdict ($same, ordered=$(ordered_of thrust.shim1))"
 
+fi  # section
+if want 3; then
 echo "== 3. PyTorch GPT-2 small training step"
 # Timing is noisy on this machine (up to 15% between identical runs): PyTorch's own cache and the
 # shim run five times each, alternating, 16 steps each; their means are compared (medians shown).
@@ -258,6 +270,8 @@ for r in $(seq $reps); do
 done
 row "torch no-cache+shim reserved" "PyTorch max_reserved $(jfield torch.caching max_memory_reserved) B" "$(summary_field torch.shim1 peak_reserved) B" "reported ($(awk -v a="$(summary_field torch.shim1 peak_reserved)" -v b="$(summary_field torch.shim1 peak_requested)" 'BEGIN{if (b+0>0) printf "%.2fx requested", a/b; else print "?"}'), ordered=$(ordered_of torch.shim1))"
 
+fi  # section
+if want 4; then
 echo "== 4. JAX and CuPy observed under passthrough"
 for fw in jax cupy; do
   PYTHONUNBUFFERED=1 run "$fw.base" "$python" tests/gpu/jax_cupy_observe.py "$fw"
@@ -270,6 +284,8 @@ for fw in jax cupy; do
   row "$fw (passthrough)" "$(head -c 24 "$logs/$fw.base.out")" "${seen:0:24}" "$verdict ($same)"
 done
 
+fi  # section
+if want 5a; then
 echo "== 5a. ordered reuse: which runtime calls keep it, which end it (the shim's summary)"
 # Ordered reuse needs every launch, copy and stream the runtime makes to reach a watched driver
 # entry point. Expected: legacy default stream only -> on; a created stream, the per-thread
@@ -289,6 +305,8 @@ for probe in "ordered_probe legacy on" "ordered_probe stream ended" "ordered_pro
   row "ordered: $prog $mode" "-" "ordered=${got:-?}" "$verdict ($same)"
 done
 
+fi  # section
+if want 5; then
 echo "== 5. stream reuse stress"
 for mode in pool strict; do
   VRAMSCOPE_MODE=$mode run "stress.$mode" "${under_shim[@]}" "$bin/stream_stress" 8 400
@@ -304,6 +322,8 @@ races=$(grep -ho 'races=[0-9]*' "$logs/stress.legacy.out" | cut -d= -f2)
 reused=$(grep -ho 'end_reused=[0-9]*' "$logs/stress.legacy.out" | cut -d= -f2)
 row "stream stress (legacy, ordered)" "-" "races=${races:-?}, end_reused=${reused:-?}" "$([ $st -eq 0 ] && [ "${races:-1}" = 0 ] && echo ok || echo "FAIL status $st") (ordered=$(ordered_of stress.legacy), fence_syncs=$(summary_field stress.legacy fence_syncs))"
 
+fi  # section
+if want 6; then
 echo "== 6. compute-sanitizer memcheck under the shim"
 if command -v compute-sanitizer >/dev/null; then
   run sanitizer compute-sanitizer --tool memcheck --error-exitcode 9 env LD_PRELOAD="$shim" "$bin/alloc_churn" 100
@@ -314,6 +334,8 @@ else
   row "memcheck alloc_churn+shim" "-" "-" "skipped: no compute-sanitizer"
 fi
 
+fi  # section
+if want 7; then
 echo "== 7. allocation + free cost"
 # Each process reports the best of 7 repetitions (alloc_bench REPS), its median beside it. On
 # this VM a whole process often lands in a 1.4-1.7x slower mode for all its repetitions (the
@@ -377,6 +399,8 @@ echo "alloc_bench 1 MiB, ordered reuse off: $(cat "$logs/bench.shim.fenced.out")
 run bench.shim.nospin env VRAMSCOPE_FENCE_SPIN_US=0 "${under_shim[@]}" "$bin/alloc_bench" 200000 1048576 5
 echo "alloc_bench 1 MiB, helper not watching: $(cat "$logs/bench.shim.nospin.out")"
 
+fi  # section
+if want 8; then
 echo "== 8. CUPTI (the driver's view) against the shim's reserved bytes; cost of CUPTI + NVTX"
 # alloc_churn under `vramscope run --json` (CUPTI on by default): the driver saw exactly the
 # pool's reservations, so CUPTI's device peak must equal the shim's peak reserved. Over cuMemAlloc
@@ -438,6 +462,8 @@ s0=$(for r in 1 2; do grep -ho '"ms_per_step": [0-9.]*' "$logs/torch.spin0_$r.ou
 s50=$(for r in 1 2; do grep -ho '"ms_per_step": [0-9.]*' "$logs/torch.spin50_$r.out" | awk '{print $2}'; done | awk 'NF{s+=$1; n++} END{if (n) printf "%.2f", s/n}')
 row "torch step, helper sleeps/watches" "${s0:-?} ms (spin 0)" "${s50:-?} ms (spin 50 us)" "$(awk -v a="$s0" -v b="$s50" 'BEGIN{ if (a+0<=0 || b+0<=0) {print "FAIL no timing"; exit} printf "reported %+.1f%%", 100*(b-a)/a}')"
 
+fi  # section
+if want 9; then
 echo "== 9. NVTX ranges and allocation sites"
 # nvtx_phases prints every range's figures (peak allocated while open, net growth, count,
 # allocations), known in advance; `vramscope run --stacks`'s report must match them exactly, and
@@ -506,6 +532,8 @@ for r in $torch_ranges; do
 done
 row "torch NVTX ranges (6 steps)" "-" "$torch_ranges" "$verdict"
 
+fi  # section
+if want 10; then
 echo "== 10. CUDA arrays and graph memory nodes: the shim's array= and graph= against the driver"
 # graph_array prints the driver's own figures: cudaMemGetInfo drops and the graph pool's reserved
 # bytes (cudaDeviceGetGraphMemAttribute). The shim's graph peak must equal the pool's high-water
@@ -540,7 +568,9 @@ verdict=$(awk -v s="${apeak:-0}" -v e="${aexpect:-x}" -v c="${acur:-x}" -v d="${
   printf "%s %.1f%% of the drop", (s >= 0.95*d && s <= 1.05*d) ? "ok" : "LOWER BOUND", (d > 0) ? 100*s/d : 0 }')
 [ $st -eq 0 ] || verdict="FAIL status $st"
 row "arrays peak (2 x 64 MiB)" "driver drop ${adelta:-?} B" "shim ${apeak:-?} B" "$verdict"
-
+fi  # section
+if want 11; then
+echo "== 11. vramscope top's NVML view"
 # `vramscope top`'s NVML view, through `vramscope run --live` (not a terminal: plain lines every
 # second): the GPU line must name this GPU with its capacity (nvidia-smi's, within 1%), and the
 # traced program's memory counted as traced on it. thrust_loop runs a few seconds.
@@ -556,6 +586,7 @@ max_traced=$(grep -ho ' traced=[0-9]*' "$logs/top.nvml.out" | cut -d= -f2 | sort
 [ "${max_traced:-0}" -gt 0 ] 2>/dev/null || verdict="FAIL traced never > 0 ($verdict)"
 row "top NVML GPU line (run --live)" "nvidia-smi ${smi_total:-?} MiB" "${max_traced:-0} B traced at most" "$verdict"
 
+fi  # section
 echo
 echo "== summary (logs in $logs)"
 printf '%-34s | %-24s | %-24s | %s\n' "check" "without shim" "with shim" "verdict"
