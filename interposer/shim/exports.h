@@ -134,28 +134,32 @@ CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
   X(cuDeviceGraphMemTrim)
 
 // Driver functions the shim calls for its own work but does not hook. X(exact_name).
-#define VRAMSCOPE_USED_ENTRY_POINTS(X) \
-  X(cuCtxGetCurrent)                   \
-  X(cuCtxGetDevice)                    \
-  X(cuCtxPushCurrent_v2)               \
-  X(cuCtxPopCurrent_v2)                \
-  X(cuDeviceGetAttribute)              \
-  X(cuDeviceCanAccessPeer)             \
-  X(cuDeviceGetCount)                  \
-  X(cuDeviceGetName)                   \
-  X(cuDeviceGetUuid_v2)                \
-  X(cuDeviceTotalMem_v2)               \
-  X(cuDevicePrimaryCtxGetState)        \
-  X(cuDevicePrimaryCtxRetain)          \
-  X(cuMemSetAccess)                    \
-  X(cuMemGetAllocationGranularity)     \
-  X(cuStreamIsCapturing)               \
-  X(cuStreamIsCapturing_ptsz)          \
-  X(cuEventCreate)                     \
-  X(cuEventQuery)                      \
-  X(cuEventSynchronize)                \
-  X(cuEventDestroy_v2)                 \
-  X(cuThreadExchangeStreamCaptureMode) \
-  X(cuDeviceGetGraphMemAttribute)      \
-  X(cuArrayGetMemoryRequirements)      \
+#define VRAMSCOPE_USED_ENTRY_POINTS(X)      \
+  X(cuCtxGetCurrent)                        \
+  X(cuCtxGetDevice)                         \
+  X(cuCtxPushCurrent_v2)                    \
+  X(cuCtxPopCurrent_v2)                     \
+  X(cuDeviceGetAttribute)                   \
+  X(cuDeviceCanAccessPeer)                  \
+  X(cuDeviceGetCount)                       \
+  X(cuDeviceGetName)                        \
+  X(cuDeviceGetUuid_v2)                     \
+  X(cuDeviceTotalMem_v2)                    \
+  X(cuDevicePrimaryCtxGetState)             \
+  X(cuDevicePrimaryCtxRetain)               \
+  X(cuMemSetAccess)                         \
+  X(cuMemGetAllocationGranularity)          \
+  X(cuMemRetainAllocationHandle)            \
+  X(cuMemExportToShareableHandle)           \
+  X(cuMemImportFromShareableHandle)         \
+  X(cuMemGetAllocationPropertiesFromHandle) \
+  X(cuStreamIsCapturing)                    \
+  X(cuStreamIsCapturing_ptsz)               \
+  X(cuEventCreate)                          \
+  X(cuEventQuery)                           \
+  X(cuEventSynchronize)                     \
+  X(cuEventDestroy_v2)                      \
+  X(cuThreadExchangeStreamCaptureMode)      \
+  X(cuDeviceGetGraphMemAttribute)           \
+  X(cuArrayGetMemoryRequirements)           \
   X(cuMipmappedArrayGetMemoryRequirements)

@@ -21,6 +21,7 @@
 #include "device_pools.h"
 #include "graph_memory.h"
 #include "hooks.h"
+#include "ipc.h"
 #include "ordered.h"
 #include "registry.h"
 #include "ring_events.h"
@@ -400,6 +401,8 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
                                                         unsigned int Flags) {
   VRAMSCOPE_PROLOGUE(cuIpcOpenMemHandle_v2);
+  // A vramscope handle (ipc.h): opened by the shim; any other goes to the driver.
+  if (CUresult ours = CUDA_SUCCESS; IpcOpenPooled(pdptr, handle, Flags, &ours)) return ours;
   const CUresult result = real.cuIpcOpenMemHandle_v2(pdptr, handle, Flags);
   if (result == CUDA_SUCCESS && Recording() && pdptr != nullptr) {
     size_t size = 0;
@@ -413,6 +416,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUip
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
   VRAMSCOPE_PROLOGUE(cuIpcCloseMemHandle);
+  if (CUresult ours = CUDA_SUCCESS; IpcClosePooled(dptr, &ours)) return ours;
   const CUresult result = real.cuIpcCloseMemHandle(dptr);
   if (result == CUDA_SUCCESS && Recording()) (void)RecordFree(RegistryId::kDevicePointers, dptr);
   return result;
