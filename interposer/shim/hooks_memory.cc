@@ -42,6 +42,7 @@ bool AnyPools() {
 }  // namespace
 
 bool FlushCachesForRetry() {
+  IpcPollDeferred();  // blocks whose importers all closed go back to their pools first
   if (!FlushCaches()) return false;
   CUcontext ctx = nullptr;
   int device = 0;

@@ -430,6 +430,59 @@ TEST(IpcBadInput, ForgedStaleAndTruncatedHandles) {
   EXPECT_EQ(Join(importer), 0);
 }
 
+// The summary's counters: the exporter's ipc_export and the importer's ipc_import, each the
+// block's bytes at their peak, one allocation, nothing left at exit.
+std::string ReadAllText(int fd) {
+  std::string text;
+  char buf[4096];
+  ssize_t n = 0;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  return text;
+}
+
+TEST(IpcCounters, ExportAndImportBytesInTheSummary) {
+  Pipe to_importer;
+  Pipe to_exporter;
+  Pipe exporter_err;
+  Pipe importer_err;
+  auto with_summary = [](int err) {
+    dup2(err, 2);
+    setenv("VRAMSCOPE_SUMMARY", "1", 1);
+  };
+  const pid_t exporter = Child([&]() -> int {
+    with_summary(exporter_err.w);
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 10);
+    Exported e;
+    CHECK_OR(Export(api, kBlock, 51, &e), 11);
+    CHECK_OR(Send(to_importer.w, &e.handle, sizeof(e.handle)), 12);
+    CHECK_OR(Await(to_exporter.r), 13);
+    CHECK_OR(api.cuMemFree_v2(e.block) == CUDA_SUCCESS, 14);
+    exit(0);  // the summary is printed by the exit handler
+  });
+  const pid_t importer = Child([&]() -> int {
+    with_summary(importer_err.w);
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 30);
+    CUipcMemHandle handle{};
+    CHECK_OR(Recv(to_importer.r, &handle, sizeof(handle)), 31);
+    CUdeviceptr p = 0;
+    CHECK_OR(api.cuIpcOpenMemHandle_v2(&p, handle, 0) == CUDA_SUCCESS, 32);
+    CHECK_OR(api.cuIpcCloseMemHandle(p) == CUDA_SUCCESS, 33);
+    Token(to_exporter.w);
+    exit(0);
+  });
+  close(exporter_err.w);
+  close(importer_err.w);
+  const std::string exporter_text = ReadAllText(exporter_err.r);
+  const std::string importer_text = ReadAllText(importer_err.r);
+  EXPECT_EQ(Join(exporter), 0);
+  EXPECT_EQ(Join(importer), 0);
+  const std::string figures = "=0/" + std::to_string(kBlock) + "/1";
+  EXPECT_NE(exporter_text.find(" ipc_export" + figures), std::string::npos) << exporter_text;
+  EXPECT_NE(importer_text.find(" ipc_import" + figures), std::string::npos) << importer_text;
+}
+
 // Spawned importers (exec of this binary): one under the shim reads and writes the block; one
 // without the shim gets the driver's error for a handle that is not a legacy one.
 int SpawnImporter(const CUipcMemHandle& handle, bool with_shim) {
