@@ -122,8 +122,11 @@ CUmemAllocationHandleType IpcShareableType(int device);
 // cuIpcGetMemHandle of `dptr`: true with *result set when the shim answered (a vramscope
 // handle, or an error); false: not a block of a shareable VMM pool, the caller decides.
 bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result);
-// Any export live (one relaxed load: the free path's only cost while nothing is exported).
-bool IpcExportsLive();
+// Exports live, deferred ones included (ipc_export.cc).
+extern std::atomic<int> g_ipc_live_exports;
+// Any export live: one relaxed load, inlined, the free path's only cost while nothing is
+// exported.
+inline bool IpcExportsLive() { return g_ipc_live_exports.load(std::memory_order_relaxed) != 0; }
 // The free path, while exports are live: 1 if `address` is an exported block that importers
 // still hold open, so its free is deferred (the block stays allocated until the last importer
 // closed); -1 if it was freed before (deferred already); 0 otherwise (an exported block nobody

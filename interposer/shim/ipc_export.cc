@@ -29,6 +29,8 @@
 
 namespace vramscope::interposer {
 
+constinit std::atomic<int> g_ipc_live_exports{0};
+
 int DriverUpstream::MappingsCovering(std::uintptr_t address, std::size_t bytes,
                                      std::pair<std::uintptr_t, std::size_t>* out,
                                      int capacity) const {
@@ -104,7 +106,6 @@ constinit int g_table_fd = -1;
 constinit std::uint64_t g_start_time = 0;
 constinit Export* g_exports = nullptr;  // kIpcSlots entries
 constinit std::map<std::uintptr_t, ChunkFd>* g_chunks = nullptr;
-constinit std::atomic<int> g_live{0};      // exports, deferred included
 constinit std::atomic<int> g_deferred{0};  // deferred frees waiting for importers
 __attribute__((tls_model("initial-exec"))) constinit thread_local bool t_polling = false;
 
@@ -191,7 +192,7 @@ void FinishLocked(std::uint32_t index) {
   kind.frees.Add(1);
   if (e.deferred) g_deferred.fetch_sub(1, std::memory_order_relaxed);
   e = Export{};
-  g_live.fetch_sub(1, std::memory_order_relaxed);
+  g_ipc_live_exports.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void FillHandle(CUipcMemHandle* out, std::uint32_t index, std::uint64_t offset,
@@ -228,8 +229,6 @@ CUmemAllocationHandleType IpcShareableType(int device) {
   }
   return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 }
-
-bool IpcExportsLive() { return g_live.load(std::memory_order_relaxed) != 0; }
 
 bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result) {
   pool::BlockInfo info;
@@ -321,7 +320,7 @@ bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result)
   e.used = true;
   e.block = info.address;
   e.bytes = info.requested;
-  g_live.fetch_add(1, std::memory_order_relaxed);
+  g_ipc_live_exports.fetch_add(1, std::memory_order_relaxed);
   KindCounters& kind = Counters().kind[static_cast<int>(Kind::kIpcExport)];
   kind.bytes.Add(info.requested);
   kind.allocs.Add(1);
@@ -426,7 +425,7 @@ void IpcForgetInChild() {
   g_table = nullptr;
   g_table_fd = -1;
   g_start_time = 0;
-  g_live.store(0, std::memory_order_relaxed);
+  g_ipc_live_exports.store(0, std::memory_order_relaxed);
   g_deferred.store(0, std::memory_order_relaxed);
   delete[] g_exports;
   delete g_chunks;

@@ -67,7 +67,9 @@ constinit std::map<CUdeviceptr, Import>* g_imports = nullptr;  // by the program
 class Fds {
  public:
   ~Fds() {
-    for (int i = 0; i < count; ++i) close(fd[i]);
+    for (int i = 0; i < count; ++i) {
+      if (fd[i] >= 0) close(fd[i]);
+    }
   }
   int fd[kIpcMaxChunks + 1];
   int count = 0;
@@ -117,7 +119,7 @@ bool Enter(IpcSlot& slot, const IpcWireHandle& h) {
 
 // Imports the chunk descriptors and maps them as one range; the block's address on success.
 CUresult MapChunks(const IpcChunk* chunks, std::uint32_t count, const int* fds,
-                   const IpcWireHandle& h, CUdeviceptr* base_out, std::size_t* total_out) {
+                   CUdeviceptr* base_out, std::size_t* total_out) {
   const RealDriver& real = Real();
   if (real.cuMemImportFromShareableHandle == nullptr || real.cuMemAddressReserve == nullptr ||
       real.cuMemMap == nullptr || real.cuMemSetAccess == nullptr ||
@@ -181,7 +183,6 @@ CUresult MapChunks(const IpcChunk* chunks, std::uint32_t count, const int* fds,
     if (base != 0) (void)real.cuMemAddressFree(base, total);
     return result;
   }
-  (void)h;
   *base_out = base;
   *total_out = total;
   return CUDA_SUCCESS;
@@ -243,19 +244,18 @@ CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
   if (valid && from_service) {
     valid = fds.count == static_cast<int>(count) + 1;
   } else if (valid) {
-    fds.fd[0] = -1;
+    fds.fd[0] = -1;  // the layout of the service's answer: fd[0] the table (closed already)
     fds.count = 1;
     for (std::uint32_t i = 0; valid && i < count; ++i) {
       const int fd = pidfd.GetFd(chunks[i].fd);
       valid = fd >= 0;
       if (valid) fds.fd[fds.count++] = fd;
     }
-    fds.fd[0] = dup(fds.fd[1]);  // keep the layout of the service's answer (fd[0]: table)
   }
   CUdeviceptr base = 0;
   std::size_t total = 0;
   const CUresult result =
-      valid ? MapChunks(chunks, count, fds.fd + 1, h, &base, &total) : CUDA_ERROR_INVALID_HANDLE;
+      valid ? MapChunks(chunks, count, fds.fd + 1, &base, &total) : CUDA_ERROR_INVALID_HANDLE;
   if (result != CUDA_SUCCESS) {
     slot.importers.fetch_sub(1, std::memory_order_seq_cst);
     return result == CUDA_ERROR_OUT_OF_MEMORY ? result : CUDA_ERROR_INVALID_HANDLE;
