@@ -390,10 +390,22 @@ pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t byt
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device_;
-  prop.requestedHandleTypes = shareable_;  // exportable for IPC (ipc.h)
+  prop.requestedHandleTypes = shareable_type();  // exportable for IPC (ipc.h)
   CUmemGenericAllocationHandle handle = 0;
   DevCounters(device_).driver_alloc_calls.Add(1);
   CUresult result = real.cuMemCreate(&handle, bytes, &prop, 0);
+  if (result != CUDA_SUCCESS && result != CUDA_ERROR_OUT_OF_MEMORY &&
+      prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+    // The device reported shareable memory but does not make it: plain memory from now on, and
+    // IPC of pooled memory falls back to the old rule (ipc.h).
+    VRAMSCOPE_LOG_ONCE(kWarn,
+                       "device %d: cuMemCreate of shareable memory failed (%d); the pool's memory "
+                       "is not shareable by IPC (VRAMSCOPE_MODE=passthrough shares it)",
+                       device_, static_cast<int>(result));
+    SetShareableType(CU_MEM_HANDLE_TYPE_NONE);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    result = real.cuMemCreate(&handle, bytes, &prop, 0);
+  }
   if (result != CUDA_SUCCESS) return FromDriver(result);
   result = real.cuMemMap(address, bytes, 0, handle, 0);
   if (result != CUDA_SUCCESS) {

@@ -124,6 +124,12 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle,
       prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
     return CUDA_ERROR_NOT_SUPPORTED;
   }
+  // VRAMSCOPE_FAKE_SHAREABLE=refuse: the device reports POSIX descriptors but will not create
+  // such memory (a driver or container that lacks what they need).
+  if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+    const char* shareable = getenv("VRAMSCOPE_FAKE_SHAREABLE");
+    if (shareable != nullptr && strcmp(shareable, "refuse") == 0) return CUDA_ERROR_NOT_PERMITTED;
+  }
   int device = prop->location.id;
   if (!fake::Charge(s, device, size)) return CUDA_ERROR_OUT_OF_MEMORY;
   // The name carries the device, so an importer knows where the memory lives.

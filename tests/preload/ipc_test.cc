@@ -430,6 +430,27 @@ TEST(IpcBadInput, ForgedStaleAndTruncatedHandles) {
   EXPECT_EQ(Join(importer), 0);
 }
 
+// A device that reports POSIX descriptors but refuses to create shareable memory: allocation
+// works (plain memory), and IPC of pooled memory is refused with the old rule, never a handle.
+TEST(IpcFallback, ShareableMemoryRefusedByTheDriver) {
+  const pid_t child = Child([&]() -> int {
+    setenv("VRAMSCOPE_FAKE_SHAREABLE", "refuse", 1);
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 10);
+    CUdeviceptr small = 0;
+    CUdeviceptr block = 0;
+    CHECK_OR(api.cuMemAlloc_v2(&small, 1000) == CUDA_SUCCESS, 11);
+    CHECK_OR(api.cuMemAlloc_v2(&block, kBlock) == CUDA_SUCCESS, 12);
+    Fill(block, kBlock, 61);
+    CUipcMemHandle handle{};
+    CHECK_OR(api.cuIpcGetMemHandle(&handle, block) == CUDA_ERROR_NOT_SUPPORTED, 13);
+    CHECK_OR(api.cuMemFree_v2(block) == CUDA_SUCCESS, 14);
+    CHECK_OR(api.cuMemFree_v2(small) == CUDA_SUCCESS, 15);
+    return 0;
+  });
+  EXPECT_EQ(Join(child), 0);
+}
+
 // The summary's counters: the exporter's ipc_export and the importer's ipc_import, each the
 // block's bytes at their peak, one allocation, nothing left at exit.
 std::string ReadAllText(int fd) {
