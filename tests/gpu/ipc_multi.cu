@@ -13,7 +13,6 @@
 //                        (corrupted=0), and the importer's buffer holds the importer's pattern.
 //   ipc_multi grow       the time of 64 x 32 MiB cudaMalloc calls (pool growth: cuMemCreate with
 //                        or without a shareable handle type; compare VRAMSCOPE_IPC=0).
-#include <cuda_runtime.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,14 +25,16 @@
 #include <cstring>
 #include <vector>
 
-#define CK(call)                                                                       \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
-      fprintf(stderr, "%d: %s:%d %s: %s\n", getpid(), __FILE__, __LINE__, #call,       \
-              cudaGetErrorString(e_));                                                 \
-      exit(3);                                                                         \
-    }                                                                                  \
+#include <cuda_runtime.h>
+
+#define CK(call)                                                                 \
+  do {                                                                           \
+    cudaError_t e_ = (call);                                                     \
+    if (e_ != cudaSuccess) {                                                     \
+      fprintf(stderr, "%d: %s:%d %s: %s\n", getpid(), __FILE__, __LINE__, #call, \
+              cudaGetErrorString(e_));                                           \
+      exit(3);                                                                   \
+    }                                                                            \
   } while (0)
 
 static double Us(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -239,7 +240,7 @@ static int Stress(int rounds) {
   printf("stress rounds=%d corrupted=%llu importer_bad=%llu importer_status=%d\n", rounds,
          corrupted, importer_bad, WIFEXITED(status) ? WEXITSTATUS(status) : 128);
   return corrupted == 0 && importer_bad == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0
-                                                                                             : 1;
+                                                                                              : 1;
 }
 
 static int Grow() {
