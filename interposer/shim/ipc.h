@@ -7,7 +7,7 @@
 // slot of the exporter's export table with its generation and a random nonce, the block's offset
 // and size. The export table is a memfd of the exporter (IpcTable): per slot, the physical
 // allocations (the pool's Map chunks) that cover the block, as file descriptors of the exporter
-// (cuMemExportToShareableHandle), and the count of importers that hold it open. An importing
+// (cuMemExportToShareableHandle), and the importing processes that hold it open. An importing
 // shim recognises the magic, takes the table's and the chunks' descriptors from the exporter
 // (pidfd_getfd, or the exporter's Unix-socket service with SCM_RIGHTS where ptrace rules refuse
 // that), imports, reserves, maps, sets access and returns the block's address in its mapping.
@@ -62,17 +62,33 @@ struct IpcChunk {
   std::uint32_t pad;
 };
 
+inline constexpr std::uint32_t kIpcHolders = 16;
+
+// An importing process that holds a slot open, by identity, so the exporter can tell a holder
+// that died without closing (its pid gone, or another process's start time) and stop waiting.
+struct IpcHolder {
+  std::atomic<std::uint32_t> pid;  // 0: free
+  std::uint32_t pad;
+  std::atomic<std::uint64_t> start;  // 0 while the holder is filling it in
+};
+
 struct IpcSlot {
   std::atomic<std::uint32_t> generation;  // bumped when an export ends: old handles are stale
   std::atomic<std::uint32_t> revoked;     // the exporter freed the block
-  std::atomic<std::int32_t> importers;    // opens by importing processes (one per process)
+  // Importing processes beyond kIpcHolders (not checked for being alive).
+  std::atomic<std::int32_t> importers;
   std::uint32_t chunk_count;
   std::uint64_t nonce;
   std::uint64_t offset;
   std::uint64_t size;
   IpcChunk chunks[kIpcMaxChunks];
+  IpcHolder holders[kIpcHolders];
 };
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+// Whether an importing process still holds the slot (ipc_export.cc); clears holders that died.
+bool IpcSlotHeld(IpcSlot& slot);
 
 struct IpcTableHeader {
   char magic[8];

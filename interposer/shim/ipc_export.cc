@@ -214,6 +214,24 @@ void FillHandle(CUipcMemHandle* out, std::uint32_t index, std::uint64_t offset,
 
 }  // namespace
 
+bool IpcSlotHeld(IpcSlot& slot) {
+  bool held = slot.importers.load(std::memory_order_seq_cst) > 0;
+  for (IpcHolder& holder : slot.holders) {
+    const std::uint32_t pid = holder.pid.load(std::memory_order_seq_cst);
+    if (pid == 0) continue;
+    const std::uint64_t start = holder.start.load(std::memory_order_seq_cst);
+    // A holder still filling in its start time is alive. One that is gone (or whose pid now
+    // names another process) closed nothing and never will: its entry is cleared.
+    if (start == 0 || ProcessStartTime(static_cast<int>(pid)) == start) {
+      held = true;
+    } else {
+      std::uint32_t expected = pid;
+      (void)holder.pid.compare_exchange_strong(expected, 0, std::memory_order_seq_cst);
+    }
+  }
+  return held;
+}
+
 CUmemAllocationHandleType IpcShareableType(int device) {
   const RealDriver& real = Real();
   if (!Cfg().ipc || real.cuDeviceGetAttribute == nullptr ||
@@ -315,6 +333,7 @@ bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result)
   s.offset = info.address - maps[0].first;
   s.size = info.requested;
   s.importers.store(0, std::memory_order_relaxed);
+  for (IpcHolder& holder : s.holders) holder.pid.store(0, std::memory_order_relaxed);
   // Published last: an importer checks the generation and `revoked` after taking its count.
   s.revoked.store(0, std::memory_order_seq_cst);
   e.used = true;
@@ -352,9 +371,9 @@ int IpcDeferFree(std::uintptr_t address) {
       break;
     }
     IpcSlot& slot = g_table->slots[i];
-    // Dekker with the importer's open: it raises `importers`, then reads `revoked`.
+    // Dekker with the importer's open: it takes a holder entry, then reads `revoked`.
     slot.revoked.store(1, std::memory_order_seq_cst);
-    if (slot.importers.load(std::memory_order_seq_cst) > 0) {
+    if (IpcSlotHeld(slot)) {
       e.deferred = true;
       e.strict = Cfg().mode == Mode::kStrict;
       g_deferred.fetch_add(1, std::memory_order_relaxed);
@@ -379,7 +398,7 @@ void IpcPollDeferred() {
   for (std::uint32_t i = 0; g_exports != nullptr && i < kIpcSlots && count < 64; ++i) {
     Export& e = g_exports[i];
     if (!e.used || !e.deferred) continue;
-    if (g_table->slots[i].importers.load(std::memory_order_seq_cst) > 0) continue;
+    if (IpcSlotHeld(g_table->slots[i])) continue;
     ready[count] = e.block;
     strict[count++] = e.strict;
     FinishLocked(i);

@@ -55,6 +55,7 @@ struct Import {
   std::uint64_t size = 0;
   int refs = 0;
   IpcTable* table = nullptr;
+  std::uint32_t holder = kIpcHolders;
   std::uint32_t chunks = 0;
   IpcChunk chunk[kIpcMaxChunks];
 };
@@ -106,14 +107,47 @@ IpcTable* MapTable(int fd, const IpcWireHandle& h) {
   return table;
 }
 
-// Takes the importer's count on the handle's slot if the export is live; false if stale.
-bool Enter(IpcSlot& slot, const IpcWireHandle& h) {
-  slot.importers.fetch_add(1, std::memory_order_seq_cst);
+// This process's identity, for the holder entries.
+constinit std::atomic<std::uint64_t> g_own_start{0};  // 0: not read yet (and in a fork child)
+
+std::uint64_t OwnStart() {
+  std::uint64_t value = g_own_start.load(std::memory_order_relaxed);
+  if (value == 0) {
+    value = ProcessStartTime(getpid());
+    g_own_start.store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+
+// Releases what Enter took: a holder entry (index < kIpcHolders) or the overflow count.
+void Leave(IpcSlot& slot, std::uint32_t holder) {
+  if (holder < kIpcHolders) {
+    slot.holders[holder].start.store(0, std::memory_order_seq_cst);
+    slot.holders[holder].pid.store(0, std::memory_order_seq_cst);
+  } else {
+    slot.importers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+// Takes a holder entry on the handle's slot (the overflow count if all are taken) if the export
+// is live; false if stale. `*holder` says which, for Leave.
+bool Enter(IpcSlot& slot, const IpcWireHandle& h, std::uint32_t* holder) {
+  const auto pid = static_cast<std::uint32_t>(getpid());
+  *holder = kIpcHolders;
+  for (std::uint32_t i = 0; i < kIpcHolders; ++i) {
+    std::uint32_t expected = 0;
+    if (slot.holders[i].pid.compare_exchange_strong(expected, pid, std::memory_order_seq_cst)) {
+      slot.holders[i].start.store(OwnStart(), std::memory_order_seq_cst);
+      *holder = i;
+      break;
+    }
+  }
+  if (*holder == kIpcHolders) slot.importers.fetch_add(1, std::memory_order_seq_cst);
   if (slot.generation.load(std::memory_order_seq_cst) == h.generation &&
       slot.revoked.load(std::memory_order_seq_cst) == 0 && slot.nonce == h.nonce) {
     return true;
   }
-  slot.importers.fetch_sub(1, std::memory_order_seq_cst);
+  Leave(slot, *holder);
   return false;
 }
 
@@ -228,7 +262,8 @@ CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
   }
   (*g_tables)[key] = table;
   IpcSlot& slot = table->slots[h.slot];
-  if (!Enter(slot, h)) return CUDA_ERROR_INVALID_HANDLE;
+  std::uint32_t holder = kIpcHolders;
+  if (!Enter(slot, h, &holder)) return CUDA_ERROR_INVALID_HANDLE;
   // From here the exporter keeps the export (and its descriptors) until we leave the slot.
   IpcChunk chunks[kIpcMaxChunks];
   const std::uint32_t count = slot.chunk_count;
@@ -257,7 +292,7 @@ CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
   const CUresult result =
       valid ? MapChunks(chunks, count, fds.fd + 1, &base, &total) : CUDA_ERROR_INVALID_HANDLE;
   if (result != CUDA_SUCCESS) {
-    slot.importers.fetch_sub(1, std::memory_order_seq_cst);
+    Leave(slot, holder);
     return result == CUDA_ERROR_OUT_OF_MEMORY ? result : CUDA_ERROR_INVALID_HANDLE;
   }
   Import import;
@@ -271,6 +306,7 @@ CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
   import.size = h.size;
   import.refs = 1;
   import.table = table;
+  import.holder = holder;
   import.chunks = count;
   for (std::uint32_t i = 0; i < count; ++i) import.chunk[i] = chunks[i];
   (*g_imports)[import.address] = import;
@@ -338,7 +374,7 @@ bool IpcClosePooled(CUdeviceptr dptr, CUresult* result) {
     }
     (void)real.cuMemAddressFree(import.base, import.total);
   }
-  import.table->slots[import.slot].importers.fetch_sub(1, std::memory_order_seq_cst);
+  Leave(import.table->slots[import.slot], import.holder);
   if (Active()) (void)RecordFree(RegistryId::kDevicePointers, dptr);
   *result = CUDA_SUCCESS;
   return true;
@@ -349,6 +385,7 @@ void IpcImportsForgetInChild() {
   // table of opens starts empty (the parent still holds and closes its own).
   pthread_mutex_init(&g_mu, nullptr);
   if (g_imports != nullptr) g_imports->clear();
+  g_own_start.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace vramscope::interposer

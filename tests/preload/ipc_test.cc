@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stddef.h>
 #include <sys/prctl.h>
@@ -260,6 +261,48 @@ TEST(IpcLifetime, ExporterFreesBeforeTheImporterCloses) {
   });
   EXPECT_EQ(Join(exporter), 0);
   EXPECT_EQ(Join(importer), 0);
+}
+
+// An importer killed while it holds the block: the exporter's free does not wait for it (its
+// holder entry names a process that is gone), so the block is the pool's again.
+TEST(IpcLifetime, ImporterKilledWhileHoldingTheBlock) {
+  Pipe to_importer;
+  Pipe to_exporter;
+  Pipe importer_gone;
+  const pid_t exporter = Child([&]() -> int {
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 10);
+    Exported e;
+    CHECK_OR(Export(api, kBlock, 71, &e), 11);
+    CHECK_OR(Send(to_importer.w, &e.handle, sizeof(e.handle)), 12);
+    CHECK_OR(Await(importer_gone.r), 13);  // opened, then killed
+    CHECK_OR(api.cuMemFree_v2(e.block) == CUDA_SUCCESS, 14);
+    bool reused = false;
+    for (int i = 0; i < 32 && !reused; ++i) {
+      CUdeviceptr p = 0;
+      CHECK_OR(api.cuCtxSynchronize() == CUDA_SUCCESS, 15);
+      CHECK_OR(api.cuMemAlloc_v2(&p, kBlock) == CUDA_SUCCESS, 16);
+      reused = p == e.block;
+    }
+    CHECK_OR(reused, 17);
+    return 0;
+  });
+  const pid_t importer = Child([&]() -> int {
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 30);
+    CUipcMemHandle handle{};
+    CHECK_OR(Recv(to_importer.r, &handle, sizeof(handle)), 31);
+    CUdeviceptr p = 0;
+    CHECK_OR(api.cuIpcOpenMemHandle_v2(&p, handle, 0) == CUDA_SUCCESS, 32);
+    Token(to_exporter.w);
+    pause();  // killed here, holding the block
+    return 33;
+  });
+  ASSERT_TRUE(Await(to_exporter.r));
+  kill(importer, SIGKILL);
+  EXPECT_EQ(Join(importer), 128 + SIGKILL);
+  Token(importer_gone.w);
+  EXPECT_EQ(Join(exporter), 0);
 }
 
 // The exporter exits (reaped by the parent) while the importer holds the block: the importer's
