@@ -87,8 +87,9 @@ struct IpcSlot {
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 
-// Whether an importing process still holds the slot (ipc_export.cc); clears holders that died.
-bool IpcSlotHeld(IpcSlot& slot);
+// Whether an importing process holds the slot (ipc_export.cc). `check_alive`: holders that
+// died (pid gone, or another process's start time) are cleared rather than counted.
+bool IpcSlotHeld(IpcSlot& slot, bool check_alive);
 
 struct IpcTableHeader {
   char magic[8];

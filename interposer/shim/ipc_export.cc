@@ -16,6 +16,7 @@
 #include <map>
 #include <new>
 #include <utility>
+#include <vector>
 
 #include "capture.h"
 #include "config.h"
@@ -106,6 +107,11 @@ constinit int g_table_fd = -1;
 constinit std::uint64_t g_start_time = 0;
 constinit Export* g_exports = nullptr;  // kIpcSlots entries
 constinit std::map<std::uintptr_t, ChunkFd>* g_chunks = nullptr;
+// Live exports by block address, and the deferred ones: the free path looks up one address and
+// the poll walks only what waits, not the whole table.
+constinit std::map<std::uintptr_t, std::uint32_t>* g_by_block = nullptr;
+constinit std::vector<std::uint32_t>* g_deferred_list = nullptr;
+constinit std::atomic<std::uint32_t> g_frees_polled{0};
 constinit std::atomic<int> g_deferred{0};  // deferred frees waiting for importers
 __attribute__((tls_model("initial-exec"))) constinit thread_local bool t_polling = false;
 
@@ -122,10 +128,15 @@ bool EnsureTableLocked() {
   void* p = mmap(nullptr, sizeof(IpcTable), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   auto* exports = new (std::nothrow) Export[kIpcSlots];
   auto* chunks = new (std::nothrow) std::map<std::uintptr_t, ChunkFd>();
-  if (p == MAP_FAILED || exports == nullptr || chunks == nullptr) {
+  auto* by_block = new (std::nothrow) std::map<std::uintptr_t, std::uint32_t>();
+  auto* deferred = new (std::nothrow) std::vector<std::uint32_t>();
+  if (p == MAP_FAILED || exports == nullptr || chunks == nullptr || by_block == nullptr ||
+      deferred == nullptr) {
     if (p != MAP_FAILED) munmap(p, sizeof(IpcTable));
     delete[] exports;
     delete chunks;
+    delete by_block;
+    delete deferred;
     close(fd);
     return false;
   }
@@ -139,6 +150,8 @@ bool EnsureTableLocked() {
   g_table_fd = fd;
   g_exports = exports;
   g_chunks = chunks;
+  g_by_block = by_block;
+  g_deferred_list = deferred;
   return true;
 }
 
@@ -190,7 +203,11 @@ void FinishLocked(std::uint32_t index) {
   KindCounters& kind = Counters().kind[static_cast<int>(Kind::kIpcExport)];
   kind.bytes.Sub(e.bytes);
   kind.frees.Add(1);
-  if (e.deferred) g_deferred.fetch_sub(1, std::memory_order_relaxed);
+  if (e.deferred) {
+    g_deferred.fetch_sub(1, std::memory_order_relaxed);
+    std::erase(*g_deferred_list, index);
+  }
+  g_by_block->erase(e.block);
   e = Export{};
   g_ipc_live_exports.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -214,11 +231,12 @@ void FillHandle(CUipcMemHandle* out, std::uint32_t index, std::uint64_t offset,
 
 }  // namespace
 
-bool IpcSlotHeld(IpcSlot& slot) {
+bool IpcSlotHeld(IpcSlot& slot, bool check_alive) {
   bool held = slot.importers.load(std::memory_order_seq_cst) > 0;
   for (IpcHolder& holder : slot.holders) {
     const std::uint32_t pid = holder.pid.load(std::memory_order_seq_cst);
     if (pid == 0) continue;
+    if (!check_alive) return true;
     const std::uint64_t start = holder.start.load(std::memory_order_seq_cst);
     // A holder still filling in its start time is alive. One that is gone (or whose pid now
     // names another process) closed nothing and never will: its entry is cleared.
@@ -275,10 +293,10 @@ bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result)
     return true;
   }
   // The same live block exported again: the same handle, as the driver gives.
-  for (std::uint32_t i = 0; i < kIpcSlots; ++i) {
-    const Export& e = g_exports[i];
-    if (e.used && !e.deferred && e.block == info.address && e.chunks > 0) {
-      FillHandle(handle, i, info.address - e.chunk_va[0], e.bytes);
+  if (auto it = g_by_block->find(info.address); it != g_by_block->end()) {
+    const Export& e = g_exports[it->second];
+    if (!e.deferred && e.chunks > 0) {
+      FillHandle(handle, it->second, info.address - e.chunk_va[0], e.bytes);
       pthread_mutex_unlock(&g_mu);
       *result = CUDA_SUCCESS;
       return true;
@@ -338,6 +356,7 @@ bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result)
   s.revoked.store(0, std::memory_order_seq_cst);
   e.used = true;
   e.block = info.address;
+  (*g_by_block)[info.address] = index;
   e.bytes = info.requested;
   g_ipc_live_exports.fetch_add(1, std::memory_order_relaxed);
   KindCounters& kind = Counters().kind[static_cast<int>(Kind::kIpcExport)];
@@ -360,48 +379,28 @@ bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result)
   return true;
 }
 
-int IpcDeferFree(std::uintptr_t address) {
-  int verdict = 0;
-  pthread_mutex_lock(&g_mu);
-  for (std::uint32_t i = 0; g_exports != nullptr && i < kIpcSlots; ++i) {
-    Export& e = g_exports[i];
-    if (!e.used || e.block != address) continue;
-    if (e.deferred) {
-      verdict = -1;  // freed twice
-      break;
-    }
-    IpcSlot& slot = g_table->slots[i];
-    // Dekker with the importer's open: it takes a holder entry, then reads `revoked`.
-    slot.revoked.store(1, std::memory_order_seq_cst);
-    if (IpcSlotHeld(slot)) {
-      e.deferred = true;
-      e.strict = Cfg().mode == Mode::kStrict;
-      g_deferred.fetch_add(1, std::memory_order_relaxed);
-      verdict = 1;
-    } else {
-      FinishLocked(i);
-    }
-    break;
-  }
-  pthread_mutex_unlock(&g_mu);
-  if (g_deferred.load(std::memory_order_relaxed) != 0) IpcPollDeferred();
-  return verdict;
-}
+namespace {
 
-void IpcPollDeferred() {
+// Frees deferred blocks that no importer holds any more. `check_alive`: also look whether the
+// holders are still alive (a read of /proc per holder), which the free path does only every
+// kAliveEvery frees.
+void PollDeferred(bool check_alive) {
   if (g_deferred.load(std::memory_order_relaxed) == 0 || t_polling) return;
   t_polling = true;
   std::uintptr_t ready[64];
   bool strict[64];
   int count = 0;
   pthread_mutex_lock(&g_mu);
-  for (std::uint32_t i = 0; g_exports != nullptr && i < kIpcSlots && count < 64; ++i) {
-    Export& e = g_exports[i];
-    if (!e.used || !e.deferred) continue;
-    if (IpcSlotHeld(g_table->slots[i])) continue;
-    ready[count] = e.block;
-    strict[count++] = e.strict;
-    FinishLocked(i);
+  for (std::size_t k = 0;
+       g_deferred_list != nullptr && k < g_deferred_list->size() && count < 64;) {
+    const std::uint32_t i = (*g_deferred_list)[k];
+    if (IpcSlotHeld(g_table->slots[i], check_alive)) {
+      ++k;
+      continue;
+    }
+    ready[count] = g_exports[i].block;
+    strict[count++] = g_exports[i].strict;
+    FinishLocked(i);  // removes entry k
   }
   pthread_mutex_unlock(&g_mu);
   // Every importer closed (and synchronised before unmapping): the block is the pool's again,
@@ -409,6 +408,44 @@ void IpcPollDeferred() {
   for (int i = 0; i < count; ++i) (void)FreePooled(ready[i], strict[i]);
   t_polling = false;
 }
+
+constexpr std::uint32_t kAliveEvery = 64;
+
+}  // namespace
+
+int IpcDeferFree(std::uintptr_t address) {
+  int verdict = 0;
+  pthread_mutex_lock(&g_mu);
+  auto it = g_by_block == nullptr ? decltype(g_by_block->end()){} : g_by_block->find(address);
+  if (g_by_block != nullptr && it != g_by_block->end()) {
+    const std::uint32_t i = it->second;
+    Export& e = g_exports[i];
+    IpcSlot& slot = g_table->slots[i];
+    if (e.deferred) {
+      verdict = -1;  // freed twice
+    } else {
+      // Dekker with the importer's open: it takes a holder entry, then reads `revoked`.
+      slot.revoked.store(1, std::memory_order_seq_cst);
+      if (IpcSlotHeld(slot, /*check_alive=*/true)) {
+        e.deferred = true;
+        e.strict = Cfg().mode == Mode::kStrict;
+        g_deferred.fetch_add(1, std::memory_order_relaxed);
+        g_deferred_list->push_back(i);
+        verdict = 1;
+      } else {
+        FinishLocked(i);
+      }
+    }
+  }
+  pthread_mutex_unlock(&g_mu);
+  if (g_deferred.load(std::memory_order_relaxed) != 0) {
+    const std::uint32_t n = g_frees_polled.fetch_add(1, std::memory_order_relaxed);
+    PollDeferred(/*check_alive=*/n % kAliveEvery == 0);
+  }
+  return verdict;
+}
+
+void IpcPollDeferred() { PollDeferred(/*check_alive=*/true); }
 
 int IpcServeRequest(const IpcRequest& request, int (*send)(int socket, const int* fds, int n),
                     int socket) {
@@ -448,8 +485,12 @@ void IpcForgetInChild() {
   g_deferred.store(0, std::memory_order_relaxed);
   delete[] g_exports;
   delete g_chunks;
+  delete g_by_block;
+  delete g_deferred_list;
   g_exports = nullptr;
   g_chunks = nullptr;
+  g_by_block = nullptr;
+  g_deferred_list = nullptr;
   IpcServiceForgetInChild();
   IpcImportsForgetInChild();
 }
