@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stddef.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -138,6 +139,19 @@ bool Export(DriverApi& api, size_t bytes, unsigned seed, Exported* out) {
 
 const size_t kBlock = 5 * kMiB + 1000;  // three granules at least, not granule-aligned
 
+// The physical allocations (pool Map chunks) the export of `handle` lists, read from the
+// exporter's own table (so only in the exporting process); 0 if unreadable.
+std::uint32_t ChunksOf(const CUipcMemHandle& handle) {
+  const auto* h = reinterpret_cast<const IpcWireHandle*>(handle.reserved);
+  void* p =
+      mmap(nullptr, sizeof(vramscope::interposer::IpcTable), PROT_READ, MAP_SHARED, h->table_fd, 0);
+  if (p == MAP_FAILED) return 0;
+  const std::uint32_t count =
+      static_cast<const vramscope::interposer::IpcTable*>(p)->slots[h->slot].chunk_count;
+  munmap(p, sizeof(vramscope::interposer::IpcTable));
+  return count;
+}
+
 class IpcTest : public ::testing::TestWithParam<std::string> {};
 
 // Exact bytes both ways, at offsets inside a multi-granule block; the same address for a
@@ -152,6 +166,9 @@ TEST_P(IpcTest, BytesBothWaysOpenTwiceAndClose) {
     Exported e;
     CHECK_OR(Export(api, kBlock, 7, &e), 11);
     CHECK_OR(e.block != e.small, 12);
+    // The block starts in the chunk the small block's growth mapped and goes on into the next:
+    // offsets inside a block that spans physical allocations.
+    CHECK_OR(ChunksOf(e.handle) >= 2, 22);
     CUipcMemHandle again{};
     CHECK_OR(api.cuIpcGetMemHandle(&again, e.block + 4096) == CUDA_SUCCESS, 13);
     CHECK_OR(memcmp(&again, &e.handle, sizeof(again)) == 0, 14);  // interior pointer: same block
@@ -193,6 +210,45 @@ TEST_P(IpcTest, BytesBothWaysOpenTwiceAndClose) {
   });
   EXPECT_EQ(Join(exporter), 0);
   EXPECT_EQ(Join(importer), 0);
+}
+
+// simpleIPC's shape: several importing processes at once, each writing its own slice of one
+// exported block; the exporter sees every slice.
+TEST(IpcMany, ThreeImportersWriteTheirSlices) {
+  constexpr int kImporters = 3;
+  const size_t slice = kBlock / kImporters;
+  Pipe to_importer[kImporters];
+  Pipe to_exporter;
+  const pid_t exporter = Child([&]() -> int {
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 10);
+    Exported e;
+    CHECK_OR(Export(api, kBlock, 81, &e), 11);
+    for (auto& pipe : to_importer) CHECK_OR(Send(pipe.w, &e.handle, sizeof(e.handle)), 12);
+    for (int i = 0; i < kImporters; ++i) CHECK_OR(Await(to_exporter.r), 13);
+    for (int i = 0; i < kImporters; ++i) {
+      CHECK_OR(Holds(e.block + i * slice, slice, 90 + i), 14);
+    }
+    CHECK_OR(api.cuMemFree_v2(e.block) == CUDA_SUCCESS, 15);
+    return 0;
+  });
+  pid_t importers[kImporters];
+  for (int i = 0; i < kImporters; ++i) {
+    importers[i] = Child([&, i]() -> int {
+      DriverApi api;
+      CHECK_OR(Init(&api, "direct"), 30);
+      CUipcMemHandle handle{};
+      CHECK_OR(Recv(to_importer[i].r, &handle, sizeof(handle)), 31);
+      CUdeviceptr p = 0;
+      CHECK_OR(api.cuIpcOpenMemHandle_v2(&p, handle, 0) == CUDA_SUCCESS, 32);
+      Fill(p + i * slice, slice, 90 + i);
+      CHECK_OR(api.cuIpcCloseMemHandle(p) == CUDA_SUCCESS, 33);
+      Token(to_exporter.w);
+      return 0;
+    });
+  }
+  for (pid_t pid : importers) EXPECT_EQ(Join(pid), 0);
+  EXPECT_EQ(Join(exporter), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Routes, IpcTest, ::testing::Values("direct", "dlsym", "procaddress"));
