@@ -20,6 +20,7 @@
 #undef cuCtxDestroy
 #undef cuGraphInstantiate
 #undef cuGraphAddNode
+#undef cuIpcOpenMemHandle
 
 extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
@@ -28,6 +29,8 @@ CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersio
 CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
+// Pre-11.0 name of cuIpcOpenMemHandle_v2 (same arguments).
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph);
@@ -95,6 +98,7 @@ CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
   X(cuMemAddressFree)                    \
   X(cuIpcGetMemHandle)                   \
   X(cuIpcOpenMemHandle_v2)               \
+  X(cuIpcOpenMemHandle)                  \
   X(cuIpcCloseMemHandle)                 \
   X(cuStreamBeginCapture)                \
   X(cuStreamBeginCapture_ptsz)           \

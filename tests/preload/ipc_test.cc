@@ -5,6 +5,7 @@
 // and go-aheads through pipes; one importer is a fresh exec of this binary.
 #include "ipc.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/filter.h>
@@ -205,6 +206,53 @@ TEST_P(IpcTest, BytesBothWaysOpenTwiceAndClose) {
     CHECK_OR(Holds(q, kBlock / 2, 7), 38);  // still open once
     CHECK_OR(api.cuIpcCloseMemHandle(q) == CUDA_SUCCESS, 39);
     CHECK_OR(api.cuIpcCloseMemHandle(q) != CUDA_SUCCESS, 40);  // closed: not ours any more
+    Token(to_exporter.w);
+    return 0;
+  });
+  EXPECT_EQ(Join(exporter), 0);
+  EXPECT_EQ(Join(importer), 0);
+}
+
+// The pre-11.0 name cuIpcOpenMemHandle (same arguments), as an old binary, a ctypes program
+// (dlsym) or cuGetProcAddress with an old version finds it: the shim's too.
+TEST(IpcRoutes, PreElevenNameByDlsymAndProcAddress) {
+  Pipe to_importer;
+  Pipe to_exporter;
+  const pid_t exporter = Child([&]() -> int {
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 10);
+    Exported e;
+    CHECK_OR(Export(api, kBlock, 101, &e), 11);
+    CHECK_OR(Send(to_importer.w, &e.handle, sizeof(e.handle)), 12);
+    CHECK_OR(Await(to_exporter.r), 13);
+    return 0;
+  });
+  const pid_t importer = Child([&]() -> int {
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 30);
+    using OpenFn = CUresult (*)(CUdeviceptr*, CUipcMemHandle, unsigned int);
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    CHECK_OR(lib != nullptr, 31);
+    auto by_dlsym = reinterpret_cast<OpenFn>(dlsym(lib, "cuIpcOpenMemHandle"));
+    void* found = nullptr;
+    CHECK_OR(
+        api.cuGetProcAddress_v2("cuIpcOpenMemHandle", &found, 4010, 0, nullptr) == CUDA_SUCCESS,
+        32);
+    auto by_proc = reinterpret_cast<OpenFn>(found);
+    CHECK_OR(by_dlsym != nullptr && by_proc != nullptr, 33);
+    CHECK_OR(ModuleOf(reinterpret_cast<void*>(by_dlsym)).find("libvramscope") != std::string::npos,
+             34);
+    CHECK_OR(ModuleOf(reinterpret_cast<void*>(by_proc)).find("libvramscope") != std::string::npos,
+             35);
+    CUipcMemHandle handle{};
+    CHECK_OR(Recv(to_importer.r, &handle, sizeof(handle)), 36);
+    CUdeviceptr p = 0;
+    CUdeviceptr q = 0;
+    CHECK_OR(by_dlsym(&p, handle, 0) == CUDA_SUCCESS, 37);
+    CHECK_OR(by_proc(&q, handle, 0) == CUDA_SUCCESS && q == p, 38);
+    CHECK_OR(Holds(p, kBlock, 101), 39);
+    CHECK_OR(api.cuIpcCloseMemHandle(p) == CUDA_SUCCESS, 40);
+    CHECK_OR(api.cuIpcCloseMemHandle(q) == CUDA_SUCCESS, 41);
     Token(to_exporter.w);
     return 0;
   });
