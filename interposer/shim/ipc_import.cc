@@ -61,8 +61,13 @@ struct Import {
 };
 
 constinit pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-// Exporters' tables stay mapped for the life of the process (one small mapping per exporter).
-constinit std::map<ExporterKey, IpcTable*>* g_tables = nullptr;
+// Exporters' tables stay mapped for the life of the process (one small mapping per exporter),
+// with the way their descriptors came: once pidfd_getfd was refused, always the service.
+struct Exporter {
+  IpcTable* table = nullptr;
+  bool via_service = false;
+};
+constinit std::map<ExporterKey, Exporter>* g_tables = nullptr;
 constinit std::map<CUdeviceptr, Import>* g_imports = nullptr;  // by the program's address
 
 class Fds {
@@ -234,33 +239,44 @@ CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
     }
   }
   // The exporter's identity: a pidfd, then its start time (a recycled pid has another one).
+  // Without pidfds (a kernel before 5.3, a seccomp profile) the start time alone, and the
+  // service, which checks the peer's pid itself.
   PidFd pidfd(static_cast<int>(h.pid));
-  const bool alive = pidfd.get() >= 0 && ProcessStartTime(static_cast<int>(h.pid)) == h.start_time;
-  if (!alive) return CUDA_ERROR_INVALID_HANDLE;  // stale: the exporter is gone
+  if (pidfd.get() < 0 && errno == ESRCH) return CUDA_ERROR_INVALID_HANDLE;  // the exporter is gone
+  if (ProcessStartTime(static_cast<int>(h.pid)) != h.start_time) return CUDA_ERROR_INVALID_HANDLE;
   Fds fds;
-  bool from_service = false;
-  IpcTable* table = nullptr;
-  if (auto it = g_tables->find(key); it != g_tables->end()) table = it->second;
-  if (table == nullptr && Cfg().ipc_pidfd) {
+  Exporter& exporter = (*g_tables)[key];
+  bool use_pidfd = Cfg().ipc_pidfd && pidfd.get() >= 0 && !exporter.via_service;
+  if (use_pidfd && exporter.table == nullptr) {
     const int fd = pidfd.GetFd(h.table_fd);
     if (fd >= 0) {
-      table = MapTable(fd, h);
+      IpcTable* table = MapTable(fd, h);
       close(fd);
-      if (table == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+      if (table == nullptr) {
+        g_tables->erase(key);
+        return CUDA_ERROR_INVALID_HANDLE;
+      }
+      exporter.table = table;
+    } else {
+      use_pidfd = false;  // refused (ptrace rules): the service from now on
     }
   }
-  const IpcRequest request{{'V', 'R', 'S', 'C', 'R', 'E', 'Q', '1'}, h.slot, h.generation, h.nonce};
-  if (table == nullptr) {
-    // pidfd_getfd refused (ptrace rules, old kernel, VRAMSCOPE_IPC_PIDFD=0): the service.
+  if (!use_pidfd) {
+    const IpcRequest request{
+        {'V', 'R', 'S', 'C', 'R', 'E', 'Q', '1'}, h.slot, h.generation, h.nonce};
     const int n = IpcRequestFds(static_cast<int>(h.pid), h.start_time, request, fds.fd,
                                 static_cast<int>(kIpcMaxChunks + 1));
-    if (n <= 0) return CUDA_ERROR_INVALID_HANDLE;
-    fds.count = n;
-    from_service = true;
-    table = MapTable(fds.fd[0], h);
-    if (table == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (n > 0) fds.count = n;
+    if (n > 0 && exporter.table == nullptr) exporter.table = MapTable(fds.fd[0], h);
+    if (exporter.table == nullptr) {
+      g_tables->erase(key);
+      return CUDA_ERROR_INVALID_HANDLE;
+    }
+    exporter.via_service = true;
+    if (n <= 0) return CUDA_ERROR_INVALID_HANDLE;  // stale, forged, or no service
   }
-  (*g_tables)[key] = table;
+  const bool from_service = !use_pidfd;
+  IpcTable* table = exporter.table;
   IpcSlot& slot = table->slots[h.slot];
   std::uint32_t holder = kIpcHolders;
   if (!Enter(slot, h, &holder)) return CUDA_ERROR_INVALID_HANDLE;
@@ -315,7 +331,7 @@ CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
 }
 
 bool EnsureTablesLocked() {
-  if (g_tables == nullptr) g_tables = new (std::nothrow) std::map<ExporterKey, IpcTable*>();
+  if (g_tables == nullptr) g_tables = new (std::nothrow) std::map<ExporterKey, Exporter>();
   if (g_imports == nullptr) g_imports = new (std::nothrow) std::map<CUdeviceptr, Import>();
   return g_tables != nullptr && g_imports != nullptr;
 }

@@ -453,20 +453,25 @@ TEST(IpcLifetime, ExporterExitsFirst) {
 }
 
 // pidfd_getfd refused (a seccomp filter: what Yama's ptrace rules do to a child importing its
-// parent's memory) or switched off: the exporter's SCM_RIGHTS service answers instead.
-void RefusePidfdGetfd() {
+// parent's memory), no pidfds at all (an old kernel, a container's seccomp profile), or switched
+// off: the exporter's SCM_RIGHTS service answers instead, for every open.
+void RefusePidfds(bool open_too) {
   sock_filter filter[] = {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pidfd_getfd, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_pidfd_getfd, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K,
+               static_cast<__u32>(open_too ? SYS_pidfd_open : SYS_pidfd_getfd), 1, 0),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
   };
   sock_fprog program{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
   (void)prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
   (void)prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program);
 }
 
-void FallbackRoundTrip(bool seccomp) {
+enum class Refuse { kGetfd, kPidfds, kSetting };
+
+void FallbackRoundTrip(Refuse refuse) {
   Pipe to_importer;
   Pipe to_exporter;
   const pid_t exporter = Child([&]() -> int {
@@ -474,28 +479,46 @@ void FallbackRoundTrip(bool seccomp) {
     CHECK_OR(Init(&api, "direct"), 10);
     Exported e;
     CHECK_OR(Export(api, kBlock, 21, &e), 11);
+    // A second block: the importer's second open from this exporter takes the same way.
+    CUdeviceptr second = 0;
+    CHECK_OR(api.cuMemAlloc_v2(&second, 3 * kMiB) == CUDA_SUCCESS, 15);
+    Fill(second, 3 * kMiB, 23);
+    CUipcMemHandle second_handle{};
+    CHECK_OR(api.cuIpcGetMemHandle(&second_handle, second) == CUDA_SUCCESS, 16);
     CHECK_OR(Send(to_importer.w, &e.handle, sizeof(e.handle)), 12);
+    CHECK_OR(Send(to_importer.w, &second_handle, sizeof(second_handle)), 17);
     CHECK_OR(Await(to_exporter.r), 13);
     CHECK_OR(Holds(e.block, kBlock, 22), 14);
+    CHECK_OR(Holds(second, 3 * kMiB, 24), 18);
     return 0;
   });
   const pid_t importer = Child([&]() -> int {
-    if (seccomp) {
-      RefusePidfdGetfd();
+    if (refuse != Refuse::kSetting) {
+      RefusePidfds(refuse == Refuse::kPidfds);
       const int probe = static_cast<int>(syscall(SYS_pidfd_getfd, -1, 0, 0));
-      CHECK_OR(probe < 0 && errno == EPERM, 29);  // the filter is in place
+      CHECK_OR(probe < 0 && errno == EPERM, 28);  // the filter is in place
+      const int opened = static_cast<int>(syscall(SYS_pidfd_open, getpid(), 0));
+      CHECK_OR((opened < 0) == (refuse == Refuse::kPidfds), 29);
+      if (opened >= 0) close(opened);
     } else {
       setenv("VRAMSCOPE_IPC_PIDFD", "0", 1);
     }
     DriverApi api;
     CHECK_OR(Init(&api, "direct"), 30);
     CUipcMemHandle handle{};
+    CUipcMemHandle second_handle{};
     CHECK_OR(Recv(to_importer.r, &handle, sizeof(handle)), 31);
+    CHECK_OR(Recv(to_importer.r, &second_handle, sizeof(second_handle)), 35);
     CUdeviceptr p = 0;
     CHECK_OR(api.cuIpcOpenMemHandle_v2(&p, handle, 0) == CUDA_SUCCESS, 32);
     CHECK_OR(Holds(p, kBlock, 21), 33);
     Fill(p, kBlock, 22);
+    CUdeviceptr q = 0;
+    CHECK_OR(api.cuIpcOpenMemHandle_v2(&q, second_handle, 0) == CUDA_SUCCESS, 36);
+    CHECK_OR(Holds(q, 3 * kMiB, 23), 37);
+    Fill(q, 3 * kMiB, 24);
     CHECK_OR(api.cuIpcCloseMemHandle(p) == CUDA_SUCCESS, 34);
+    CHECK_OR(api.cuIpcCloseMemHandle(q) == CUDA_SUCCESS, 38);
     Token(to_exporter.w);
     return 0;
   });
@@ -503,8 +526,9 @@ void FallbackRoundTrip(bool seccomp) {
   EXPECT_EQ(Join(importer), 0);
 }
 
-TEST(IpcFallback, PidfdGetfdRefusedUsesTheService) { FallbackRoundTrip(true); }
-TEST(IpcFallback, PidfdOffUsesTheService) { FallbackRoundTrip(false); }
+TEST(IpcFallback, PidfdGetfdRefusedUsesTheService) { FallbackRoundTrip(Refuse::kGetfd); }
+TEST(IpcFallback, NoPidfdsAtAllUsesTheService) { FallbackRoundTrip(Refuse::kPidfds); }
+TEST(IpcFallback, PidfdOffUsesTheService) { FallbackRoundTrip(Refuse::kSetting); }
 
 // Forged, damaged, truncated and foreign handles: an error, never a crash or a mapping.
 TEST(IpcBadInput, ForgedStaleAndTruncatedHandles) {
