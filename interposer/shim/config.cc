@@ -96,6 +96,8 @@ Config ReadConfig() {
   }
   if (ReadU64("VRAMSCOPE_CUPTI", &value)) config.cupti = value != 0;
   if (ReadU64("VRAMSCOPE_ORDERED", &value)) config.ordered = value != 0;
+  if (ReadU64("VRAMSCOPE_IPC", &value)) config.ipc = value != 0;
+  if (ReadU64("VRAMSCOPE_IPC_PIDFD", &value)) config.ipc_pidfd = value != 0;
   return config;
 }
 

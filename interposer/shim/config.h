@@ -57,6 +57,12 @@ struct Config {
   bool cupti = false;
   // VRAMSCOPE_ORDERED=0: no ordered reuse (ordered.h); every pooled free waits for the fence.
   bool ordered = true;
+  // VRAMSCOPE_IPC=0: pooled physical memory is not created shareable, so cuIpcGetMemHandle of a
+  // pooled block is refused as before (ipc.h).
+  bool ipc = true;
+  // VRAMSCOPE_IPC_PIDFD=0: an importer asks the exporter's descriptor service (SCM_RIGHTS)
+  // instead of trying pidfd_getfd first.
+  bool ipc_pidfd = true;
 };
 
 // Reads the environment; logs one warning for each value it cannot parse.

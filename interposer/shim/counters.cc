@@ -33,6 +33,8 @@ const char* KindName(Kind kind) {
       return "array";
     case Kind::kGraph:
       return "graph";
+    case Kind::kIpcExport:
+      return "ipc_export";
     case Kind::kCount:
       break;
   }

@@ -32,6 +32,7 @@ enum class Kind : int {
   kIpcImport,       // cuIpcOpenMemHandle_v2 until cuIpcCloseMemHandle (owned by another process)
   kArray,           // cuArrayCreate_v2, cuArray3DCreate_v2, cuMipmappedArrayCreate until destroyed
   kGraph,           // a device's graph memory pool (graph memory nodes), reserved bytes
+  kIpcExport,       // pooled blocks exported by cuIpcGetMemHandle, until freed (not more memory)
   kCount,
 };
 

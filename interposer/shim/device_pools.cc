@@ -11,6 +11,7 @@
 #include "counters.h"
 #include "driver.h"
 #include "fence_worker.h"
+#include "ipc.h"
 #include "log.h"
 #include "ordered.h"
 #include "ring_events.h"
@@ -135,6 +136,7 @@ Slot* CreateSlot(CUcontext ctx, int index) {
     }
   }
   slot->upstream.Configure(ctx, device, use_vmm, granularity, access, access_count);
+  if (use_vmm) slot->upstream.SetShareableType(IpcShareableType(device));
   slot->fences.Configure(ctx, device, OrderedOn());
   slot->upstream.SetFences(&slot->fences);
   slot->fences.batch_bytes = config.fence_batch_bytes;
@@ -388,9 +390,22 @@ pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t byt
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device_;
+  prop.requestedHandleTypes = shareable_type();  // exportable for IPC (ipc.h)
   CUmemGenericAllocationHandle handle = 0;
   DevCounters(device_).driver_alloc_calls.Add(1);
   CUresult result = real.cuMemCreate(&handle, bytes, &prop, 0);
+  if (result != CUDA_SUCCESS && result != CUDA_ERROR_OUT_OF_MEMORY &&
+      prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+    // The device reported shareable memory but does not make it: plain memory from now on, and
+    // IPC of pooled memory falls back to the old rule (ipc.h).
+    VRAMSCOPE_LOG_ONCE(kWarn,
+                       "device %d: cuMemCreate of shareable memory failed (%d); the pool's memory "
+                       "is not shareable by IPC (VRAMSCOPE_MODE=passthrough shares it)",
+                       device_, static_cast<int>(result));
+    SetShareableType(CU_MEM_HANDLE_TYPE_NONE);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    result = real.cuMemCreate(&handle, bytes, &prop, 0);
+  }
   if (result != CUDA_SUCCESS) return FromDriver(result);
   result = real.cuMemMap(address, bytes, 0, handle, 0);
   if (result != CUDA_SUCCESS) {
@@ -642,6 +657,12 @@ __attribute__((always_inline)) inline ShimStatus AfterFree(Slot* slot, bool stri
 }  // namespace
 
 ShimStatus FreePooled(std::uintptr_t address, bool strict) {
+  // An exported block that importers hold open stays allocated until they closed it (ipc.h).
+  if (IpcExportsLive()) [[unlikely]] {
+    if (const int deferred = IpcDeferFree(address); deferred != 0) {
+      return deferred > 0 ? ShimStatus::kOk : ShimStatus::kInvalidValue;
+    }
+  }
   // Route by address, not by the current device: the calling thread may have another device
   // current, or no context at all. The thread's last slot is the likely owner: try it first.
   const std::uint64_t generation = g_generation.load(std::memory_order_acquire);

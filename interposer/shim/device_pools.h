@@ -64,6 +64,20 @@ class DriverUpstream final : public pool::Upstream {
   // The slot's fences: memory goes back to the driver only once no settled free's work runs.
   void SetFences(class EpochFences* fences) { fences_ = fences; }
 
+  // IPC (ipc.h): the handle type new physical memory is created with (set before the first
+  // Map), and the mappings that tile [address, address + bytes), in address order, into `out`
+  // (defined in ipc_export.cc). Returns how many, or -1 if they do not tile it or exceed
+  // `capacity`.
+  // A device that reports the type but refuses to create such memory turns it off for good.
+  void SetShareableType(CUmemAllocationHandleType type) {
+    shareable_.store(type, std::memory_order_relaxed);
+  }
+  CUmemAllocationHandleType shareable_type() const {
+    return shareable_.load(std::memory_order_relaxed);
+  }
+  int MappingsCovering(std::uintptr_t address, std::size_t bytes,
+                       std::pair<std::uintptr_t, std::size_t>* out, int capacity) const;
+
   pool::UpstreamStatus Allocate(std::size_t bytes, std::uintptr_t* address) override;
   pool::UpstreamStatus Free(std::uintptr_t address, std::size_t bytes) override;
   std::size_t MapGranularity() const override { return vmm_ ? granularity_ : 0; }
@@ -86,6 +100,7 @@ class DriverUpstream final : public pool::Upstream {
   std::size_t granularity_ = 0;
   CUmemAccessDesc access_[kMaxDevices] = {};  // the owning device first, then its peers
   int access_count_ = 0;
+  std::atomic<CUmemAllocationHandleType> shareable_{CU_MEM_HANDLE_TYPE_NONE};
   std::atomic<bool> dead_{false};
   std::atomic<bool> state_due_{false};
   mutable pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;

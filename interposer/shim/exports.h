@@ -20,6 +20,7 @@
 #undef cuCtxDestroy
 #undef cuGraphInstantiate
 #undef cuGraphAddNode
+#undef cuIpcOpenMemHandle
 
 extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
@@ -28,6 +29,8 @@ CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersio
 CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
+// Pre-11.0 name of cuIpcOpenMemHandle_v2 (same arguments).
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph);
@@ -95,6 +98,7 @@ CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
   X(cuMemAddressFree)                    \
   X(cuIpcGetMemHandle)                   \
   X(cuIpcOpenMemHandle_v2)               \
+  X(cuIpcOpenMemHandle)                  \
   X(cuIpcCloseMemHandle)                 \
   X(cuStreamBeginCapture)                \
   X(cuStreamBeginCapture_ptsz)           \
@@ -134,28 +138,32 @@ CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
   X(cuDeviceGraphMemTrim)
 
 // Driver functions the shim calls for its own work but does not hook. X(exact_name).
-#define VRAMSCOPE_USED_ENTRY_POINTS(X) \
-  X(cuCtxGetCurrent)                   \
-  X(cuCtxGetDevice)                    \
-  X(cuCtxPushCurrent_v2)               \
-  X(cuCtxPopCurrent_v2)                \
-  X(cuDeviceGetAttribute)              \
-  X(cuDeviceCanAccessPeer)             \
-  X(cuDeviceGetCount)                  \
-  X(cuDeviceGetName)                   \
-  X(cuDeviceGetUuid_v2)                \
-  X(cuDeviceTotalMem_v2)               \
-  X(cuDevicePrimaryCtxGetState)        \
-  X(cuDevicePrimaryCtxRetain)          \
-  X(cuMemSetAccess)                    \
-  X(cuMemGetAllocationGranularity)     \
-  X(cuStreamIsCapturing)               \
-  X(cuStreamIsCapturing_ptsz)          \
-  X(cuEventCreate)                     \
-  X(cuEventQuery)                      \
-  X(cuEventSynchronize)                \
-  X(cuEventDestroy_v2)                 \
-  X(cuThreadExchangeStreamCaptureMode) \
-  X(cuDeviceGetGraphMemAttribute)      \
-  X(cuArrayGetMemoryRequirements)      \
+#define VRAMSCOPE_USED_ENTRY_POINTS(X)      \
+  X(cuCtxGetCurrent)                        \
+  X(cuCtxGetDevice)                         \
+  X(cuCtxPushCurrent_v2)                    \
+  X(cuCtxPopCurrent_v2)                     \
+  X(cuDeviceGetAttribute)                   \
+  X(cuDeviceCanAccessPeer)                  \
+  X(cuDeviceGetCount)                       \
+  X(cuDeviceGetName)                        \
+  X(cuDeviceGetUuid_v2)                     \
+  X(cuDeviceTotalMem_v2)                    \
+  X(cuDevicePrimaryCtxGetState)             \
+  X(cuDevicePrimaryCtxRetain)               \
+  X(cuMemSetAccess)                         \
+  X(cuMemGetAllocationGranularity)          \
+  X(cuMemRetainAllocationHandle)            \
+  X(cuMemExportToShareableHandle)           \
+  X(cuMemImportFromShareableHandle)         \
+  X(cuMemGetAllocationPropertiesFromHandle) \
+  X(cuStreamIsCapturing)                    \
+  X(cuStreamIsCapturing_ptsz)               \
+  X(cuEventCreate)                          \
+  X(cuEventQuery)                           \
+  X(cuEventSynchronize)                     \
+  X(cuEventDestroy_v2)                      \
+  X(cuThreadExchangeStreamCaptureMode)      \
+  X(cuDeviceGetGraphMemAttribute)           \
+  X(cuArrayGetMemoryRequirements)           \
   X(cuMipmappedArrayGetMemoryRequirements)

@@ -3,18 +3,19 @@
 // cuPointerGetAttribute(s), cuIpcGetMemHandle.
 //
 // IPC choice (docs/design.md, "IPC"): a legacy IPC handle names a whole driver allocation and the
-// importer maps it at the allocation's base. For a pooled pointer that is only right when the
-// pooled block starts its driver allocation (a plain cuMemAlloc segment); VMM-mapped memory
-// cannot be exported with cuIpcGetMemHandle at all. So cuIpcGetMemHandle on pooled memory is
-// passed through when the block starts a cuMemAlloc segment and refused otherwise with
-// CUDA_ERROR_NOT_SUPPORTED and one warning naming the fix (VRAMSCOPE_MODE=passthrough). Never
-// a handle that the importer resolves to another address.
+// importer maps it at the allocation's base; VMM-mapped memory cannot be exported with
+// cuIpcGetMemHandle at all. A block of a VMM pool with shareable physical memory gets a
+// vramscope handle (ipc.h) that an importing shim opens at the block. Otherwise pooled memory
+// is passed through when the block starts a cuMemAlloc segment (the importer maps exactly this
+// block) and refused with CUDA_ERROR_NOT_SUPPORTED and one warning naming the fix
+// (VRAMSCOPE_MODE=passthrough). Never a handle that the importer resolves to another address.
 #include <algorithm>
 
 #include "capture.h"
 #include "counters.h"
 #include "device_pools.h"
 #include "hooks.h"
+#include "ipc.h"
 #include "log.h"
 #include "ordered.h"
 #include "registry.h"
@@ -41,6 +42,7 @@ bool AnyPools() {
 }  // namespace
 
 bool FlushCachesForRetry() {
+  IpcPollDeferred();  // blocks whose importers all closed go back to their pools first
   if (!FlushCaches()) return false;
   CUcontext ctx = nullptr;
   int device = 0;
@@ -217,6 +219,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttribu
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   VRAMSCOPE_PROLOGUE(cuIpcGetMemHandle);
   if (CanRouteFrees() && AnyPools()) {
+    if (CUresult result = CUDA_SUCCESS; IpcExportPooled(pHandle, dptr, &result)) return result;
     vramscope::pool::BlockInfo info;
     if (Slot* slot = FindPooledBlock(dptr, &info); slot != nullptr) {
       if (!slot->upstream.vmm() && info.address == info.segment_base) {

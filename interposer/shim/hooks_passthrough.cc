@@ -21,6 +21,7 @@
 #include "device_pools.h"
 #include "graph_memory.h"
 #include "hooks.h"
+#include "ipc.h"
 #include "ordered.h"
 #include "registry.h"
 #include "ring_events.h"
@@ -397,22 +398,44 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
   return result;
 }
 
-VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
-                                                        unsigned int Flags) {
-  VRAMSCOPE_PROLOGUE(cuIpcOpenMemHandle_v2);
-  const CUresult result = real.cuIpcOpenMemHandle_v2(pdptr, handle, Flags);
+namespace vramscope::interposer {
+namespace {
+
+// cuIpcOpenMemHandle_v2 and its pre-11.0 name: a vramscope handle (ipc.h) is opened by the shim,
+// any other goes to the driver's entry point of that ABI.
+template <typename Fn>
+CUresult IpcOpen(Fn real_open, CUdeviceptr* pdptr, const CUipcMemHandle& handle,
+                 unsigned int flags) {
+  if (CUresult ours = CUDA_SUCCESS; IpcOpenPooled(pdptr, handle, flags, &ours)) return ours;
+  const CUresult result = real_open(pdptr, handle, flags);
   if (result == CUDA_SUCCESS && Recording() && pdptr != nullptr) {
     size_t size = 0;
-    if (real.cuMemGetAddressRange_v2 != nullptr) {
-      (void)real.cuMemGetAddressRange_v2(nullptr, &size, *pdptr);
+    if (Real().cuMemGetAddressRange_v2 != nullptr) {
+      (void)Real().cuMemGetAddressRange_v2(nullptr, &size, *pdptr);
     }
     RecordAlloc(RegistryId::kDevicePointers, *pdptr, size, Kind::kIpcImport);
   }
   return result;
 }
 
+}  // namespace
+}  // namespace vramscope::interposer
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                                        unsigned int Flags) {
+  VRAMSCOPE_PROLOGUE(cuIpcOpenMemHandle_v2);
+  return IpcOpen(real.cuIpcOpenMemHandle_v2, pdptr, handle, Flags);
+}
+
+VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                                     unsigned int Flags) {
+  VRAMSCOPE_PROLOGUE(cuIpcOpenMemHandle);
+  return IpcOpen(real.cuIpcOpenMemHandle, pdptr, handle, Flags);
+}
+
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) {
   VRAMSCOPE_PROLOGUE(cuIpcCloseMemHandle);
+  if (CUresult ours = CUDA_SUCCESS; IpcClosePooled(dptr, &ours)) return ours;
   const CUresult result = real.cuIpcCloseMemHandle(dptr);
   if (result == CUDA_SUCCESS && Recording()) (void)RecordFree(RegistryId::kDevicePointers, dptr);
   return result;

@@ -205,6 +205,7 @@ std::uint8_t RingAllocKind(Kind kind) {
       return VRAMSCOPE_RING_ALLOC_GRAPH;
     case Kind::kVmmMapped:
     case Kind::kVmmReserved:
+    case Kind::kIpcExport:
     case Kind::kCount:
       break;
   }

@@ -17,6 +17,7 @@
 #include "driver.h"
 #include "fence_worker.h"
 #include "graph_memory.h"
+#include "ipc.h"
 #include "log.h"
 #include "ordered.h"
 #include "registry.h"
@@ -89,6 +90,7 @@ void ForkChild() {
   // A clean shim: no pools, no records, zeroed counters. The driver table stays valid (the
   // mapping of libcuda is inherited); the driver itself decides what works in a child.
   ForgetSlotsInChild();
+  IpcForgetInChild();
   ClearRegistriesInChild();
   ResetGraphMemoryInChild();
   ResetCapturesAfterFork();

@@ -149,7 +149,10 @@ struct Physical {
   size_t size = 0;
   int device = 0;
   int mappings = 0;
-  bool released = false;  // cuMemRelease called; freed once the last mapping goes
+  bool released = false;   // every handle reference released; freed once the last mapping goes
+  int refs = 1;            // cuMemCreate / import, plus cuMemRetainAllocationHandle
+  bool shareable = false;  // created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+  bool imported = false;   // cuMemImportFromShareableHandle: another process's, not charged
 };
 
 struct Mapping {

@@ -8,7 +8,16 @@
 // - cuMemUnmap puts PROT_NONE anonymous memory back, so the reservation stays intact.
 // Physical memory is freed when it is both released (cuMemRelease) and unmapped everywhere,
 // as the driver documents. Granularity is 2 MiB, as on current NVIDIA GPUs.
+// Shareable handles (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR): cuMemExportToShareableHandle
+// hands out a dup of the memfd, cuMemImportFromShareableHandle takes one (only a memfd this fake
+// made, as the driver takes only its own descriptors), so two processes mapping it share bytes
+// for real. Imported memory is not charged to the importer (the exporter's device holds it).
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -35,10 +44,12 @@ void DestroyPhysicalIfDone(State& s,
   Physical& p = it->second;
   if (!p.released || p.mappings > 0) return;
   close(p.fd);
-  Uncharge(s, p.device, p.size);
-  --s.devices[p.device].live_allocations;
-  NotifyMemory(VRAMSCOPE_FAKE_MEMORY_RELEASE, p.device, it->first, p.size,
-               VRAMSCOPE_FAKE_MEMORY_VMM, 0);
+  if (!p.imported) {
+    Uncharge(s, p.device, p.size);
+    --s.devices[p.device].live_allocations;
+    NotifyMemory(VRAMSCOPE_FAKE_MEMORY_RELEASE, p.device, it->first, p.size,
+                 VRAMSCOPE_FAKE_MEMORY_VMM, 0);
+  }
   s.physical.erase(it);
 }
 
@@ -109,9 +120,22 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle,
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (CUresult r = fake::CheckProp(s, prop); r != CUDA_SUCCESS) return r;
+  if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+      prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // VRAMSCOPE_FAKE_SHAREABLE=refuse: the device reports POSIX descriptors but will not create
+  // such memory (a driver or container that lacks what they need).
+  if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+    const char* shareable = getenv("VRAMSCOPE_FAKE_SHAREABLE");
+    if (shareable != nullptr && strcmp(shareable, "refuse") == 0) return CUDA_ERROR_NOT_PERMITTED;
+  }
   int device = prop->location.id;
   if (!fake::Charge(s, device, size)) return CUDA_ERROR_OUT_OF_MEMORY;
-  int fd = memfd_create("vramscope-fake-vmm", MFD_CLOEXEC);
+  // The name carries the device, so an importer knows where the memory lives.
+  char name[48];
+  snprintf(name, sizeof(name), "vramscope-fake-vmm.%d", device);
+  int fd = memfd_create(name, MFD_CLOEXEC);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
     if (fd >= 0) close(fd);
     fake::Uncharge(s, device, size);
@@ -121,6 +145,7 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle,
   p.fd = fd;
   p.size = size;
   p.device = device;
+  p.shareable = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUmemGenericAllocationHandle h = s.next_physical++;
   s.physical.emplace(h, p);
   ++s.devices[device].live_allocations;
@@ -136,7 +161,7 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
   State& s = call.state();
   auto it = s.physical.find(handle);
   if (it == s.physical.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
-  it->second.released = true;
+  if (--it->second.refs == 0) it->second.released = true;
   fake::DestroyPhysicalIfDone(s, it);
   return CUDA_SUCCESS;
 }
@@ -154,6 +179,86 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop->location.id = it->second.device;
+  if (it->second.shareable) prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return CUDA_SUCCESS;
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
+                                                           void* addr) {
+  Call call("cuMemRetainAllocationHandle");
+  if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
+  State& s = call.state();
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const auto ptr = reinterpret_cast<CUdeviceptr>(addr);
+  auto m = s.mappings.upper_bound(ptr);
+  if (m == s.mappings.begin()) return CUDA_ERROR_INVALID_VALUE;
+  --m;
+  if (ptr - m->first >= m->second.size) return CUDA_ERROR_INVALID_VALUE;
+  auto phys = s.physical.find(m->second.handle);
+  if (phys->second.released) {
+    phys->second.released = false;
+    phys->second.refs = 1;
+  } else {
+    ++phys->second.refs;
+  }
+  *handle = m->second.handle;
+  return CUDA_SUCCESS;
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuMemExportToShareableHandle(void* shareableHandle,
+                                                            CUmemGenericAllocationHandle handle,
+                                                            CUmemAllocationHandleType handleType,
+                                                            unsigned long long flags) {
+  Call call("cuMemExportToShareableHandle");
+  if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
+  State& s = call.state();
+  auto it = s.physical.find(handle);
+  if (shareableHandle == nullptr || flags != 0 || it == s.physical.end() || it->second.released) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !it->second.shareable) {
+    return CUDA_ERROR_INVALID_VALUE;  // not requested at cuMemCreate
+  }
+  const int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(shareableHandle) = fd;
+  return CUDA_SUCCESS;
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuMemImportFromShareableHandle(
+    CUmemGenericAllocationHandle* handle, void* osHandle, CUmemAllocationHandleType shHandleType) {
+  Call call("cuMemImportFromShareableHandle");
+  if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
+  State& s = call.state();
+  if (handle == nullptr || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const int source = static_cast<int>(reinterpret_cast<std::intptr_t>(osHandle));
+  // Only a descriptor of this fake's physical memory (the driver takes only its own).
+  char link[64];
+  char target[128] = {};
+  snprintf(link, sizeof(link), "/proc/self/fd/%d", source);
+  const ssize_t n = readlink(link, target, sizeof(target) - 1);
+  constexpr char kPrefix[] = "/memfd:vramscope-fake-vmm.";
+  struct stat st {};
+  if (source < 0 || n <= 0 || strncmp(target, kPrefix, sizeof(kPrefix) - 1) != 0 ||
+      fstat(source, &st) != 0 || st.st_size <= 0 ||
+      !fake::Aligned(static_cast<size_t>(st.st_size))) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const int device = atoi(target + sizeof(kPrefix) - 1);
+  if (!fake::ValidDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+  const int fd = fcntl(source, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  fake::Physical p;
+  p.fd = fd;
+  p.size = static_cast<size_t>(st.st_size);
+  p.device = device;
+  p.shareable = true;
+  p.imported = true;
+  CUmemGenericAllocationHandle h = s.next_physical++;
+  s.physical.emplace(h, p);
+  *handle = h;
   return CUDA_SUCCESS;
 }
 

@@ -587,6 +587,53 @@ max_traced=$(grep -ho ' traced=[0-9]*' "$logs/top.nvml.out" | cut -d= -f2 | sort
 row "top NVML GPU line (run --live)" "nvidia-smi ${smi_total:-?} MiB" "${max_traced:-0} B traced at most" "$verdict"
 
 fi  # section
+if want 12; then
+echo "== 12. CUDA IPC between processes: no shim, the shim's pool, passthrough (same results)"
+# ipc_multi simple: simpleIPC-like (fork, 4 children import and write their slices, the parent
+# verifies); stress: the exporter frees and reallocates while the importer still writes
+# (corrupted=0); torch_ipc.py: torch.multiprocessing spawn + Queue, the child adds in place.
+# Timings: the first export, the first open, an open+close pair, pool against passthrough (goal:
+# within 2x of legacy IPC). grow: 64 x 32 MiB cudaMalloc, pool with and without shareable memory.
+if [ ! -x "$bin/ipc_multi" ]; then
+  "$nvcc" "${nvflags[@]}" -o "$bin/ipc_multi" tests/gpu/ipc_multi.cu || { echo "nvcc failed for ipc_multi"; failed=1; }
+fi
+ipc_case() {  # ipc_case NAME COMMAND...: the three runs, one row
+  local name=$1
+  shift
+  timeout 60 "$@" >"$logs/ipc.$name.base.out" 2>"$logs/ipc.$name.base.err"
+  local sb=$?
+  VRAMSCOPE_MODE=pool timeout 60 "${under_shim[@]}" "$@" >"$logs/ipc.$name.pool.out" 2>"$logs/ipc.$name.pool.err"
+  local sp=$?
+  VRAMSCOPE_MODE=passthrough timeout 60 "${under_shim[@]}" "$@" >"$logs/ipc.$name.pass.out" 2>"$logs/ipc.$name.pass.err"
+  local sq=$?
+  local rb rp rq verdict
+  rb=$(tail -1 "$logs/ipc.$name.base.out"); rp=$(tail -1 "$logs/ipc.$name.pool.out"); rq=$(tail -1 "$logs/ipc.$name.pass.out")
+  echo "$name: plain [$sb] $rb | pool [$sp] $rp | passthrough [$sq] $rq"
+  verdict=ok
+  if [ $sp -ne 0 ] || [ $sq -ne 0 ]; then verdict="FAIL status pool $sp, passthrough $sq (plain $sb)"
+  elif [ "$rp" != "$rq" ] || [ -z "$rp" ]; then verdict="FAIL results differ"
+  elif [ $sb -ne 0 ] || [ "$rb" != "$rp" ]; then verdict="ok (plain differs: status $sb)"
+  fi
+  row "ipc $name" "${rb:0:24}" "${rp:0:24}" "$verdict"
+}
+ipc_case simple "$bin/ipc_multi" simple 4
+ipc_case stress "$bin/ipc_multi" stress 200
+if "${own_libs[@]}" "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  ipc_case torch "${own_libs[@]}" "$python" tests/gpu/torch_ipc.py
+else
+  row "ipc torch" "-" "-" "skipped: no torch with CUDA"
+fi
+tf() { grep -ho "$2=[0-9.]*" "$logs/$1.err" | tail -1 | cut -d= -f2; }
+pe=$(tf ipc.simple.pool export_us); qe=$(tf ipc.simple.pass export_us)
+po=$(tf ipc.simple.pool first_open_us); qo=$(tf ipc.simple.pass first_open_us)
+pp=$(tf ipc.simple.pool pair_us); qp=$(tf ipc.simple.pass pair_us)
+row "ipc export+first open (us)" "legacy ${qe:-?}+${qo:-?}" "pool ${pe:-?}+${po:-?}" "$(awk -v a="${pe:-0}" -v b="${po:-0}" -v c="${qe:-0}" -v d="${qo:-0}" 'BEGIN{ if (c+d<=0 || a+b<=0) print "FAIL no timing"; else if (a+b <= 2*(c+d)) printf "ok %.2fx legacy\n", (a+b)/(c+d); else printf "FAIL %.2fx legacy (goal 2x)\n", (a+b)/(c+d)}')"
+row "ipc open+close pair (us)" "legacy ${qp:-?}" "pool ${pp:-?}" "$(awk -v a="${pp:-0}" -v c="${qp:-0}" 'BEGIN{ if (a<=0 || c<=0) print "FAIL no timing"; else if (a <= 2*c) printf "ok %.2fx legacy\n", a/c; else printf "FAIL %.2fx legacy (goal 2x)\n", a/c}')"
+VRAMSCOPE_MODE=pool timeout 60 "${under_shim[@]}" "$bin/ipc_multi" grow >"$logs/ipc.grow.on.out" 2>"$logs/ipc.grow.on.err"
+VRAMSCOPE_MODE=pool VRAMSCOPE_IPC=0 timeout 60 "${under_shim[@]}" "$bin/ipc_multi" grow >"$logs/ipc.grow.off.out" 2>"$logs/ipc.grow.off.err"
+gon=$(tf ipc.grow.on grow_ms); goff=$(tf ipc.grow.off grow_ms)
+row "pool growth 64x32 MiB, shareable" "IPC off ${goff:-?} ms" "IPC on ${gon:-?} ms" "$(awk -v a="${gon:-0}" -v b="${goff:-0}" 'BEGIN{ if (a<=0 || b<=0) print "FAIL no timing"; else printf "reported %+.1f%%\n", 100*(a-b)/b}')"
+fi  # section
 echo
 echo "== summary (logs in $logs)"
 printf '%-34s | %-24s | %-24s | %s\n' "check" "without shim" "with shim" "verdict"

@@ -599,25 +599,30 @@ TEST_F(ShimTest, AddressRangeDescribesTheBlock) {
   EXPECT_EQ(api_.cuMemFree_v2(small), CUDA_SUCCESS);
 }
 
-// A legacy IPC handle of pooled memory is either refused or resolves to the very same block.
+// An IPC handle of pooled memory resolves to the very same block: at the same address (a legacy
+// handle of a block that starts its cuMemAlloc segment), or, for a VMM pool, a vramscope handle
+// opened (here in the exporting process itself) at a second mapping of the block's bytes.
+// Never another block's memory. Cross-process IPC: ipc_test.cc.
 TEST_F(ShimTest, IpcOfPooledMemoryNeverResolvesElsewhere) {
   CUdeviceptr first = 0;
   ASSERT_EQ(api_.cuMemAlloc_v2(&first, 1000), CUDA_SUCCESS);
   CUdeviceptr p = 0;
   ASSERT_EQ(api_.cuMemAlloc_v2(&p, 1000), CUDA_SUCCESS);
   for (CUdeviceptr q : {first, p}) {
+    memset(reinterpret_cast<void*>(q), q == first ? 0x11 : 0x22, 1000);
     CUipcMemHandle handle{};
     const CUresult result = api_.cuIpcGetMemHandle(&handle, q);
-    if (result == CUDA_SUCCESS) {
-      CUdeviceptr opened = 0;
-      ASSERT_EQ(api_.cuIpcOpenMemHandle_v2(&opened, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
-                CUDA_SUCCESS);
+    ASSERT_EQ(result, CUDA_SUCCESS);
+    CUdeviceptr opened = 0;
+    ASSERT_EQ(api_.cuIpcOpenMemHandle_v2(&opened, handle, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+              CUDA_SUCCESS);
+    if (!Pooled()) {
       EXPECT_EQ(opened, q);
-      EXPECT_EQ(api_.cuIpcCloseMemHandle(opened), CUDA_SUCCESS);
-    } else {
-      EXPECT_TRUE(Pooled());
-      EXPECT_EQ(result, CUDA_ERROR_NOT_SUPPORTED);
     }
+    const auto* bytes = reinterpret_cast<const unsigned char*>(opened);
+    EXPECT_EQ(bytes[0], q == first ? 0x11 : 0x22);
+    EXPECT_EQ(bytes[999], q == first ? 0x11 : 0x22);
+    EXPECT_EQ(api_.cuIpcCloseMemHandle(opened), CUDA_SUCCESS);
   }
   EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
   EXPECT_EQ(api_.cuMemFree_v2(first), CUDA_SUCCESS);
