@@ -11,7 +11,7 @@
 namespace vramscope::collector {
 namespace {
 
-constexpr int kKinds = v1::AllocationKind_ARRAYSIZE;  // AllocationKind values 0..10
+constexpr int kKinds = v1::AllocationKind_ARRAYSIZE;  // AllocationKind values 0..11
 
 std::uint64_t SubtractSaturating(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
@@ -96,7 +96,8 @@ std::string CallingLibrary(absl::Span<const std::string> frames) {
 }
 
 bool KindCountsBytes(v1::AllocationKind kind) {
-  return kind != v1::ALLOCATION_KIND_HOST && kind != v1::ALLOCATION_KIND_IPC_IMPORT;
+  return kind != v1::ALLOCATION_KIND_HOST && kind != v1::ALLOCATION_KIND_IPC_IMPORT &&
+         kind != v1::ALLOCATION_KIND_IPC_EXPORT;
 }
 bool KindCountsReserved(v1::AllocationKind kind) {
   return KindCountsBytes(kind) && kind != v1::ALLOCATION_KIND_POOLED;

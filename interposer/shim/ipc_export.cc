@@ -26,6 +26,7 @@
 #include "ipc.h"
 #include "log.h"
 #include "ordered.h"
+#include "ring_events.h"
 #include "shim.h"
 
 namespace vramscope::interposer {
@@ -99,7 +100,28 @@ struct Export {
   bool strict = false;
   std::uint32_t chunks = 0;
   std::uintptr_t chunk_va[kIpcMaxChunks] = {};
+  int device = 0;
 };
+
+// The ring's key of export slot `index` (vramscope/ring.h: IPC_EXPORT records): never a device
+// address, so the stats engine tracks exports beside the pooled blocks they share.
+constexpr std::uint64_t kExportKeyBase = 0xFFFFFFFFFFFE0000ull;
+
+// The export's ALLOC or FREE record (lock-free ring writes: safe under g_mu).
+void RingExport(std::uint32_t index, const Export& e, bool alloc) {
+  RingWriter* ring = Ring();
+  if (ring == nullptr) return;
+  const std::uint32_t device = static_cast<std::uint32_t>(e.device);
+  if (alloc) {
+    NoteRingDevice(e.device);
+    const RingAllocOrigin caller = RingCallerOrigin(ring);
+    (void)ring->RecordAlloc(device, kExportKeyBase + index, e.bytes, e.bytes,
+                            VRAMSCOPE_RING_ALLOC_IPC_EXPORT, 0, caller.nvtx_range, caller.site);
+  } else {
+    (void)ring->RecordFree(device, kExportKeyBase + index, e.bytes, e.bytes,
+                           VRAMSCOPE_RING_ALLOC_IPC_EXPORT, 0);
+  }
+}
 
 constinit pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 constinit IpcTable* g_table = nullptr;
@@ -203,6 +225,7 @@ void FinishLocked(std::uint32_t index) {
   KindCounters& kind = Counters().kind[static_cast<int>(Kind::kIpcExport)];
   kind.bytes.Sub(e.bytes);
   kind.frees.Add(1);
+  RingExport(index, e, /*alloc=*/false);
   if (e.deferred) {
     g_deferred.fetch_sub(1, std::memory_order_relaxed);
     std::erase(*g_deferred_list, index);
@@ -358,10 +381,12 @@ bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result)
   e.block = info.address;
   (*g_by_block)[info.address] = index;
   e.bytes = info.requested;
+  e.device = slot->device;
   g_ipc_live_exports.fetch_add(1, std::memory_order_relaxed);
   KindCounters& kind = Counters().kind[static_cast<int>(Kind::kIpcExport)];
   kind.bytes.Add(info.requested);
   kind.allocs.Add(1);
+  RingExport(index, e, /*alloc=*/true);
   FillHandle(handle, index, s.offset, s.size);
   const std::uint64_t start = g_start_time;
   pthread_mutex_unlock(&g_mu);

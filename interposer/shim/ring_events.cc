@@ -203,9 +203,10 @@ std::uint8_t RingAllocKind(Kind kind) {
       return VRAMSCOPE_RING_ALLOC_ARRAY;
     case Kind::kGraph:
       return VRAMSCOPE_RING_ALLOC_GRAPH;
+    case Kind::kIpcExport:
+      return VRAMSCOPE_RING_ALLOC_IPC_EXPORT;
     case Kind::kVmmMapped:
     case Kind::kVmmReserved:
-    case Kind::kIpcExport:
     case Kind::kCount:
       break;
   }

@@ -82,6 +82,24 @@ TEST(StatsEngineTest, PassedThroughKindsAreReservedHostIsNotDeviceMemory) {
   EXPECT_EQ(d.alloc_count(), 3u);
 }
 
+// An exported pooled block (IPC_EXPORT, keyed apart from the block: vramscope/ring.h) adds no
+// bytes to the process's figures, but its own kind says how much this process shares out, beside
+// what it maps in from others (IPC_IMPORT): a multi-process report adds up.
+TEST(StatsEngineTest, IpcExportsAreNamedAndCountNoBytes) {
+  constexpr std::uint64_t kExport = 0xFFFFFFFFFFFE0000ull;
+  EventStream s;
+  s.Alloc(0x1000, 4096, 4096, 0, v1::ALLOCATION_KIND_POOLED)
+      .Alloc(kExport + 3, 4096, 4096, 0, v1::ALLOCATION_KIND_IPC_EXPORT)
+      .Alloc(0x9000, 8192, 8192, 0, v1::ALLOCATION_KIND_IPC_IMPORT)
+      .Free(kExport + 3)
+      .Free(0x1000);
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.peak_requested_bytes(), 4096u);
+  EXPECT_EQ(d.peak_allocated_bytes(), 4096u);
+  EXPECT_EQ(d.peak_bytes_by_kind().at("ipc_export"), 4096u);
+  EXPECT_EQ(d.peak_bytes_by_kind().at("ipc_import"), 8192u);
+}
+
 // CUDA arrays (requested: texel bytes, allocated: the driver's size) and a device's graph memory
 // pool (one entry whose size changes by a free and an alloc) are device memory the driver holds.
 TEST(StatsEngineTest, ArrayAndGraphPoolKindsAreReservedAndNamed) {

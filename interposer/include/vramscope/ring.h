@@ -116,8 +116,14 @@ enum vramscope_ring_kind {
  *     reservations (POOL_RESERVE / POOL_RELEASE) make up reserved;
  *   - every other kind passes through to the driver, which holds the memory for the process:
  *     it counts requested, allocated AND reserved;
- *   - except HOST (pinned host memory) and IPC_IMPORT (another process's memory), which count
- *     no device bytes at all (only alloc/free counts).
+ *   - except HOST (pinned host memory), IPC_IMPORT (another process's memory) and IPC_EXPORT
+ *     (a pooled block this process exported, already counted as POOLED), which count no device
+ *     bytes at all (only alloc/free counts).
+ *
+ * IPC_EXPORT records are keyed 0xFFFFFFFFFFFE0000 + the export's slot in the shim's export
+ * table (never a device address): ALLOC when cuIpcGetMemHandle exports a pooled block, FREE when
+ * the export ends (the block freed and every importer closed), bytes = the block's requested
+ * size.
  *
  * GRAPH records are one entry per device, the graph memory pool's reserved bytes
  * (cuDeviceGetGraphMemAttribute RESERVED_MEM_CURRENT), at a fixed non-pointer address
@@ -136,13 +142,15 @@ enum vramscope_ring_alloc_kind {
   VRAMSCOPE_RING_ALLOC_IPC_IMPORT = 8,
   VRAMSCOPE_RING_ALLOC_GRAPH = 9,
   VRAMSCOPE_RING_ALLOC_ARRAY = 10,
-  VRAMSCOPE_RING_ALLOC_LIMIT = 11
+  VRAMSCOPE_RING_ALLOC_IPC_EXPORT = 11,
+  VRAMSCOPE_RING_ALLOC_LIMIT = 12
 };
 
 /* The byte-accounting rule above, shared by the writer's counters and (re-stated on the proto
  * enum) the collector's stats engine. */
 static inline int vramscope_ring_alloc_kind_counts_bytes(uint8_t kind) {
-  return kind != VRAMSCOPE_RING_ALLOC_HOST && kind != VRAMSCOPE_RING_ALLOC_IPC_IMPORT;
+  return kind != VRAMSCOPE_RING_ALLOC_HOST && kind != VRAMSCOPE_RING_ALLOC_IPC_IMPORT &&
+         kind != VRAMSCOPE_RING_ALLOC_IPC_EXPORT;
 }
 static inline int vramscope_ring_alloc_kind_counts_reserved(uint8_t kind) {
   return vramscope_ring_alloc_kind_counts_bytes(kind) && kind != VRAMSCOPE_RING_ALLOC_POOLED;
