@@ -32,6 +32,7 @@
 
 #include "counters.h"
 #include "status.h"
+#include "stream_fence.h"
 #include "vramscope/pool/pool.h"
 #include "vramscope/pool/upstream.h"
 
@@ -112,6 +113,10 @@ class EpochFences final : public pool::FenceTracker {
   // EndUserSync with its result.
   std::uint64_t BeginUserSync() { return epoch_.fetch_add(1, std::memory_order_seq_cst); }
   void EndUserSync(std::uint64_t epoch, CUresult result);
+  // Event fences (stream_fence.h): the epoch a round's fence completes (every free stamped with
+  // it has returned), and its completion once the round's events completed.
+  std::uint64_t NextFenceEpoch() { return epoch_.fetch_add(1, std::memory_order_seq_cst); }
+  void CompleteFromEvents(std::uint64_t epoch) { Complete(epoch); }
 
   bool IsComplete(std::uint64_t fence) override {
     return completed_.load(std::memory_order_acquire) >= fence;
@@ -183,6 +188,7 @@ struct Slot {
   std::atomic<bool> sync_requested{false};   // a background synchronisation is queued/running
   std::unique_ptr<pool::Pool> pool;          // null: this context is not pooled (passthrough)
   std::atomic<std::uint32_t> ring_frees{0};  // pooled frees since the last POOL_STATE record
+  EventFenceRing event_fences;               // queued event fences (stream_fence.h)
 };
 
 // Contexts with a slot, at most (a context beyond them is not pooled).

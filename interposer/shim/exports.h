@@ -18,6 +18,7 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuCtxDestroy
+#undef cuStreamDestroy
 #undef cuGraphInstantiate
 #undef cuGraphAddNode
 
@@ -28,6 +29,7 @@ CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersio
 CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
+CUresult CUDAAPI cuStreamDestroy(CUstream hStream);
 CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph);
@@ -112,6 +114,8 @@ CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
   X(cuDevicePrimaryCtxRelease)           \
   X(cuCtxDestroy_v2)                     \
   X(cuCtxDestroy)                        \
+  X(cuStreamDestroy_v2)                  \
+  X(cuStreamDestroy)                     \
   X(cuArrayCreate_v2)                    \
   X(cuArray3DCreate_v2)                  \
   X(cuMipmappedArrayCreate)              \
@@ -151,6 +155,7 @@ CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
   X(cuMemGetAllocationGranularity)     \
   X(cuStreamIsCapturing)               \
   X(cuStreamIsCapturing_ptsz)          \
+  X(cuStreamGetCtx)                    \
   X(cuEventCreate)                     \
   X(cuEventQuery)                      \
   X(cuEventSynchronize)                \
