@@ -127,8 +127,12 @@ void PollRingLocked(Slot* slot, bool may_sync) {
     }
     if (fence.sync) {
       if (!may_sync || AnyCaptureLive()) return;
-      // Sync takes a later epoch and completes every earlier one.
-      if (!slot->fences.Sync()) return;
+      // Sync takes a later epoch and completes every earlier one; without the ring's lock, so
+      // a thread waiting for a fence is not held behind the device synchronisation.
+      pthread_mutex_unlock(&ring.mu);
+      const bool synced = slot->fences.Sync();
+      pthread_mutex_lock(&ring.mu);
+      if (!synced) return;
       continue;
     }
     bool done = true;

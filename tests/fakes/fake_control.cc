@@ -84,6 +84,22 @@ VRAMSCOPE_FAKE_EXPORT int vramscope_fake_pending_kernels(void) {
   return n;
 }
 
+VRAMSCOPE_FAKE_EXPORT int vramscope_fake_pending_kernels_on(CUstream stream) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uintptr_t key = 0;
+  if (!vramscope::fake::StreamKey(s, stream, false, &key)) return 0;
+  int n = 0;
+  for (CUevent_st* ev : s.events) n += ev->kernel && IsPending(ev) && ev->stream_key == key;
+  return n;
+}
+
+VRAMSCOPE_FAKE_EXPORT CUstream vramscope_fake_blocked_wait_stream(void) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return reinterpret_cast<CUstream>(s.blocked_wait_stream);
+}
+
 VRAMSCOPE_FAKE_EXPORT void vramscope_fake_set_blocking_sync(int on) {
   State& s = GlobalState();
   std::lock_guard<std::mutex> lock(s.mu);

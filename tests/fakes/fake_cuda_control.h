@@ -63,8 +63,12 @@ void vramscope_fake_set_manual_kernels(int on);
 // Completes up to `max` (all if negative) of the oldest pending kernels on `stream` (null: the
 // legacy stream). Returns how many.
 int vramscope_fake_complete_kernels(struct CUstream_st* stream, int max);
-// Number of kernels not yet completed.
+// Number of kernels not yet completed, in all and on `stream` (null: the legacy stream).
 int vramscope_fake_pending_kernels(void);
+int vramscope_fake_pending_kernels_on(struct CUstream_st* stream);
+// The stream (CU_STREAM_LEGACY / CU_STREAM_PER_THREAD for the default ones) of the event a
+// cuEventSynchronize is blocked on right now (blocking sync), or null when none is.
+struct CUstream_st* vramscope_fake_blocked_wait_stream(void);
 
 // With manual events on and blocking sync on, the waits above block until another thread
 // completes the events they wait for (vramscope_fake_complete_*), instead of completing them.

@@ -365,8 +365,11 @@ void TrimAllPoolsLocked(State& s, int device) {
 }  // namespace
 
 void WaitEventLocked(Call& call, CUevent_st* ev, int device) {
+  State& s = call.state();
+  if (ev->status == CUevent_st::Status::kPending) s.blocked_wait_stream = ev->stream_key;
   // The kernels before an automatic event finish with it ("the host waited, so the GPU did").
   WaitPendingLocked(call, [ev](CUevent_st* e) { return e == ev || BlocksLocked(e, ev); });
+  s.blocked_wait_stream = 0;
   TrimAllPoolsLocked(call.state(), device);
 }
 

@@ -192,6 +192,7 @@ struct State {
   bool manual_events = false;
   bool manual_kernels = false;
   bool blocking_sync = false;
+  uintptr_t blocked_wait_stream = 0;  // stream key of the event a blocked cuEventSynchronize awaits
   Device devices[kMaxDevices];
 
   std::map<CUdeviceptr, Allocation> allocations;  // by base address
