@@ -223,12 +223,21 @@ __attribute__((noinline)) void MaybeSyncDue(Slot* slot, std::uint64_t frees,
 // last one. A round costs the helper thread one cuEventRecord per stream that had work, and the
 // freeing thread one store (a futex wake when the helper sleeps), so rounds are frequent: a
 // freed block waits about the GPU's lag behind the CPU, not for a batch to fill.
-constexpr std::uint64_t kRoundBytes = std::uint64_t{1} << 20;
-constexpr std::uint64_t kRoundFrees = 16;
+constexpr std::uint64_t kRoundBytes = std::uint64_t{8} << 20;
+constexpr std::uint64_t kRoundFrees = 64;
 
 bool EventMode() { return Cfg().mode == Mode::kPool && EventFencesOn(); }
 
 __attribute__((noinline)) void AskForRound(Slot* slot) {
+  // Nothing queued on any stream since the last round: it records nothing, costs a lock and a
+  // few atomics, and completes at once; no reason to wake the helper.
+  if (RoundIsEmpty(slot) && IssueEventRound()) return;
+  if (!Cfg().fence_async) {
+    // No helper thread: the freeing thread records the round (non-blocking) and polls.
+    if (!IssueEventRound()) (void)slot->fences.Sync();
+    PollSlotEventFences(slot);
+    return;
+  }
   if (slot->sync_requested.load(std::memory_order_relaxed)) return;
   if (!RequestBackgroundSync(slot) && !IssueEventRound()) (void)slot->fences.Sync();
 }

@@ -15,6 +15,7 @@ namespace vramscope::interposer {
 constinit std::atomic<bool> stream_fence_internal::g_tracking{false};
 constinit std::atomic<bool> stream_fence_internal::g_default_dirty{false};
 constinit std::atomic<std::uint64_t> stream_fence_internal::g_generation{1};
+constinit std::atomic<bool> stream_fence_internal::g_stream_dirty{false};
 __attribute__((tls_model("initial-exec"))) constinit thread_local stream_fence_internal::ThreadCache
     stream_fence_internal::t_stream{};
 
@@ -22,8 +23,10 @@ namespace {
 
 using stream_fence_internal::g_default_dirty;
 using stream_fence_internal::g_generation;
+using stream_fence_internal::g_stream_dirty;
 using stream_fence_internal::g_tracking;
 using stream_fence_internal::SetDirty;
+using stream_fence_internal::SetStreamDirty;
 using stream_fence_internal::StreamEntry;
 using stream_fence_internal::t_stream;
 
@@ -31,6 +34,9 @@ constexpr int kStreams = 1024;  // a power of two
 constexpr std::uintptr_t kTombstone = ~std::uintptr_t{0};
 
 constinit StreamEntry g_streams[kStreams];
+// Indices of the entries ever used (tombstones included), so a round scans only those.
+constinit std::atomic<int> g_used[kStreams] = {};
+constinit std::atomic<int> g_used_count{0};
 constinit pthread_mutex_t g_fence_mu = PTHREAD_MUTEX_INITIALIZER;
 // Event fences allowed by the configuration and the driver.
 constinit std::atomic<bool> g_allowed{false};
@@ -77,6 +83,11 @@ StreamEntry* Insert(std::uintptr_t handle, CUcontext ctx) {
     }
   }
   if (reuse == nullptr) return nullptr;
+  if (reuse->handle.load(std::memory_order_relaxed) == 0) {
+    const int used = g_used_count.load(std::memory_order_relaxed);
+    g_used[used].store(static_cast<int>(reuse - g_streams), std::memory_order_relaxed);
+    g_used_count.store(used + 1, std::memory_order_release);
+  }
   reuse->ctx.store(ctx, std::memory_order_relaxed);
   reuse->dirty.store(false, std::memory_order_relaxed);
   reuse->handle.store(handle, std::memory_order_release);
@@ -202,6 +213,16 @@ void QueueFence(Slot* slot, std::uint64_t epoch, bool legacy, StreamEntry** stre
   if (ring.orphan_overflow) fence.sync = true;
   ring.orphan_overflow = false;
   if (fence.sync) Counters().event_fence_syncs.Add(1);
+  if (!fence.sync && fence.count == 0 && ring.count == 0) {
+    // No stream had work since the last round and nothing older is queued: the frees stamped
+    // with this epoch wait for nothing.
+    slot->fences.CompleteFromEvents(epoch);
+    ring.bytes_since_round.store(0, std::memory_order_relaxed);
+    ring.frees_since_round.store(0, std::memory_order_relaxed);
+    ring.last_round_ns.store(NowNs(), std::memory_order_relaxed);
+    pthread_mutex_unlock(&ring.mu);
+    return;
+  }
   ++ring.count;
   ring.in_flight.store(ring.count, std::memory_order_release);
   ring.bytes_since_round.store(0, std::memory_order_relaxed);
@@ -236,7 +257,7 @@ void stream_fence_internal::NoteSlow(std::uintptr_t handle) {
       return;
     }
   }
-  SetDirty(entry->dirty);
+  SetStreamDirty(entry->dirty);
   t_stream = {handle, entry, generation};
 }
 
@@ -276,14 +297,16 @@ bool IssueEventRound() {
   for (int i = 0; i < count; ++i) epochs[i] = slots[i]->fences.NextFenceEpoch();
   const bool unattributed = g_unattributed.exchange(false, std::memory_order_seq_cst);
   const bool legacy = g_default_dirty.exchange(false, std::memory_order_seq_cst);
+  // Cleared before the entries: an entry flagged after its own exchange sets it again.
+  g_stream_dirty.store(false, std::memory_order_seq_cst);
   StreamEntry* dirty[kStreams];
   int dirty_count = 0;
-  for (int i = 0; i < kStreams; ++i) {
-    const std::uintptr_t h = g_streams[i].handle.load(std::memory_order_relaxed);
+  const int used = g_used_count.load(std::memory_order_acquire);
+  for (int u = 0; u < used; ++u) {
+    StreamEntry& entry = g_streams[g_used[u].load(std::memory_order_relaxed)];
+    const std::uintptr_t h = entry.handle.load(std::memory_order_relaxed);
     if (h == 0 || h == kTombstone) continue;
-    if (g_streams[i].dirty.exchange(false, std::memory_order_seq_cst)) {
-      dirty[dirty_count++] = &g_streams[i];
-    }
+    if (entry.dirty.exchange(false, std::memory_order_seq_cst)) dirty[dirty_count++] = &entry;
   }
   for (int s = 0; s < count; ++s) {
     Slot* slot = slots[s];
@@ -293,8 +316,14 @@ bool IssueEventRound() {
     for (int i = 0; i < dirty_count; ++i) {
       if (dirty[i]->ctx.load(std::memory_order_relaxed) == slot->ctx) mine[mine_count++] = dirty[i];
     }
+    bool exact = !unattributed && !g_unknown.load(std::memory_order_relaxed);
+    if (mine_count == 0 && !legacy && slot->event_fences.orphan_count == 0) {
+      // Nothing to record: no driver call, no context switch.
+      QueueFence(slot, epochs[s], false, mine, 0, exact);
+      continue;
+    }
     DriverCallScope scope(slot->ctx);
-    const bool exact = !unattributed && scope.ok() && !g_unknown.load(std::memory_order_relaxed);
+    exact = exact && scope.ok();
     QueueFence(slot, epochs[s], legacy, mine, mine_count, exact);
   }
   // A capture begun during the round may have swallowed a record (it joins the graph and the
@@ -339,6 +368,23 @@ bool PollEventFences(bool issue_due, std::uint64_t round_interval_ns) {
   }
   if (due && IssueEventRound()) queued = true;
   return queued;
+}
+
+bool RoundIsEmpty(Slot* slot) {
+  return !g_stream_dirty.load(std::memory_order_seq_cst) &&
+         !g_default_dirty.load(std::memory_order_seq_cst) &&
+         !g_unattributed.load(std::memory_order_relaxed) &&
+         slot->event_fences.in_flight.load(std::memory_order_acquire) == 0 &&
+         slot->event_fences.orphan_count == 0;
+}
+
+void PollSlotEventFences(Slot* slot) {
+  EventFenceRing& ring = slot->event_fences;
+  if (ring.in_flight.load(std::memory_order_acquire) == 0 || Exiting()) return;
+  DriverCallScope scope(slot->ctx);
+  if (!scope.ok() || pthread_mutex_trylock(&ring.mu) != 0) return;
+  PollRingLocked(slot, /*may_sync=*/false);
+  pthread_mutex_unlock(&ring.mu);
 }
 
 bool WaitOldestEventFence(Slot* slot) {
@@ -450,7 +496,9 @@ void ResetStreamFenceInChild() {
     entry.ctx.store(nullptr, std::memory_order_relaxed);
     entry.dirty.store(false, std::memory_order_relaxed);
   }
+  g_used_count.store(0, std::memory_order_relaxed);
   g_default_dirty.store(false, std::memory_order_relaxed);
+  g_stream_dirty.store(false, std::memory_order_relaxed);
   g_generation.fetch_add(1, std::memory_order_acq_rel);
   t_stream = {};
 }

@@ -84,6 +84,7 @@ struct ThreadCache {
 extern constinit std::atomic<bool> g_tracking;
 extern constinit std::atomic<bool> g_default_dirty;
 extern constinit std::atomic<std::uint64_t> g_generation;
+extern constinit std::atomic<bool> g_stream_dirty;  // some registered stream is flagged
 extern constinit thread_local ThreadCache t_stream;
 void NoteSlow(std::uintptr_t handle);
 
@@ -91,6 +92,12 @@ inline void SetDirty(std::atomic<bool>& flag) {
   // Sequentially consistent: a free that follows this work reads the epoch after the store, so
   // a round that takes a later epoch sees the flag (or an earlier round cleared it after it).
   if (!flag.load(std::memory_order_seq_cst)) flag.store(true, std::memory_order_seq_cst);
+}
+inline void SetStreamDirty(std::atomic<bool>& flag) {
+  if (!flag.load(std::memory_order_seq_cst)) {
+    flag.store(true, std::memory_order_seq_cst);
+    SetDirty(g_stream_dirty);
+  }
 }
 
 }  // namespace stream_fence_internal
@@ -108,7 +115,7 @@ inline void NoteStreamWork(CUstream stream, bool /*per_thread*/) {
   }
   ThreadCache& cache = t_stream;
   if (cache.handle == handle && cache.generation == g_generation.load(std::memory_order_acquire)) {
-    SetDirty(cache.entry->dirty);
+    SetStreamDirty(cache.entry->dirty);
     return;
   }
   NoteSlow(handle);
@@ -147,10 +154,16 @@ bool IssueEventRound();
 // `issue_due`, issues a round when frees happened since the last one and `round_interval_ns`
 // passed. Returns true while any pool still has a fence queued.
 bool PollEventFences(bool issue_due, std::uint64_t round_interval_ns);
+// Completes what `slot`'s queued fences allow without waiting (skipped if another thread is at
+// it); for VRAMSCOPE_FENCE_ASYNC=0, where no helper thread polls.
+void PollSlotEventFences(Slot* slot);
 // Blocks the calling thread until the oldest queued fence of `slot` completes (cuEventSynchronize
 // on its events, blocking-sync events) and completes it; false if none was queued.
 bool WaitOldestEventFence(Slot* slot);
 bool AnyEventFenceQueued();
+// No stream has work since the last round and `slot` has no fence queued: a round now records
+// nothing and completes at once (cheap enough for the freeing thread).
+bool RoundIsEmpty(Slot* slot);
 
 // cuStreamDestroy hooks: before the driver destroys `stream`.
 void BeforeStreamDestroy(CUstream stream);
