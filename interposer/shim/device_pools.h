@@ -2,7 +2,9 @@
 // the driver behind it (DriverUpstream) and the device-wide fence (EpochFences).
 //
 // Fence scheme (cudaFree is a device-wide fence; docs/design.md): a pooled free is stamped with its
-// slot's current epoch. Epoch e is complete once a cuCtxSynchronize of the slot's context that
+// slot's current epoch. By default epochs complete by the stream-aware event fences
+// (stream_fence.h: events on the streams that had work, polled); what follows is the rule they
+// fall back to, and the only one with VRAMSCOPE_FENCE_EVENTS=0. Epoch e is complete once a cuCtxSynchronize of the slot's context that
 // *began after* the free returned successfully: that call waited for every stream of the
 // context, including streams the shim never saw (per-thread default streams, non-blocking
 // streams, other libraries' streams). The synchronisation is amortised: a pooled free

@@ -134,6 +134,8 @@ void PrintHelp(std::FILE* out) {
       "                  2.2 GB, one at a time)\n"
       "  --gpu-lag US    how far the GPU runs behind the trace's host times, microseconds\n"
       "                  (default 0; a free never completes before its free_completed row)\n"
+      "  --lag-fraction N  events: wait rather than grow while over 1/N of what the pool holds\n"
+      "                  waits for fences (default 16, as VRAMSCOPE_FENCE_LAG_FRACTION; 0: grow)\n"
       "  -h, --help      print this help\n"
       "\n"
       "A progress bar is drawn on stderr when stderr is a terminal and the replay takes more\n"
@@ -300,6 +302,18 @@ int RunReplay(int argc, char** argv) {
             "--gpu-lag '%s' is not a number of microseconds from 0 to 60000000", value));
       }
       lag_given = true;
+    } else if (arg == "--lag-fraction" || arg.substr(0, 15) == "--lag-fraction=") {
+      std::string value;
+      if (arg == "--lag-fraction") {
+        if (i + 1 >= argc) return UsageError("--lag-fraction needs a number");
+        value = argv[++i];
+      } else {
+        value = std::string(arg.substr(15));
+      }
+      if (!absl::SimpleAtoi(value, &options.lag_fraction) || options.lag_fraction > 1000000) {
+        return UsageError(
+            absl::StrFormat("--lag-fraction '%s' is not a number from 0 to 1000000", value));
+      }
     } else {
       return UsageError(absl::StrFormat("unknown option '%s'", arg));
     }
