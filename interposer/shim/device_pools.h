@@ -4,17 +4,17 @@
 // Fence scheme (cudaFree is a device-wide fence; docs/design.md): a pooled free is stamped with its
 // slot's current epoch. By default epochs complete by the stream-aware event fences
 // (stream_fence.h: events on the streams that had work, polled); what follows is the rule they
-// fall back to, and the only one with VRAMSCOPE_FENCE_EVENTS=0. Epoch e is complete once a cuCtxSynchronize of the slot's context that
-// *began after* the free returned successfully: that call waited for every stream of the
-// context, including streams the shim never saw (per-thread default streams, non-blocking
-// streams, other libraries' streams). The synchronisation is amortised: a pooled free
-// synchronises only after fence_batch_frees frees or fence_batch_bytes pending bytes since the
-// last one (where the driver's own free would have synchronised every time); the application's
-// own cuCtxSynchronize completes epochs for free; the pool's Wait (memory pressure) forces one.
-// The amortised synchronisation is skipped while a stream capture is live (capture.h) and after
-// exit began: fences then stay pending and the pool grows instead of reusing. Only the pool's
-// Wait (memory pressure, or a fence it cannot keep) synchronises during a capture, in relaxed
-// capture mode, because it must not return before the fence completes.
+// fall back to, and the only one with VRAMSCOPE_FENCE_EVENTS=0. Epoch e is complete once a
+// cuCtxSynchronize of the slot's context that *began after* the free returned successfully: that
+// call waited for every stream of the context, including streams the shim never saw (per-thread
+// default streams, non-blocking streams, other libraries' streams). The synchronisation is
+// amortised: a pooled free synchronises only after fence_batch_frees frees or fence_batch_bytes
+// pending bytes since the last one (where the driver's own free would have synchronised every
+// time); the application's own cuCtxSynchronize completes epochs for free; the pool's Wait (memory
+// pressure) forces one. The amortised synchronisation is skipped while a stream capture is live
+// (capture.h) and after exit began: fences then stay pending and the pool grows instead of reusing.
+// Only the pool's Wait (memory pressure, or a fence it cannot keep) synchronises during a capture,
+// in relaxed capture mode, because it must not return before the fence completes.
 //
 // Slots are never deleted: a context reset or destroy marks its slot dead (the memory went with
 // the context) and leaks the Pool object, so a racing thread can never touch freed metadata and

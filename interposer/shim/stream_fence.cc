@@ -169,20 +169,18 @@ void QueueFence(Slot* slot, std::uint64_t epoch, bool legacy, StreamEntry** stre
   EventFenceRing& ring = slot->event_fences;
   const RealDriver& real = Real();
   pthread_mutex_lock(&ring.mu);
-  if (ring.count == EventFenceRing::kFences) {
-    // Full: the newest fence takes this epoch too (fences complete in order, so the later
-    // epoch covers the earlier one once its own events, recorded now, complete).
-    const int newest = (ring.head + ring.count - 1) % EventFenceRing::kFences;
-    EventFenceRing::Fence& last = ring.fences[newest];
-    for (int i = 0; i < last.count; ++i) GiveEvent(ring, last.events[i]);
-    last.count = 0;
-    --ring.count;
-    exact = exact && !last.sync;
+  const bool full = ring.count == EventFenceRing::kFences;
+  // Full: the newest fence takes this round too (its events stay, this round's join them, and
+  // it completes the later epoch, which covers both since fences complete in order).
+  EventFenceRing::Fence& fence =
+      ring.fences[(ring.head + ring.count - (full ? 1 : 0)) % EventFenceRing::kFences];
+  if (full) {
+    fence.sync = fence.sync || !exact;
+  } else {
+    fence.count = 0;
+    fence.sync = !exact;
   }
-  EventFenceRing::Fence& fence = ring.fences[(ring.head + ring.count) % EventFenceRing::kFences];
   fence.epoch = epoch;
-  fence.count = 0;
-  fence.sync = !exact;
   auto record = [&](CUstream stream) {
     if (fence.sync) return;
     if (fence.count == EventFenceRing::kEventsPerFence) {
@@ -212,8 +210,8 @@ void QueueFence(Slot* slot, std::uint64_t epoch, bool legacy, StreamEntry** stre
   ring.orphan_count = 0;
   if (ring.orphan_overflow) fence.sync = true;
   ring.orphan_overflow = false;
-  if (fence.sync) Counters().event_fence_syncs.Add(1);
-  if (!fence.sync && fence.count == 0 && ring.count == 0) {
+  if (fence.sync && !full) Counters().event_fence_syncs.Add(1);
+  if (!full && !fence.sync && fence.count == 0 && ring.count == 0) {
     // No stream had work since the last round and nothing older is queued: the frees stamped
     // with this epoch wait for nothing.
     slot->fences.CompleteFromEvents(epoch);
@@ -223,12 +221,12 @@ void QueueFence(Slot* slot, std::uint64_t epoch, bool legacy, StreamEntry** stre
     pthread_mutex_unlock(&ring.mu);
     return;
   }
-  ++ring.count;
+  if (!full) ++ring.count;
   ring.in_flight.store(ring.count, std::memory_order_release);
   ring.bytes_since_round.store(0, std::memory_order_relaxed);
   ring.frees_since_round.store(0, std::memory_order_relaxed);
   ring.last_round_ns.store(NowNs(), std::memory_order_relaxed);
-  Counters().event_fences.Add(1);
+  if (!full) Counters().event_fences.Add(1);
   pthread_mutex_unlock(&ring.mu);
 }
 
@@ -325,6 +323,20 @@ bool IssueEventRound() {
     DriverCallScope scope(slot->ctx);
     exact = exact && scope.ok();
     QueueFence(slot, epochs[s], legacy, mine, mine_count, exact);
+  }
+  // A pool created after the snapshot above may already hold frees whose work flagged a stream
+  // cleared here: give its flags back to the next round (an extra event elsewhere is harmless).
+  Slot* now[kMaxSlots];
+  const int now_count = LiveSlots(now, kMaxSlots);
+  bool grew = false;
+  for (int i = 0; i < now_count && !grew; ++i) {
+    bool seen = false;
+    for (int k = 0; k < count && !seen; ++k) seen = slots[k] == now[i];
+    grew = !seen;
+  }
+  if (grew) {
+    if (legacy) g_default_dirty.store(true, std::memory_order_seq_cst);
+    for (int i = 0; i < dirty_count; ++i) SetStreamDirty(dirty[i]->dirty);
   }
   // A capture begun during the round may have swallowed a record (it joins the graph and the
   // event keeps its old state): none of this round's fences may trust their events.
