@@ -251,8 +251,15 @@ __attribute__((always_inline)) inline void MaybeSync(Slot* slot, std::uint64_t f
         ring.frees_since_round.load(std::memory_order_relaxed) >= kRoundFrees) {
       AskForRound(slot);
     }
-    // Completions stall (a capture live, fences that fall back): the batch rules below still
-    // bound what waits, as without event fences; their counts restart at every completion.
+    // Completions stall (a capture live, fences that fall back): four batches pending make the
+    // freeing thread synchronise, as without event fences (the counts restart at every
+    // completion, so while fences complete this never fires).
+    constexpr std::uint64_t kStalledBatches = 4;
+    if (frees >= kStalledBatches * Cfg().fence_batch_frees ||
+        pending >= kStalledBatches * slot->fences.batch_bytes) {
+      (void)slot->fences.Sync();
+    }
+    return;
   }
   if (frees < Cfg().fence_batch_frees && pending < slot->fences.batch_bytes) return;
   MaybeSyncDue(slot, frees, pending);

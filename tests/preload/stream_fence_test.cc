@@ -10,6 +10,7 @@
 //
 // Runs in pool mode with ordered reuse off (VRAMSCOPE_ORDERED=0: every free waits for a fence).
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +35,8 @@ constexpr size_t kBlock = 32 * kMiB;
 const CUfunction kKernel = reinterpret_cast<CUfunction>(0x1);
 
 std::uint64_t Calls(const char* name) { return vramscope_fake_call_count(name); }
+// Driver calls that take device memory for the pool (VMM maps or segments).
+std::uint64_t DriverAllocs() { return Calls("cuMemCreate") + Calls("cuMemAlloc_v2"); }
 
 // Yields until `done` or a generous deadline (a failing rule then shows as a failed EXPECT).
 template <typename Done>
@@ -357,6 +360,54 @@ TEST_F(StreamFenceTest, ThreadsOnTheirOwnStreamsNeverGetABlockStillInUse) {
   EXPECT_EQ(violations.load(), 0);
   vramscope_fake_complete_all_events();
   for (CUstream s : streams) EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+// A pool queues at most 64 fences; a round past that joins the newest fence. The newest fence's
+// own events must stay in it: here they cover stream C, which the joining round does not touch.
+// Rounds are issued inline (VRAMSCOPE_FENCE_ASYNC=0, one per 8 MiB freed) and allocations never
+// wait (VRAMSCOPE_FENCE_LAG_FRACTION=0), so the sequence is deterministic.
+TEST_F(StreamFenceTest, AFullFenceQueueKeepsEveryStreamOfItsNewestFence) {
+  const char* async = getenv("VRAMSCOPE_FENCE_ASYNC");
+  if (async == nullptr || std::string(async) != "0") GTEST_SKIP() << "stream_fence_inline only";
+  vramscope_fake_set_blocking_sync(0);
+  ASSERT_EQ(vramscope_fake_set_capacity(0, size_t{4} << 30), 0);  // no pressure synchronisation
+  constexpr size_t kRoundBlock = 8 * kMiB;
+  CUstream a = NewStream(CU_STREAM_NON_BLOCKING);
+  CUstream b = NewStream(CU_STREAM_NON_BLOCKING);
+  CUstream c = NewStream(CU_STREAM_NON_BLOCKING);
+  auto use_and_free = [&](CUstream stream) {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(api_.cuMemAlloc_v2(&p, kRoundBlock), CUDA_SUCCESS);
+    Launch(stream);
+    EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);  // one round
+    return p;
+  };
+  use_and_free(a);                               // fence 1: stream a, stays pending
+  for (int i = 0; i < 62; ++i) use_and_free(b);  // fences 2-63
+  const CUdeviceptr on_c = use_and_free(c);      // fence 64 (the queue is full): stream c
+  use_and_free(b);                               // joins fence 64
+  EXPECT_EQ(vramscope_fake_complete_kernels(a, -1), 1);
+  EXPECT_EQ(vramscope_fake_complete_kernels(b, -1), 63);
+  // One more round (no stream work since: it joins fence 64 too), and its poll.
+  CUdeviceptr t = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&t, kRoundBlock), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemFree_v2(t), CUDA_SUCCESS);
+  // Everything but c's kernel finished: every block but c's may come back, c's may not.
+  std::vector<CUdeviceptr> got;
+  int early = 0;
+  const std::uint64_t grown = DriverAllocs();
+  for (int i = 0; i < 70; ++i) {
+    CUdeviceptr p = 0;
+    ASSERT_EQ(api_.cuMemAlloc_v2(&p, kRoundBlock), CUDA_SUCCESS);
+    if (p == on_c && vramscope_fake_pending_kernels_on(c) != 0) ++early;
+    got.push_back(p);
+  }
+  EXPECT_EQ(early, 0) << "stream c's block handed out with its kernel running";
+  EXPECT_LT(DriverAllocs() - grown, got.size()) << "the finished fences' blocks came back";
+  EXPECT_EQ(vramscope_fake_complete_kernels(c, -1), 1);
+  for (CUdeviceptr p : got) EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
+  for (CUstream s : {a, b, c}) EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_set_capacity(0, size_t{1} << 30), 0);
 }
 
 }  // namespace
