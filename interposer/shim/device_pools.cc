@@ -229,9 +229,9 @@ constexpr std::uint64_t kRoundFrees = 64;
 bool EventMode() { return Cfg().mode == Mode::kPool && EventFencesOn(); }
 
 __attribute__((noinline)) void AskForRound(Slot* slot) {
-  // Nothing queued on any stream since the last round: it records nothing, costs a lock and a
-  // few atomics, and completes at once; no reason to wake the helper.
-  if (RoundIsEmpty(slot) && IssueEventRound()) return;
+  // Nothing queued on any stream since the last round: no event to record, no reason to wake
+  // the helper.
+  if (CompleteIfIdle(slot)) return;
   if (!Cfg().fence_async) {
     // No helper thread: the freeing thread records the round (non-blocking) and polls.
     if (!IssueEventRound()) (void)slot->fences.Sync();

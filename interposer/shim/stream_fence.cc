@@ -382,12 +382,30 @@ bool PollEventFences(bool issue_due, std::uint64_t round_interval_ns) {
   return queued;
 }
 
-bool RoundIsEmpty(Slot* slot) {
-  return !g_stream_dirty.load(std::memory_order_seq_cst) &&
-         !g_default_dirty.load(std::memory_order_seq_cst) &&
-         !g_unattributed.load(std::memory_order_relaxed) &&
-         slot->event_fences.in_flight.load(std::memory_order_acquire) == 0 &&
-         slot->event_fences.orphan_count == 0;
+bool CompleteIfIdle(Slot* slot) {
+  EventFenceRing& ring = slot->event_fences;
+  if (g_stream_dirty.load(std::memory_order_seq_cst) ||
+      g_default_dirty.load(std::memory_order_seq_cst) ||
+      ring.in_flight.load(std::memory_order_acquire) != 0 || !EventFencesOn() || Exiting()) {
+    return false;
+  }
+  // Under the round lock: a round that has cleared the flags but not yet queued its fence
+  // holds it.
+  pthread_mutex_lock(&g_fence_mu);
+  const bool idle = !g_stream_dirty.load(std::memory_order_seq_cst) &&
+                    !g_default_dirty.load(std::memory_order_seq_cst) &&
+                    !g_unattributed.load(std::memory_order_seq_cst) &&
+                    ring.in_flight.load(std::memory_order_acquire) == 0 && ring.orphan_count == 0 &&
+                    !ring.orphan_overflow;
+  if (idle) {
+    // No work on any stream since the last round, whose fences all completed: every free
+    // stamped before this epoch waits for nothing.
+    slot->fences.CompleteFromEvents(slot->fences.NextFenceEpoch());
+    ring.bytes_since_round.store(0, std::memory_order_relaxed);
+    ring.frees_since_round.store(0, std::memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&g_fence_mu);
+  return idle;
 }
 
 void PollSlotEventFences(Slot* slot) {

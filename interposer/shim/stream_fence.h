@@ -161,9 +161,10 @@ void PollSlotEventFences(Slot* slot);
 // on its events, blocking-sync events) and completes it; false if none was queued.
 bool WaitOldestEventFence(Slot* slot);
 bool AnyEventFenceQueued();
-// No stream has work since the last round and `slot` has no fence queued: a round now records
-// nothing and completes at once (cheap enough for the freeing thread).
-bool RoundIsEmpty(Slot* slot);
+// If no stream has had work since the last round and `slot` has no fence queued, completes every
+// free of `slot` so far at once (a lock and a few atomics: cheap enough for the freeing thread)
+// and returns true.
+bool CompleteIfIdle(Slot* slot);
 
 // cuStreamDestroy hooks: before the driver destroys `stream`.
 void BeforeStreamDestroy(CUstream stream);
