@@ -7,13 +7,17 @@
 namespace vramscope::interposer {
 
 constinit std::atomic<int> capture_internal::g_live_captures{0};
+constinit std::atomic<std::uint64_t> capture_internal::g_captures_begun{0};
 
 namespace {
 using capture_internal::g_live_captures;
 }  // namespace
 
 void NoteCaptureBegin(CUresult result) {
-  if (result == CUDA_SUCCESS) g_live_captures.fetch_add(1, std::memory_order_acq_rel);
+  if (result == CUDA_SUCCESS) {
+    g_live_captures.fetch_add(1, std::memory_order_acq_rel);
+    capture_internal::g_captures_begun.fetch_add(1, std::memory_order_acq_rel);
+  }
 }
 
 void NoteCaptureEnd(CUresult result) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 
 #include <cuda.h>
 
@@ -20,9 +21,14 @@ void NoteCaptureBegin(CUresult result);
 void NoteCaptureEnd(CUresult result);
 namespace capture_internal {
 extern constinit std::atomic<int> g_live_captures;
+extern constinit std::atomic<std::uint64_t> g_captures_begun;
 }  // namespace capture_internal
 inline bool AnyCaptureLive() {
   return capture_internal::g_live_captures.load(std::memory_order_acquire) > 0;
+}
+// Captures begun so far: a change across a span of driver calls means one began meanwhile.
+inline std::uint64_t CapturesBegun() {
+  return capture_internal::g_captures_begun.load(std::memory_order_acquire);
 }
 void ResetCapturesAfterFork();
 

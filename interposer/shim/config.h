@@ -39,6 +39,13 @@ struct Config {
   // VRAMSCOPE_FENCE_EAGER=1: allocations ask the helper thread for a reuse synchronisation even
   // when recent synchronisations were slow (the program far ahead of the GPU).
   bool fence_eager = false;
+  // VRAMSCOPE_FENCE_EVENTS=0: the amortised device synchronisation alone, without the stream-aware
+  // event fences (stream_fence.h); for comparison.
+  bool fence_events = true;
+  // VRAMSCOPE_FENCE_LAG_FRACTION: with event fences, an allocation that would grow waits for the
+  // oldest fence while more than 1/N of the device's pooled memory waits for fences (at least
+  // 16 MiB). 0: never wait (grow).
+  std::uint64_t fence_lag_fraction = 16;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
   // VRAMSCOPE_QUICK_REUSE=0: no quick bins in the pools (pool::PoolOptions::quick_reuse).
   bool quick_reuse = true;

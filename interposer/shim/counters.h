@@ -98,6 +98,9 @@ struct ShimCounters {
   Counter ipc_refused;        // cuIpcGetMemHandle on a pooled sub-allocation, refused
   Counter ordered_ended;      // ordered reuse ended (ordered.h): 0 or 1
   Counter ordered_end_waits;  // stream waits inserted on the end event while it was pending
+  Counter event_fences;       // event fences queued (stream_fence.h), one per pool per round
+  Counter event_fence_syncs;  // of those, not exact: completed by a device synchronisation
+  Counter event_fence_waits;  // allocations that waited for the oldest event fence
 };
 
 // The process's counters (zeroed in a fork child).

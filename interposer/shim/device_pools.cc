@@ -184,6 +184,8 @@ void MarkDead(Slot* slot, bool context_alive) {
   slot->dead.store(true, std::memory_order_release);
   slot->upstream.Abandon(context_alive);
   slot->fences.MarkDead();
+  // Its streams went with it (a stream handle may come back for another context).
+  ForgetContextStreams(slot->ctx);
 }
 
 // The pending bytes at which an allocation of `bytes` synchronises (when that is cheap) rather
@@ -219,9 +221,48 @@ __attribute__((noinline)) void MaybeSyncDue(Slot* slot, std::uint64_t frees,
   }
 }
 
+// Event fences (stream_fence.h): a round is asked for after this many bytes or frees since the
+// last one. A round costs the helper thread one cuEventRecord per stream that had work, and the
+// freeing thread one store (a futex wake when the helper sleeps), so rounds are frequent: a
+// freed block waits about the GPU's lag behind the CPU, not for a batch to fill.
+constexpr std::uint64_t kRoundBytes = std::uint64_t{8} << 20;
+constexpr std::uint64_t kRoundFrees = 64;
+
+bool EventMode() { return Cfg().mode == Mode::kPool && EventFencesOn(); }
+
+__attribute__((noinline)) void AskForRound(Slot* slot) {
+  // Nothing queued on any stream since the last round: no event to record, no reason to wake
+  // the helper.
+  if (CompleteIfIdle(slot)) return;
+  if (!Cfg().fence_async) {
+    // No helper thread: the freeing thread records the round (non-blocking) and polls.
+    if (!IssueEventRound()) (void)slot->fences.Sync();
+    PollSlotEventFences(slot);
+    return;
+  }
+  if (slot->sync_requested.load(std::memory_order_relaxed)) return;
+  if (!RequestBackgroundSync(slot) && !IssueEventRound()) (void)slot->fences.Sync();
+}
+
 // The free path's check: below one batch (the common case) nothing is due.
 __attribute__((always_inline)) inline void MaybeSync(Slot* slot, std::uint64_t frees) {
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
+  if (EventMode()) {
+    const EventFenceRing& ring = slot->event_fences;
+    if (ring.bytes_since_round.load(std::memory_order_relaxed) >= kRoundBytes ||
+        ring.frees_since_round.load(std::memory_order_relaxed) >= kRoundFrees) {
+      AskForRound(slot);
+    }
+    // Completions stall (a capture live, fences that fall back): four batches pending make the
+    // freeing thread synchronise, as without event fences (the counts restart at every
+    // completion, so while fences complete this never fires).
+    constexpr std::uint64_t kStalledBatches = 4;
+    if (frees >= kStalledBatches * Cfg().fence_batch_frees ||
+        pending >= kStalledBatches * slot->fences.batch_bytes) {
+      (void)slot->fences.Sync();
+    }
+    return;
+  }
   if (frees < Cfg().fence_batch_frees && pending < slot->fences.batch_bytes) return;
   MaybeSyncDue(slot, frees, pending);
 }
@@ -636,6 +677,15 @@ __attribute__((always_inline)) inline pool::PoolStatus FreeInSlot(Slot* slot,
       address, settled ? pool::kSettledFence : slot->fences.Current(), &sizes);
   if (status == pool::PoolStatus::kOk) {
     *frees = settled ? 0 : slot->fences.NoteFree(sizes.allocated);
+    if (!settled) {
+      // Plain loads and stores, as NoteFree: a trigger, not an account.
+      EventFenceRing& ring = slot->event_fences;
+      ring.bytes_since_round.store(
+          ring.bytes_since_round.load(std::memory_order_relaxed) + sizes.allocated,
+          std::memory_order_relaxed);
+      ring.frees_since_round.store(ring.frees_since_round.load(std::memory_order_relaxed) + 1,
+                                   std::memory_order_relaxed);
+    }
     RingPooledFree(slot, address, sizes.requested, sizes.allocated);
   }
   return status;
@@ -702,6 +752,11 @@ enum class ReuseSync { kNone, kInline };
 // take a cached block or else synchronise itself before growing.
 ReuseSync ReuseSyncPolicy(Slot* slot, std::size_t bytes) {
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
+  if (EventMode()) {
+    // Event fences complete as the GPU catches up; the allocation waits only when the memory
+    // waiting for them exceeds the lag bound (EventLagWait).
+    return ReuseSync::kNone;
+  }
   const std::uint64_t threshold = ReuseSyncThreshold(bytes);
   // Only when a quarter of the threshold was freed since the last synchronisation: right after
   // one, the pending bytes are mostly complete already and only wait for the bounded poll to
@@ -731,6 +786,33 @@ ReuseSync ReuseSyncPolicy(Slot* slot, std::size_t bytes) {
   return ReuseSync::kNone;
 }
 
+// The lag bound of event fences: when more than this is freed but waiting for its fences (the
+// CPU that far ahead of the GPU), an allocation the pool cannot serve from what it holds waits
+// for the oldest fence instead of growing. The GPU still has the work queued after that fence,
+// so it does not idle; the CPU's lead is bounded by memory instead of by nothing. A fraction of
+// what the device's pools hold (VRAMSCOPE_FENCE_LAG_FRACTION, default 1/16), at least 16 MiB.
+constexpr std::uint64_t kLagFloor = std::uint64_t{16} << 20;
+constexpr int kMaxLagWaits = 8;
+
+bool LagWaitDue(Slot* slot, std::size_t bytes) {
+  const std::uint64_t fraction = Cfg().fence_lag_fraction;
+  if (fraction == 0) return false;
+  const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
+  if (pending < bytes || pending < kLagFloor) return false;
+  const std::uint64_t reserved = DevCounters(slot->device).reserved_bytes.current.load();
+  return pending >= reserved / fraction && !AnyCaptureLive();
+}
+
+// Event mode, much freed memory still waiting: wait for the oldest fences (issuing a round
+// first when none is queued) until a held block serves the request. False: grow instead.
+bool EventLagWait(Slot* slot, std::size_t bytes, std::uintptr_t* address, pool::BlockSizes* sizes) {
+  for (int i = 0; i < kMaxLagWaits && LagWaitDue(slot, bytes); ++i) {
+    if (!WaitOldestEventFence(slot) && !IssueEventRound()) return false;
+    if (slot->pool->AllocateCached(bytes, address, sizes) == pool::PoolStatus::kOk) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* address,
@@ -739,7 +821,13 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
   t_upstream_error = CUDA_SUCCESS;
   pool::BlockSizes sizes;
-  if (ReuseSyncPolicy(slot, bytes) == ReuseSync::kInline) {
+  if (EventMode() && LagWaitDue(slot, bytes)) {
+    if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk ||
+        EventLagWait(slot, bytes, address, &sizes)) {
+      RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);
+      return ShimStatus::kOk;
+    }
+  } else if (ReuseSyncPolicy(slot, bytes) == ReuseSync::kInline) {
     if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk) {
       RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);
       return ShimStatus::kOk;

@@ -2,17 +2,19 @@
 // the driver behind it (DriverUpstream) and the device-wide fence (EpochFences).
 //
 // Fence scheme (cudaFree is a device-wide fence; docs/design.md): a pooled free is stamped with its
-// slot's current epoch. Epoch e is complete once a cuCtxSynchronize of the slot's context that
-// *began after* the free returned successfully: that call waited for every stream of the
-// context, including streams the shim never saw (per-thread default streams, non-blocking
-// streams, other libraries' streams). The synchronisation is amortised: a pooled free
-// synchronises only after fence_batch_frees frees or fence_batch_bytes pending bytes since the
-// last one (where the driver's own free would have synchronised every time); the application's
-// own cuCtxSynchronize completes epochs for free; the pool's Wait (memory pressure) forces one.
-// The amortised synchronisation is skipped while a stream capture is live (capture.h) and after
-// exit began: fences then stay pending and the pool grows instead of reusing. Only the pool's
-// Wait (memory pressure, or a fence it cannot keep) synchronises during a capture, in relaxed
-// capture mode, because it must not return before the fence completes.
+// slot's current epoch. By default epochs complete by the stream-aware event fences
+// (stream_fence.h: events on the streams that had work, polled); what follows is the rule they
+// fall back to, and the only one with VRAMSCOPE_FENCE_EVENTS=0. Epoch e is complete once a
+// cuCtxSynchronize of the slot's context that *began after* the free returned successfully: that
+// call waited for every stream of the context, including streams the shim never saw (per-thread
+// default streams, non-blocking streams, other libraries' streams). The synchronisation is
+// amortised: a pooled free synchronises only after fence_batch_frees frees or fence_batch_bytes
+// pending bytes since the last one (where the driver's own free would have synchronised every
+// time); the application's own cuCtxSynchronize completes epochs for free; the pool's Wait (memory
+// pressure) forces one. The amortised synchronisation is skipped while a stream capture is live
+// (capture.h) and after exit began: fences then stay pending and the pool grows instead of reusing.
+// Only the pool's Wait (memory pressure, or a fence it cannot keep) synchronises during a capture,
+// in relaxed capture mode, because it must not return before the fence completes.
 //
 // Slots are never deleted: a context reset or destroy marks its slot dead (the memory went with
 // the context) and leaks the Pool object, so a racing thread can never touch freed metadata and
@@ -32,6 +34,7 @@
 
 #include "counters.h"
 #include "status.h"
+#include "stream_fence.h"
 #include "vramscope/pool/pool.h"
 #include "vramscope/pool/upstream.h"
 
@@ -127,6 +130,10 @@ class EpochFences final : public pool::FenceTracker {
   // EndUserSync with its result.
   std::uint64_t BeginUserSync() { return epoch_.fetch_add(1, std::memory_order_seq_cst); }
   void EndUserSync(std::uint64_t epoch, CUresult result);
+  // Event fences (stream_fence.h): the epoch a round's fence completes (every free stamped with
+  // it has returned), and its completion once the round's events completed.
+  std::uint64_t NextFenceEpoch() { return epoch_.fetch_add(1, std::memory_order_seq_cst); }
+  void CompleteFromEvents(std::uint64_t epoch) { Complete(epoch); }
 
   bool IsComplete(std::uint64_t fence) override {
     return completed_.load(std::memory_order_acquire) >= fence;
@@ -198,6 +205,7 @@ struct Slot {
   std::atomic<bool> sync_requested{false};   // a background synchronisation is queued/running
   std::unique_ptr<pool::Pool> pool;          // null: this context is not pooled (passthrough)
   std::atomic<std::uint32_t> ring_frees{0};  // pooled frees since the last POOL_STATE record
+  EventFenceRing event_fences;               // queued event fences (stream_fence.h)
 };
 
 // Contexts with a slot, at most (a context beyond them is not pooled).

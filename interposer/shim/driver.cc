@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "ordered.h"
+#include "stream_fence.h"
 
 // Read by the dlsym entry stub (dlsym_hook.cc); written once, before any use, with a release
 // store. Plain pointer because the assembly loads it directly.
@@ -160,6 +161,7 @@ void NoteUnwrapped(const char* route, const char* requested, void* function) {
     VRAMSCOPE_LOG_ONCE(kInfo, "%s(\"%s\"): an entry point <cuda.h> %d does not declare", route,
                        requested, CUDA_VERSION);
     BreakOrdered("unknown_entry_point");
+    NoteUnknownStreamWork();
   }
   if (!LogEnabled(LogLevel::kDebug)) return;
   Dl_info info{};

@@ -18,6 +18,7 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuCtxDestroy
+#undef cuStreamDestroy
 #undef cuGraphInstantiate
 #undef cuGraphAddNode
 #undef cuIpcOpenMemHandle
@@ -31,6 +32,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
 // Pre-11.0 name of cuIpcOpenMemHandle_v2 (same arguments).
 CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult CUDAAPI cuStreamDestroy(CUstream hStream);
 CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
 CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
 CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph* phGraph);
@@ -116,6 +118,8 @@ CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
   X(cuDevicePrimaryCtxRelease)           \
   X(cuCtxDestroy_v2)                     \
   X(cuCtxDestroy)                        \
+  X(cuStreamDestroy_v2)                  \
+  X(cuStreamDestroy)                     \
   X(cuArrayCreate_v2)                    \
   X(cuArray3DCreate_v2)                  \
   X(cuMipmappedArrayCreate)              \
@@ -159,6 +163,7 @@ CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
   X(cuMemGetAllocationPropertiesFromHandle) \
   X(cuStreamIsCapturing)                    \
   X(cuStreamIsCapturing_ptsz)               \
+  X(cuStreamGetCtx)                         \
   X(cuEventCreate)                          \
   X(cuEventQuery)                           \
   X(cuEventSynchronize)                     \

@@ -11,6 +11,7 @@
 #include "device_pools.h"
 #include "log.h"
 #include "shim.h"
+#include "stream_fence.h"
 
 namespace vramscope::interposer {
 namespace {
@@ -45,12 +46,19 @@ std::uint64_t NowNs() {
          static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
-// With w.mu held: marks the helper busy, synchronises `slot` without the lock, takes it back.
+// Event fences (stream_fence.h): how often the helper looks at queued fences while any is
+// queued, and the shortest time between two rounds it issues on its own (when frees happened).
+constexpr long kPollNs = 20000;
+constexpr std::uint64_t kRoundIntervalNs = 50000;
+
+// With w.mu held: marks the helper busy, serves `slot` without the lock, takes it back: an event
+// round when event fences are on (it covers every pool), else (or if it cannot be issued) a
+// device synchronisation.
 void SyncLocked(Worker& w, Slot* slot) {
   w.busy = true;
   pthread_mutex_unlock(&w.mu);
   // Sync skips a dead pool, a live capture and exit on its own.
-  (void)slot->fences.Sync();
+  if (Cfg().mode != Mode::kPool || !IssueEventRound()) (void)slot->fences.Sync();
   slot->sync_requested.store(false, std::memory_order_release);
   pthread_mutex_lock(&w.mu);
   w.busy = false;
@@ -98,6 +106,23 @@ void* WorkerMain(void*) {
     while (w.count == 0) {
       if (w.hint.exchange(false, std::memory_order_seq_cst)) {
         ServeHintsLocked(w);
+        continue;
+      }
+      if (!Exiting() && AnyEventFenceQueued()) {
+        // Event fences queued: poll them (and issue rounds as frees come) without the lock,
+        // watching for requests, until none is queued.
+        w.busy = true;
+        w.watching.store(true, std::memory_order_seq_cst);
+        pthread_mutex_unlock(&w.mu);
+        const bool queued = PollEventFences(/*issue_due=*/true, kRoundIntervalNs);
+        if (queued && !w.hint.load(std::memory_order_relaxed)) {
+          timespec pause{0, kPollNs};
+          nanosleep(&pause, nullptr);
+        }
+        pthread_mutex_lock(&w.mu);
+        w.watching.store(false, std::memory_order_seq_cst);
+        w.busy = false;
+        pthread_cond_broadcast(&w.idle);
         continue;
       }
       // Watch a while without the lock (requesters then only set the hint), then sleep.

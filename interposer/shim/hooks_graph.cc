@@ -12,6 +12,7 @@
 #include "graph_memory.h"
 #include "hooks.h"
 #include "ordered.h"
+#include "stream_fence.h"
 
 using namespace vramscope::interposer;
 
@@ -109,12 +110,22 @@ void WatchUploadStream(const CUDA_GRAPH_INSTANTIATE_PARAMS* params, bool per_thr
   }
 }
 
+// The stream an instantiation uploads on, or kNoUpload.
+const CUstream kNoUpload = reinterpret_cast<CUstream>(~std::uintptr_t{0});
+CUstream UploadStream(const CUDA_GRAPH_INSTANTIATE_PARAMS* params) {
+  return params != nullptr && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) != 0
+             ? params->hUploadStream
+             : kNoUpload;
+}
+
 }  // namespace
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(
     CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
   VRAMSCOPE_PROLOGUE(cuGraphInstantiateWithParams);
   WatchUploadStream(instantiateParams, false, "cuGraphInstantiateWithParams");
+  const StreamWorkNote note(UploadStream(instantiateParams), false,
+                            UploadStream(instantiateParams) != kNoUpload);
   return AfterGraphCall(WithOomRetry(
       [&] { return real.cuGraphInstantiateWithParams(phGraphExec, hGraph, instantiateParams); }));
 }
@@ -123,6 +134,8 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(
     CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* instantiateParams) {
   VRAMSCOPE_PROLOGUE(cuGraphInstantiateWithParams_ptsz);
   WatchUploadStream(instantiateParams, true, "cuGraphInstantiateWithParams_ptsz");
+  const StreamWorkNote note(UploadStream(instantiateParams), true,
+                            UploadStream(instantiateParams) != kNoUpload);
   return AfterGraphCall(WithOomRetry([&] {
     return real.cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, instantiateParams);
   }));
@@ -131,24 +144,28 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphUpload);
   WatchStream(hStream, false, "cuGraphUpload");
+  const StreamWorkNote note(hStream, false);
   return AfterGraphCall(WithOomRetry([&] { return real.cuGraphUpload(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphUpload_ptsz);
   WatchStream(hStream, true, "cuGraphUpload_ptsz");
+  const StreamWorkNote note(hStream, true);
   return AfterGraphCall(WithOomRetry([&] { return real.cuGraphUpload_ptsz(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphLaunch);
   WatchStream(hStream, false, "cuGraphLaunch");
+  const StreamWorkNote note(hStream, false);
   return AfterGraphCall(WithOomRetry([&] { return real.cuGraphLaunch(hGraphExec, hStream); }));
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuGraphLaunch_ptsz);
   WatchStream(hStream, true, "cuGraphLaunch_ptsz");
+  const StreamWorkNote note(hStream, true);
   return AfterGraphCall(WithOomRetry([&] { return real.cuGraphLaunch_ptsz(hGraphExec, hStream); }));
 }
 

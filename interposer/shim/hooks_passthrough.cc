@@ -25,6 +25,7 @@
 #include "ordered.h"
 #include "registry.h"
 #include "ring_events.h"
+#include "stream_fence.h"
 
 using namespace vramscope::interposer;
 
@@ -277,6 +278,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t byte
                                                   CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemAllocAsync);
   WatchStream(hStream, false, "cuMemAllocAsync");
+  const StreamWorkNote note(hStream, false);
   const bool graph = GraphOwned(real.cuStreamIsCapturing, hStream);
   const CUresult result =
       graph ? real.cuMemAllocAsync(dptr, bytesize, hStream)
@@ -289,6 +291,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t
                                                        CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemAllocAsync_ptsz);
   WatchStream(hStream, true, "cuMemAllocAsync_ptsz");
+  const StreamWorkNote note(hStream, true);
   const bool graph = GraphOwned(real.cuStreamIsCapturing_ptsz, hStream);
   const CUresult result =
       graph ? real.cuMemAllocAsync_ptsz(dptr, bytesize, hStream)
@@ -301,6 +304,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, siz
                                                           CUmemoryPool pool, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemAllocFromPoolAsync);
   WatchStream(hStream, false, "cuMemAllocFromPoolAsync");
+  const StreamWorkNote note(hStream, false);
   const bool graph = GraphOwned(real.cuStreamIsCapturing, hStream);
   const CUresult result =
       graph ? real.cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream) : WithOomRetry([&] {
@@ -315,6 +319,7 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr
                                                                CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemAllocFromPoolAsync_ptsz);
   WatchStream(hStream, true, "cuMemAllocFromPoolAsync_ptsz");
+  const StreamWorkNote note(hStream, true);
   const bool graph = GraphOwned(real.cuStreamIsCapturing_ptsz, hStream);
   const CUresult result =
       graph ? real.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, hStream) : WithOomRetry([&] {
@@ -327,12 +332,14 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemFreeAsync);
   WatchStream(hStream, false, "cuMemFreeAsync");
+  const StreamWorkNote note(hStream, false);
   return FreeAsync(real.cuMemFreeAsync, dptr, hStream);
 }
 
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
   VRAMSCOPE_PROLOGUE(cuMemFreeAsync_ptsz);
   WatchStream(hStream, true, "cuMemFreeAsync_ptsz");
+  const StreamWorkNote note(hStream, true);
   return FreeAsync(real.cuMemFreeAsync_ptsz, dptr, hStream);
 }
 

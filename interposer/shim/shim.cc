@@ -91,6 +91,7 @@ void ForkChild() {
   // mapping of libcuda is inherited); the driver itself decides what works in a child.
   ForgetSlotsInChild();
   IpcForgetInChild();
+  ResetStreamFenceInChild();
   ClearRegistriesInChild();
   ResetGraphMemoryInChild();
   ResetCapturesAfterFork();
@@ -100,6 +101,7 @@ void ForkChild() {
   InitLogLevel();
   g_config = ReadConfig();
   ConfigureOrdered(OrderedAllowed(g_config));
+  ConfigureStreamFence(g_config.mode == Mode::kPool && g_config.fence_events);
   counters.mode = static_cast<std::uint32_t>(g_config.mode);
   // The child records into its own ring, opened by its first hook.
   RingForkChild(ModeName(g_config.mode));
@@ -145,6 +147,7 @@ bool Initialise(bool may_load) {
       }
       Counters().mode = static_cast<std::uint32_t>(g_config.mode);
       ConfigureOrdered(OrderedAllowed(g_config));
+      ConfigureStreamFence(g_config.mode == Mode::kPool && g_config.fence_events);
       VRAMSCOPE_LOG(kInfo, "active, mode=%s", ModeName(g_config.mode));
       OpenRingAtInit(ModeName(g_config.mode));
       // Started by the next hook entry, outside this lock (CUPTI calls the driver, and dlopen
@@ -235,9 +238,14 @@ void PrintSummary() {
                    static_cast<unsigned long long>(k.bytes.peak.load()),
                    static_cast<unsigned long long>(k.allocs.Get()));
   }
-  used = AppendF(line, used, kSize, " ipc_refused=%llu ordered_end_waits=%llu\n",
+  used = AppendF(line, used, kSize,
+                 " ipc_refused=%llu ordered_end_waits=%llu event_fences=%llu"
+                 " event_fence_syncs=%llu event_fence_waits=%llu\n",
                  static_cast<unsigned long long>(counters.ipc_refused.Get()),
-                 static_cast<unsigned long long>(counters.ordered_end_waits.Get()));
+                 static_cast<unsigned long long>(counters.ordered_end_waits.Get()),
+                 static_cast<unsigned long long>(counters.event_fences.Get()),
+                 static_cast<unsigned long long>(counters.event_fence_syncs.Get()),
+                 static_cast<unsigned long long>(counters.event_fence_waits.Get()));
   if (line[used - 1] != '\n') line[used - 1] = '\n';
   WriteStderr(line, static_cast<std::size_t>(used));
 }

@@ -49,6 +49,57 @@ VRAMSCOPE_FAKE_EXPORT void vramscope_fake_set_manual_events(int on) {
   s.manual_events = on != 0;
 }
 
+VRAMSCOPE_FAKE_EXPORT void vramscope_fake_set_manual_kernels(int on) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.manual_kernels = on != 0;
+}
+
+VRAMSCOPE_FAKE_EXPORT int vramscope_fake_complete_kernels(CUstream stream, int max) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uintptr_t key = 0;
+  if (!vramscope::fake::StreamKey(s, stream, false, &key)) return 0;
+  int n = 0;
+  while (max < 0 || n < max) {
+    CUevent_st* oldest = nullptr;
+    for (CUevent_st* ev : s.events) {
+      if (ev->kernel && IsPending(ev) && ev->stream_key == key &&
+          (oldest == nullptr || ev->record_seq < oldest->record_seq)) {
+        oldest = ev;
+      }
+    }
+    if (oldest == nullptr) break;
+    vramscope::fake::CompleteEventLocked(s, oldest);
+    ++n;
+  }
+  return n;
+}
+
+VRAMSCOPE_FAKE_EXPORT int vramscope_fake_pending_kernels(void) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  int n = 0;
+  for (CUevent_st* ev : s.events) n += ev->kernel && IsPending(ev) ? 1 : 0;
+  return n;
+}
+
+VRAMSCOPE_FAKE_EXPORT int vramscope_fake_pending_kernels_on(CUstream stream) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uintptr_t key = 0;
+  if (!vramscope::fake::StreamKey(s, stream, false, &key)) return 0;
+  int n = 0;
+  for (CUevent_st* ev : s.events) n += ev->kernel && IsPending(ev) && ev->stream_key == key;
+  return n;
+}
+
+VRAMSCOPE_FAKE_EXPORT CUstream vramscope_fake_blocked_wait_stream(void) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return reinterpret_cast<CUstream>(s.blocked_wait_stream);
+}
+
 VRAMSCOPE_FAKE_EXPORT void vramscope_fake_set_blocking_sync(int on) {
   State& s = GlobalState();
   std::lock_guard<std::mutex> lock(s.mu);

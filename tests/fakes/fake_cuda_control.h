@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct CUstream_st;  // <cuda.h>'s stream handle type
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -47,6 +49,26 @@ int vramscope_fake_set_device_count(int count);
 // context): those waits complete the pending work they cover, modelling "the host waited, so
 // the GPU finished" — unless blocking sync is on.
 void vramscope_fake_set_manual_events(int on);
+
+// Manual kernels. Off (default): a launch queues nothing. On: every cuLaunchKernel[_ptsz] is a
+// kernel still running until the test completes it (vramscope_fake_complete_kernels) or a host
+// wait covering it does (cuCtxSynchronize of its context, cuStreamSynchronize of its stream,
+// cuEventSynchronize of an event after it); an event recorded (with manual events off) completes
+// once every kernel before it on its stream has, with the legacy stream's implicit
+// synchronisation: an event on the legacy stream also waits for earlier kernels on blocking
+// streams (created without CU_STREAM_NON_BLOCKING, and the per-thread streams) of its context,
+// and one on a blocking stream for earlier kernels on the legacy stream. Kernels count as
+// pending events for vramscope_fake_pending_events and the complete_*_event calls.
+void vramscope_fake_set_manual_kernels(int on);
+// Completes up to `max` (all if negative) of the oldest pending kernels on `stream` (null: the
+// legacy stream). Returns how many.
+int vramscope_fake_complete_kernels(struct CUstream_st* stream, int max);
+// Number of kernels not yet completed, in all and on `stream` (null: the legacy stream).
+int vramscope_fake_pending_kernels(void);
+int vramscope_fake_pending_kernels_on(struct CUstream_st* stream);
+// The stream (CU_STREAM_LEGACY / CU_STREAM_PER_THREAD for the default ones) of the event a
+// cuEventSynchronize is blocked on right now (blocking sync), or null when none is.
+struct CUstream_st* vramscope_fake_blocked_wait_stream(void);
 
 // With manual events on and blocking sync on, the waits above block until another thread
 // completes the events they wait for (vramscope_fake_complete_*), instead of completing them.

@@ -31,6 +31,7 @@ void ConfigureFromEnv(State& s) {
   s.device_count =
       (devices >= 1 && devices <= kMaxDevices) ? static_cast<int>(devices) : kDefaultDevices;
   s.manual_events = EnvSize("VRAMSCOPE_FAKE_MANUAL_EVENTS", 0) != 0;
+  s.manual_kernels = false;
   s.blocking_sync = false;
   const char* requirements = getenv("VRAMSCOPE_FAKE_ARRAY_REQUIREMENTS");
   s.array_requirements_for_all = requirements == nullptr || strcmp(requirements, "deferred") != 0;
@@ -297,7 +298,34 @@ void CompleteEventLocked(State& s, CUevent_st* ev) {
   if (ev->status != CUevent_st::Status::kPending) return;
   ev->status = CUevent_st::Status::kComplete;
   ev->completed_at = std::chrono::steady_clock::now();
+  if (ev->kernel) ResolveAutomaticLocked(s);
   s.cv.notify_all();
+}
+
+bool BlocksLocked(const CUevent_st* k, const CUevent_st* ev) {
+  if (!k->kernel || k->status != CUevent_st::Status::kPending) return false;
+  if (k->record_seq >= ev->record_seq || k->stream_ctx != ev->stream_ctx) return false;
+  if (k->stream_key == ev->stream_key) return true;
+  return (ev->stream_kind == kStreamLegacy && k->stream_kind == kStreamBlocking) ||
+         (ev->stream_kind == kStreamBlocking && k->stream_kind == kStreamLegacy);
+}
+
+void ResolveAutomaticLocked(State& s) {
+  for (CUevent_st* ev : s.events) {
+    if (!ev->automatic || ev->status != CUevent_st::Status::kPending) continue;
+    bool blocked = false;
+    for (CUevent_st* k : s.events) {
+      if (BlocksLocked(k, ev)) {
+        blocked = true;
+        break;
+      }
+    }
+    if (!blocked) {
+      ev->status = CUevent_st::Status::kComplete;
+      ev->completed_at = std::chrono::steady_clock::now();
+      s.cv.notify_all();
+    }
+  }
 }
 
 void TrimPoolLocked(State& s, CUmemPoolHandle_st* pool, size_t keep) {
@@ -320,7 +348,7 @@ void WaitPendingLocked(Call& call, Pick pick) {
     }
     return false;
   };
-  if (s.manual_events && s.blocking_sync) {
+  if ((s.manual_events || s.manual_kernels) && s.blocking_sync) {
     s.cv.wait(call.lock(), [&] { return !pending(); });
   } else {
     for (CUevent_st* ev : s.events) {
@@ -337,7 +365,11 @@ void TrimAllPoolsLocked(State& s, int device) {
 }  // namespace
 
 void WaitEventLocked(Call& call, CUevent_st* ev, int device) {
-  WaitPendingLocked(call, [ev](CUevent_st* e) { return e == ev; });
+  State& s = call.state();
+  if (ev->status == CUevent_st::Status::kPending) s.blocked_wait_stream = ev->stream_key;
+  // The kernels before an automatic event finish with it ("the host waited, so the GPU did").
+  WaitPendingLocked(call, [ev](CUevent_st* e) { return e == ev || BlocksLocked(e, ev); });
+  s.blocked_wait_stream = 0;
   TrimAllPoolsLocked(call.state(), device);
 }
 

@@ -108,6 +108,13 @@ struct CUevent_st {
   Status status = Status::kNeverRecorded;
   uintptr_t stream_key = 0;  // normalized stream of the last record (see StreamKey)
   uint64_t record_seq = 0;   // recording order, for vramscope_fake_complete_next_event
+  // Manual kernels (vramscope_fake_set_manual_kernels): a kernel is a pending item of its own
+  // (kernel), completed only by the test or a host wait; an event recorded then is automatic:
+  // it completes once no pending kernel queued before it precedes it (BlocksLocked).
+  bool kernel = false;
+  bool automatic = false;
+  CUctx_st* stream_ctx = nullptr;  // the context of the stream of the last record
+  int stream_kind = 0;             // kStreamLegacy, kStreamBlocking, kStreamNonBlocking
   std::chrono::steady_clock::time_point completed_at{};
 };
 
@@ -186,7 +193,9 @@ struct State {
   bool forked_after_init = false;  // set in a fork child of an initialised process
   int device_count = kDefaultDevices;
   bool manual_events = false;
+  bool manual_kernels = false;
   bool blocking_sync = false;
+  uintptr_t blocked_wait_stream = 0;  // stream key of the event a blocked cuEventSynchronize awaits
   Device devices[kMaxDevices];
 
   std::map<CUdeviceptr, Allocation> allocations;  // by base address
@@ -318,6 +327,15 @@ void WaitEventLocked(Call& call, CUevent_st* ev, int device);
 void WaitStreamLocked(Call& call, uintptr_t key, int device);
 void WaitContextLocked(Call& call, CUctx_st* ctx);
 void CompleteEventLocked(State& s, CUevent_st* ev);
+// Stream kinds for the legacy stream's implicit synchronisation: work on the legacy stream
+// follows earlier work on every blocking stream of its context (created without
+// CU_STREAM_NON_BLOCKING, and the per-thread streams), and work on those follows earlier work on
+// the legacy stream.
+enum { kStreamLegacy = 0, kStreamBlocking = 1, kStreamNonBlocking = 2 };
+// True if the pending kernel `k` must finish before `ev` (recorded after it) can complete.
+bool BlocksLocked(const CUevent_st* k, const CUevent_st* ev);
+// Completes every automatic event no pending kernel blocks any more.
+void ResolveAutomaticLocked(State& s);
 void TrimPoolLocked(State& s, CUmemPoolHandle_st* pool, size_t keep);
 
 // Graph execs and graph pools (fake_graph.cc), arrays (fake_array.cc): everything freed (reset),

@@ -49,6 +49,21 @@ CUresult StreamDevice(Call& call, uintptr_t key, int* device) {
   return CUDA_SUCCESS;
 }
 
+// The context and kind (fake_state.h) of the stream `key` names; the default streams resolve
+// against the current context.
+CUresult StreamInfo(Call& call, uintptr_t key, CUctx_st** ctx, int* kind) {
+  if (key == reinterpret_cast<uintptr_t>(CU_STREAM_LEGACY) ||
+      key == reinterpret_cast<uintptr_t>(CU_STREAM_PER_THREAD)) {
+    if (CUresult r = call.RequireContext(ctx); r != CUDA_SUCCESS) return r;
+    *kind = key == reinterpret_cast<uintptr_t>(CU_STREAM_LEGACY) ? kStreamLegacy : kStreamBlocking;
+    return CUDA_SUCCESS;
+  }
+  const auto* stream = reinterpret_cast<CUstream_st*>(key);
+  *ctx = stream->ctx;
+  *kind = (stream->flags & CU_STREAM_NON_BLOCKING) != 0 ? kStreamNonBlocking : kStreamBlocking;
+  return CUDA_SUCCESS;
+}
+
 CUresult StreamCreate(Call& call, CUstream* ph, unsigned int flags, int priority) {
   CUctx_st* ctx = nullptr;
   if (CUresult r = call.RequireContext(&ctx); r != CUDA_SUCCESS) return r;
@@ -131,7 +146,13 @@ CUresult EventRecord(Call& call, CUevent ev, CUstream h, bool per_thread) {
   ev->stream_key = key;
   ev->record_seq = s.next_record_seq++;
   ev->status = CUevent_st::Status::kPending;
-  if (!s.manual_events) CompleteEventLocked(s, ev);
+  (void)StreamInfo(call, key, &ev->stream_ctx, &ev->stream_kind);
+  ev->automatic = !s.manual_events && s.manual_kernels;
+  if (ev->automatic) {
+    ResolveAutomaticLocked(s);
+  } else if (!s.manual_events) {
+    CompleteEventLocked(s, ev);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -146,6 +167,17 @@ CUresult LaunchKernel(Call& call, CUfunction f, unsigned int blocks, unsigned in
   int device = 0;
   if (CUresult r = StreamDevice(call, key, &device); r != CUDA_SUCCESS) return r;
   if (s.captures.count(key) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  if (s.manual_kernels) {
+    // A kernel still running until the test (or a host wait) completes it.
+    auto* kernel = new CUevent_st;
+    kernel->kernel = true;
+    kernel->stream_key = key;
+    kernel->record_seq = s.next_record_seq++;
+    kernel->status = CUevent_st::Status::kPending;
+    (void)StreamInfo(call, key, &kernel->stream_ctx, &kernel->stream_kind);
+    kernel->ctx = kernel->stream_ctx;
+    s.events.insert(kernel);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -367,6 +399,20 @@ VRAMSCOPE_FAKE_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
 VRAMSCOPE_FAKE_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
   Call call("cuStreamSynchronize_ptsz");
   return fake::StreamSynchronize(call, hStream, true);
+}
+
+VRAMSCOPE_FAKE_EXPORT CUresult cuStreamGetCtx(CUstream hStream, CUcontext* pctx) {
+  Call call("cuStreamGetCtx");
+  if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
+  State& s = call.state();
+  uintptr_t key = 0;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!fake::StreamKey(s, hStream, false, &key)) return CUDA_ERROR_INVALID_HANDLE;
+  int kind = 0;
+  CUctx_st* ctx = nullptr;
+  if (CUresult r = fake::StreamInfo(call, key, &ctx, &kind); r != CUDA_SUCCESS) return r;
+  *pctx = ctx;
+  return CUDA_SUCCESS;
 }
 
 VRAMSCOPE_FAKE_EXPORT CUresult cuStreamQuery(CUstream hStream) {

@@ -14,7 +14,13 @@
 // same size on the new stream at once: the shim must make that work wait for the old kernel.
 // "end_reused" counts the blocks that came back while their old kernel still ran.
 //
-// Usage: stream_stress [--legacy] [STREAMS] [ITERATIONS]
+// With --busy (free while busy): each thread alternates between two non-blocking streams of its
+// own, kernels spin ~10x longer, and no thread ever waits for its stream inside the loop, so the
+// host runs far ahead of the GPU while every block is freed under a running kernel: the case
+// where a fence that waits for the whole device (or for a batch) lets freed memory pile up.
+// The shim's summary then says how much it held (peak_reserved against peak_requested).
+//
+// Usage: stream_stress [--legacy | --busy] [STREAMS] [ITERATIONS]
 // Prints "stream_stress: ... races=0" and exits 0 when no race was seen, 1 otherwise.
 #include <atomic>
 #include <cstdint>
@@ -80,7 +86,8 @@ int OrderedEnd(int rounds, unsigned long long* bad_words) {
 
 int main(int argc, char** argv) {
   const bool legacy = argc > 1 && std::string(argv[1]) == "--legacy";
-  if (legacy) {
+  const bool busy = argc > 1 && std::string(argv[1]) == "--busy";
+  if (legacy || busy) {
     --argc;
     ++argv;
   }
@@ -95,19 +102,22 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (int s = 0; s < streams; ++s) {
     threads.emplace_back([&, s] {
-      cudaStream_t stream = nullptr;  // --legacy: the legacy default stream
-      if (!legacy) CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      cudaStream_t own[2] = {nullptr, nullptr};  // --legacy: the legacy default stream
+      if (!legacy) CHECK(cudaStreamCreateWithFlags(&own[0], cudaStreamNonBlocking));
+      if (busy) CHECK(cudaStreamCreateWithFlags(&own[1], cudaStreamNonBlocking));
+      const long long spin = busy ? 200000 : 20000;
       std::uint32_t state = 777u + s;
       for (int it = 0; it < iterations; ++it) {
+        cudaStream_t stream = busy ? own[it & 1] : own[0];
         state = state * 1664525u + 1013904223u;
         // Sizes that collide across streams, so freed blocks are candidates for reuse.
         const std::size_t n = std::size_t{1} << (14 + (state >> 29));
         const std::uint32_t pattern = (static_cast<std::uint32_t>(s) << 24) ^ (it * 2654435761u);
         std::uint32_t* block;
         CHECK(cudaMalloc(&block, n * sizeof(std::uint32_t)));
-        FillSpinVerify<<<32, 256, 0, stream>>>(block, n, pattern, 20000, bad_words);
+        FillSpinVerify<<<32, 256, 0, stream>>>(block, n, pattern, spin, bad_words);
         CHECK(cudaGetLastError());
-        if (it % 50 == 0) {
+        if (!busy && it % 50 == 0) {
           // Host-side check of every byte of this block once its kernel is done.
           std::vector<std::uint32_t> host(n);
           CHECK(cudaMemcpyAsync(host.data(), block, n * sizeof(std::uint32_t),
@@ -120,8 +130,12 @@ int main(int argc, char** argv) {
         // Free while the kernel may still be running.
         if (cudaFree(block) != cudaSuccess) failures.fetch_add(1);
       }
-      CHECK(cudaStreamSynchronize(stream));
-      if (!legacy) CHECK(cudaStreamDestroy(stream));
+      for (cudaStream_t stream : own) {
+        if (stream == nullptr) continue;
+        CHECK(cudaStreamSynchronize(stream));
+        CHECK(cudaStreamDestroy(stream));
+      }
+      if (legacy) CHECK(cudaStreamSynchronize(nullptr));
     });
   }
   for (auto& t : threads) t.join();
@@ -129,7 +143,7 @@ int main(int argc, char** argv) {
   CHECK(cudaDeviceSynchronize());
   const unsigned long long races = *bad_words + host_bad.load();
   std::printf("stream_stress: %s=%d iterations=%d races=%llu free_failures=%d end_reused=%d\n",
-              legacy ? "legacy_threads" : "streams", streams, iterations, races, failures.load(),
-              end_reused);
+              legacy ? "legacy_threads" : (busy ? "busy_threads" : "streams"), streams, iterations,
+              races, failures.load(), end_reused);
   return races == 0 && failures.load() == 0 ? 0 : 1;
 }

@@ -4,6 +4,10 @@ Random weights, synthetic tokens, bf16 autocast, AdamW, batch 8 x 512 (the gpt2_
 workload). Prints one JSON line: ms per step (steps after the first two), the loss of the last
 step, and torch.cuda.max_memory_allocated() (meaningful with PyTorch's own allocator; with
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 the shim's summary reports the peak instead).
+
+--side-stream: the optimizer step runs on a second stream (waiting for the backward pass, the
+next step waiting for it), so tensors are freed while work on two streams may still use them:
+the multi-stream case of the shim's stream-aware fences (interposer/shim/stream_fence.h).
 """
 import json
 import os
@@ -61,6 +65,7 @@ def main():
     # --nvtx: torch.cuda.nvtx ranges around forward, backward and the optimizer (for vramscope's
     # per-range figures); off by default so timings stay comparable.
     nvtx = "--nvtx" in sys.argv[1:]
+    side = torch.cuda.Stream() if "--side-stream" in sys.argv[1:] else None
     push = torch.cuda.nvtx.range_push if nvtx else (lambda name: None)
     pop = torch.cuda.nvtx.range_pop if nvtx else (lambda: None)
     torch.manual_seed(0)
@@ -83,8 +88,15 @@ def main():
         loss.backward()
         pop()
         push("optimizer")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         pop()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
@@ -97,6 +109,7 @@ def main():
         # PyTorch's own peak of the sizes asked for (before its 512-byte rounding).
         "peak_requested_bytes": torch.cuda.memory_stats().get("requested_bytes.all.peak", 0),
         "caching": os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1",
+        "side_stream": side is not None,
     }))
 
 

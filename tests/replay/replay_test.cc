@@ -65,6 +65,51 @@ TEST(ReplayTrace, EveryPolicyKeepsExactRequestedBytes) {
   }
 }
 
+// A 64 MiB block freed at t=0 and a request of the same size at t=100 us: reused at once
+// without a fence model; with the GPU 1 ms behind, the event model waits for the free (the lag
+// bound: 64 MiB pending is past 16 MiB) and reuses it, and the device-synchronisation model
+// (nowhere near a batch) grows.
+LoadedTrace ReuseTrace() {
+  auto trace = LoadTraceBytes("reuse.csv",
+                              "action,addr,size,stream,time_us,site\n"
+                              "alloc,1,67108864,0,0,\n"
+                              "free_requested,1,67108864,0,0,\n"
+                              "alloc,2,67108864,0,100,\n"
+                              "free_requested,2,67108864,0,200,\n");
+  EXPECT_TRUE(trace.ok()) << trace.status();
+  return *std::move(trace);
+}
+
+TEST(ReplayTrace, FenceModelsHoldFreesUntilTheGpuPassedThem) {
+  const LoadedTrace trace = ReuseTrace();
+  auto none = ReplayTrace(trace, "vmm");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->stats.peak_reserved_bytes, std::uint64_t{64} << 20);
+
+  ReplayOptions events;
+  events.fence = FenceModel::kEvents;
+  events.gpu_lag_us = 1000;
+  auto waited = ReplayTrace(trace, "vmm", nullptr, events);
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->stats.peak_reserved_bytes, std::uint64_t{64} << 20);
+  EXPECT_EQ(waited->lag_waits, 1u);
+  EXPECT_EQ(waited->host_wait_us, 900u);  // ready at 0 + 1000, asked at 100
+
+  events.lag_fraction = 0;  // never wait: the block is still on the GPU, so the pool grows
+  auto grew = ReplayTrace(trace, "vmm", nullptr, events);
+  ASSERT_TRUE(grew.ok()) << grew.status();
+  EXPECT_EQ(grew->stats.peak_reserved_bytes, std::uint64_t{128} << 20);
+  EXPECT_EQ(grew->host_wait_us, 0u);
+
+  ReplayOptions devsync;
+  devsync.fence = FenceModel::kDeviceSync;
+  devsync.gpu_lag_us = 1000;
+  auto batch = ReplayTrace(trace, "vmm", nullptr, devsync);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(batch->stats.peak_reserved_bytes, std::uint64_t{128} << 20);
+  EXPECT_EQ(batch->fence_syncs, 0u);
+}
+
 TEST(ReplayTrace, DefaultPolicyIsTheFirstName) {
   auto result = ReplayTrace(SmallTrace(), "");
   ASSERT_TRUE(result.ok()) << result.status();
@@ -169,7 +214,9 @@ int RunCommand(std::vector<std::string> args, std::string* out = nullptr,
 TEST(ReplayCommand, Help) {
   std::string out;
   EXPECT_EQ(RunCommand({"--help"}, &out), 0);
-  EXPECT_THAT(out, StartsWith("usage: vramscope replay TRACE [--json] [--policy NAME]\n"));
+  EXPECT_THAT(out,
+              StartsWith("usage: vramscope replay TRACE [--json] [--policy NAME] [--fence MODEL "
+                         "--gpu-lag US]\n"));
   for (const std::string& policy : Policies()) EXPECT_THAT(out, HasSubstr(policy));
   EXPECT_EQ(RunCommand({"-h"}), 0);
 }

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <queue>
+#include <utility>
 #include <vector>
 
 #include "vramscope/pool/virtual_upstream.h"
@@ -25,6 +28,102 @@ class CompletedFences final : public FenceTracker {
   void Wait(std::uint64_t /*fence*/) override {}
 };
 
+// The fence models' tracker: a token per free (kEvents) or per synchronisation epoch
+// (kDeviceSync), complete once the simulated host clock reached its ready time. Clocks: the host
+// runs at the trace's times plus every wait so far (`waited_`); the GPU finishes the work queued
+// at trace time t (host time t + W, W the waits before it) at t + max(lag, W): it runs `lag`
+// behind the trace, and while the host waits it catches up instead of idling.
+class ModelFences final : public FenceTracker {
+ public:
+  explicit ModelFences(const ReplayOptions& options) : options_(options) {}
+
+  // The host clock: the trace time of the current event plus every wait so far.
+  std::uint64_t now() const { return now_; }
+  void Advance(std::uint64_t trace_time) {
+    now_ = std::max(now_, trace_time + waited_);
+    if (sync_in_flight_ && now_ >= sync_ready_) {
+      completed_epoch_ = sync_epoch_;
+      sync_in_flight_ = false;
+    }
+  }
+
+  // A free at the current time; returns its token.
+  std::uint64_t Free(const ReplayOp& op, ReplayResult* result) {
+    if (options_.fence == FenceModel::kEvents) {
+      const std::uint64_t ready =
+          std::max(op.time_us + std::max(options_.gpu_lag_us, waited_), op.completed_us + waited_);
+      ready_.push_back(ready);
+      queue_.push({ready, ready_.size()});
+      return ready_.size();  // tokens start at 1
+    }
+    ++frees_since_;
+    bytes_since_ += op.size;
+    const std::uint64_t token = epoch_;
+    if (!sync_in_flight_ &&
+        (frees_since_ >= options_.batch_frees || bytes_since_ >= options_.batch_bytes)) {
+      // The helper's cuCtxSynchronize: covers every free so far, returns `lag` later.
+      sync_in_flight_ = true;
+      sync_epoch_ = epoch_++;
+      sync_ready_ = op.time_us + std::max(options_.gpu_lag_us, waited_);
+      frees_since_ = 0;
+      bytes_since_ = 0;
+      ++result->fence_syncs;
+      Advance(now_ - waited_);
+    }
+    return token;
+  }
+
+  // kEvents: the host waits for the oldest fence not yet complete; false if none is pending.
+  bool WaitOldest(ReplayResult* result) {
+    while (!queue_.empty() && queue_.top().first <= now_) queue_.pop();
+    if (queue_.empty()) return false;
+    const std::uint64_t ready = queue_.top().first;
+    queue_.pop();
+    result->host_wait_us += ready - now_;
+    waited_ += ready - now_;
+    now_ = ready;
+    ++result->lag_waits;
+    return true;
+  }
+
+  bool IsComplete(std::uint64_t fence) override {
+    if (options_.fence == FenceModel::kEvents) return ready_[fence - 1] <= now_;
+    return fence <= completed_epoch_;
+  }
+  void Wait(std::uint64_t fence) override {
+    // Under pressure the shim synchronises: the host waits until the fence is ready.
+    std::uint64_t ready = now_;
+    if (options_.fence == FenceModel::kEvents) {
+      ready = std::max(ready, ready_[fence - 1]);
+    } else if (fence > completed_epoch_) {
+      ready = std::max(ready, sync_in_flight_ ? sync_ready_ : now_ + options_.gpu_lag_us);
+      completed_epoch_ = std::max(completed_epoch_, fence);
+    }
+    waited_ += ready - now_;
+    now_ = ready;
+  }
+  bool CompletesInOrder() const override { return options_.fence == FenceModel::kDeviceSync; }
+  bool NeedsRetire() const override { return false; }
+
+ private:
+  const ReplayOptions options_;
+  std::uint64_t now_ = 0;
+  std::uint64_t waited_ = 0;
+  // kEvents
+  std::vector<std::uint64_t> ready_;
+  std::priority_queue<std::pair<std::uint64_t, std::size_t>,
+                      std::vector<std::pair<std::uint64_t, std::size_t>>, std::greater<>>
+      queue_;
+  // kDeviceSync
+  std::uint64_t epoch_ = 1;
+  std::uint64_t completed_epoch_ = 0;
+  bool sync_in_flight_ = false;
+  std::uint64_t sync_epoch_ = 0;
+  std::uint64_t sync_ready_ = 0;
+  std::uint64_t frees_since_ = 0;
+  std::uint64_t bytes_since_ = 0;
+};
+
 // Operations between two progress reports (and, in timed runs, between two clock reads: the
 // clock costs ~20 ns, amortised to nothing over a batch).
 constexpr std::size_t kBatch = std::size_t{64} * 1024;
@@ -38,11 +137,13 @@ struct PoolUnderTest {
   std::unique_ptr<Pool> pool;
 };
 
-absl::StatusOr<std::unique_ptr<PoolUnderTest>> MakePoolUnderTest(std::string_view policy) {
+absl::StatusOr<std::unique_ptr<PoolUnderTest>> MakePoolUnderTest(std::string_view policy,
+                                                                 FenceTracker* model = nullptr) {
   auto under_test = std::make_unique<PoolUnderTest>();
   vramscope::pool::PoolOptions options;
   options.policy = policy;
-  under_test->pool = vramscope::pool::MakePool(&under_test->upstream, &under_test->fences, options);
+  under_test->pool = vramscope::pool::MakePool(
+      &under_test->upstream, model != nullptr ? model : &under_test->fences, options);
   if (under_test->pool == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrFormat("unknown policy '%s' (known: %s)", policy, vramscope::pool::PolicyNames()));
@@ -58,28 +159,63 @@ absl::Status FreeFailed(const ReplayOp& op, PoolStatus status) {
 
 }  // namespace
 
+std::string_view FenceModelName(FenceModel model) {
+  switch (model) {
+    case FenceModel::kNone:
+      return "none";
+    case FenceModel::kEvents:
+      return "events";
+    case FenceModel::kDeviceSync:
+      return "devsync";
+  }
+  return "none";
+}
+
 absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_view policy,
-                                         const ReplayProgress& progress) {
+                                         const ReplayProgress& progress,
+                                         const ReplayOptions& options) {
   const std::vector<ReplayOp>& ops = trace.ops;
   std::vector<std::uintptr_t> addresses(trace.alloc_events, 0);  // by slot; 0 = not allocated
   ReplayResult result;
+  result.options = options;
 
   // Measured run.
   {
-    absl::StatusOr<std::unique_ptr<PoolUnderTest>> made = MakePoolUnderTest(policy);
+    const bool modelled = options.fence != FenceModel::kNone;
+    ModelFences model(options);
+    absl::StatusOr<std::unique_ptr<PoolUnderTest>> made =
+        MakePoolUnderTest(policy, modelled ? &model : nullptr);
     if (!made.ok()) return made.status();
     PoolUnderTest& t = **made;
     result.policy = std::string(t.pool->policy());
     std::uint64_t physical_high = 0;
+    constexpr std::uint64_t kLagFloor = std::uint64_t{16} << 20;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const ReplayOp& op = ops[i];
+      if (modelled) model.Advance(op.time_us);
       if (op.is_free) {
         if (addresses[op.slot] == 0) continue;  // its alloc failed
-        PoolStatus status = t.pool->Free(addresses[op.slot], 0);
+        const std::uint64_t fence = modelled ? model.Free(op, &result) : 0;
+        PoolStatus status = t.pool->Free(addresses[op.slot], fence);
         if (status != PoolStatus::kOk) return FreeFailed(op, status);
         addresses[op.slot] = 0;
       } else {
-        PoolStatus status = t.pool->Allocate(op.size, &addresses[op.slot]);
+        PoolStatus status = PoolStatus::kOutOfMemory;
+        if (options.fence == FenceModel::kEvents && options.lag_fraction != 0) {
+          // The shim's lag bound (EventLagWait): wait for the oldest fences rather than grow.
+          auto due = [&] {
+            const std::uint64_t pending = t.pool->PendingBytesRelaxed();
+            return pending >= op.size && pending >= kLagFloor &&
+                   pending >= t.upstream.Counters().current_physical_bytes / options.lag_fraction;
+          };
+          if (due()) {
+            status = t.pool->AllocateCached(op.size, &addresses[op.slot], nullptr);
+            while (status != PoolStatus::kOk && due() && model.WaitOldest(&result)) {
+              status = t.pool->AllocateCached(op.size, &addresses[op.slot], nullptr);
+            }
+          }
+        }
+        if (status != PoolStatus::kOk) status = t.pool->Allocate(op.size, &addresses[op.slot]);
         if (status != PoolStatus::kOk) {
           addresses[op.slot] = 0;
           ++result.failed_allocs;

@@ -1,6 +1,15 @@
 // Replays a loaded trace (trace_loader.h) through a pool over a VirtualUpstream: address
-// bookkeeping only, no GPU. Every free is reusable at once (fence token 0): a recorded trace
-// carries no stream timing, so the replay measures layout and host cost, not fence latency.
+// bookkeeping only, no GPU. By default every free is reusable at once (fence token 0): the
+// replay measures layout and host cost. A fence model (ReplayOptions) instead makes each free
+// wait as the shim's fence would with the GPU running `gpu_lag_us` behind the trace's host times:
+//  - kEvents (the shim's event fences, interposer/shim/stream_fence.h): a free is reusable once
+//    the GPU passed it, at max(free time + lag, its free_completed time); an allocation the pool
+//    cannot serve from what it holds, while more than max(16 MiB, reserved / lag_fraction) waits
+//    for fences, waits for the oldest fence instead of growing (the host then runs later: every
+//    later event is shifted by the wait, counted in host_wait_us);
+//  - kDeviceSync (VRAMSCOPE_FENCE_EVENTS=0: the amortised device synchronisation, its batch rule
+//    alone): after batch_frees frees or batch_bytes bytes since the last one, a synchronisation
+//    starts (one at a time) and completes every earlier free `lag` later.
 //
 // Two kinds of run over fresh pools of the same policy, which is deterministic:
 //  - one measured run, which reads the pool's statistics and samples fragmentation each time the
@@ -24,6 +33,16 @@
 
 namespace vramscope::cli {
 
+enum class FenceModel { kNone, kEvents, kDeviceSync };
+
+struct ReplayOptions {
+  FenceModel fence = FenceModel::kNone;
+  std::uint64_t gpu_lag_us = 0;
+  std::uint64_t lag_fraction = 16;                        // kEvents; 0: never wait
+  std::uint64_t batch_frees = 1024;                       // kDeviceSync
+  std::uint64_t batch_bytes = std::uint64_t{2253} << 20;  // kDeviceSync: 1/64 of an H200
+};
+
 struct ReplayResult {
   std::string policy;                // the policy's own name (the default resolved)
   vramscope::pool::PoolStats stats;  // the measured run's pool statistics at the end of the trace
@@ -39,12 +58,21 @@ struct ReplayResult {
   std::uint64_t failed_allocs = 0;  // allocations the pool refused (their frees are skipped)
   double ns_per_event = 0;          // fastest timed run: pool time / replayed events
   int timed_runs = 0;
+  // Fence models (measured run only; timed runs replay with every free reusable at once).
+  ReplayOptions options;
+  std::uint64_t host_wait_us = 0;  // kEvents: total time allocations waited for fences
+  std::uint64_t lag_waits = 0;     // kEvents: fences waited for
+  std::uint64_t fence_syncs = 0;   // kDeviceSync: synchronisations started
 };
 
 // Called with the phase ("replay", "timing") and the fraction done, 0..1.
 using ReplayProgress = std::function<void(std::string_view phase, double fraction)>;
 
+// "none", "events", "devsync".
+std::string_view FenceModelName(FenceModel model);
+
 absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_view policy,
-                                         const ReplayProgress& progress = nullptr);
+                                         const ReplayProgress& progress = nullptr,
+                                         const ReplayOptions& options = {});
 
 }  // namespace vramscope::cli

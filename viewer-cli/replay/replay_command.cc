@@ -1,5 +1,6 @@
 #include "replay/replay_command.h"
 
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <unistd.h>
@@ -107,7 +108,7 @@ void PrintHelp(std::FILE* out) {
   }
   std::fprintf(
       out,
-      "usage: vramscope replay TRACE [--json] [--policy NAME]\n"
+      "usage: vramscope replay TRACE [--json] [--policy NAME] [--fence MODEL --gpu-lag US]\n"
       "\n"
       "Replays the alloc and free_requested events of a recorded allocation trace through\n"
       "vramscope's pool over a virtual upstream: address bookkeeping only, no GPU needed, every\n"
@@ -126,6 +127,15 @@ void PrintHelp(std::FILE* out) {
       "options:\n"
       "  --json          print one JSON object on stdout instead of the table\n"
       "  --policy NAME   the pool's layout policy: %s\n"
+      "  --fence MODEL   when a free becomes reusable: none (default: at once), events (the\n"
+      "                  shim's stream-aware event fences: once the GPU passed the free, with\n"
+      "                  the lag bound that waits for the oldest fence rather than grow), devsync\n"
+      "                  (VRAMSCOPE_FENCE_EVENTS=0: a device synchronisation after 1,024 frees or\n"
+      "                  2.2 GB, one at a time)\n"
+      "  --gpu-lag US    how far the GPU runs behind the trace's host times, microseconds\n"
+      "                  (default 0; a free never completes before its free_completed row)\n"
+      "  --lag-fraction N  events: wait rather than grow while over 1/N of what the pool holds\n"
+      "                  waits for fences (default 16, as VRAMSCOPE_FENCE_LAG_FRACTION; 0: grow)\n"
       "  -h, --help      print this help\n"
       "\n"
       "A progress bar is drawn on stderr when stderr is a terminal and the replay takes more\n"
@@ -138,7 +148,8 @@ void PrintHelp(std::FILE* out) {
 int UsageError(std::string_view message) {
   std::fprintf(stderr,
                "vramscope replay: %.*s\n"
-               "usage: vramscope replay TRACE [--json] [--policy NAME]  (--help for more)\n",
+               "usage: vramscope replay TRACE [--json] [--policy NAME] [--fence MODEL --gpu-lag US]"
+               "  (--help for more)\n",
                static_cast<int>(message.size()), message.data());
   return kExitUsage;
 }
@@ -180,6 +191,13 @@ std::string FormatReplayJson(const LoadedTrace& trace, const ReplayResult& resul
   field("failed_allocs", absl::StrCat(result.failed_allocs));
   field("live_at_end_count", absl::StrCat(trace.live_at_end_count));
   field("live_at_end_bytes", absl::StrCat(trace.live_at_end_bytes));
+  if (result.options.fence != FenceModel::kNone) {
+    field("fence_model", json::Quote(FenceModelName(result.options.fence)));
+    field("gpu_lag_us", absl::StrCat(result.options.gpu_lag_us));
+    field("host_wait_us", absl::StrCat(result.host_wait_us));
+    field("lag_waits", absl::StrCat(result.lag_waits));
+    field("fence_syncs", absl::StrCat(result.fence_syncs));
+  }
   out += "\n}\n";
   return out;
 }
@@ -220,12 +238,21 @@ std::string FormatReplayText(const LoadedTrace& trace, const ReplayResult& resul
                                                      : ""));
   row("live at end", absl::StrFormat("%s allocations, %s", Thousands(trace.live_at_end_count),
                                      Bytes(trace.live_at_end_bytes)));
+  if (result.options.fence != FenceModel::kNone) {
+    row("fence model",
+        absl::StrFormat("%s, GPU %s us behind; host waited %s us for %s fences; %s syncs",
+                        FenceModelName(result.options.fence), Thousands(result.options.gpu_lag_us),
+                        Thousands(result.host_wait_us), Thousands(result.lag_waits),
+                        Thousands(result.fence_syncs)));
+  }
   return out;
 }
 
 int RunReplay(int argc, char** argv) {
   bool json = false;
   std::string policy;
+  ReplayOptions options;
+  bool lag_given = false;
   std::vector<std::string> traces;
   bool options_done = false;
   for (int i = 1; i < argc; ++i) {
@@ -244,9 +271,55 @@ int RunReplay(int argc, char** argv) {
       policy = argv[++i];
     } else if (arg.substr(0, 9) == "--policy=") {
       policy = std::string(arg.substr(9));
+    } else if (arg == "--fence" || arg.substr(0, 8) == "--fence=") {
+      std::string_view value;
+      if (arg == "--fence") {
+        if (i + 1 >= argc) return UsageError("--fence needs a MODEL");
+        value = argv[++i];
+      } else {
+        value = arg.substr(8);
+      }
+      if (value == "none") {
+        options.fence = FenceModel::kNone;
+      } else if (value == "events") {
+        options.fence = FenceModel::kEvents;
+      } else if (value == "devsync") {
+        options.fence = FenceModel::kDeviceSync;
+      } else {
+        return UsageError(
+            absl::StrFormat("unknown fence model '%s' (known: none, events, devsync)", value));
+      }
+    } else if (arg == "--gpu-lag" || arg.substr(0, 10) == "--gpu-lag=") {
+      std::string value;
+      if (arg == "--gpu-lag") {
+        if (i + 1 >= argc) return UsageError("--gpu-lag needs microseconds");
+        value = argv[++i];
+      } else {
+        value = std::string(arg.substr(10));
+      }
+      if (!absl::SimpleAtoi(value, &options.gpu_lag_us) || options.gpu_lag_us > 60000000) {
+        return UsageError(absl::StrFormat(
+            "--gpu-lag '%s' is not a number of microseconds from 0 to 60000000", value));
+      }
+      lag_given = true;
+    } else if (arg == "--lag-fraction" || arg.substr(0, 15) == "--lag-fraction=") {
+      std::string value;
+      if (arg == "--lag-fraction") {
+        if (i + 1 >= argc) return UsageError("--lag-fraction needs a number");
+        value = argv[++i];
+      } else {
+        value = std::string(arg.substr(15));
+      }
+      if (!absl::SimpleAtoi(value, &options.lag_fraction) || options.lag_fraction > 1000000) {
+        return UsageError(
+            absl::StrFormat("--lag-fraction '%s' is not a number from 0 to 1000000", value));
+      }
     } else {
       return UsageError(absl::StrFormat("unknown option '%s'", arg));
     }
+  }
+  if (lag_given && options.fence == FenceModel::kNone) {
+    return UsageError("--gpu-lag needs --fence events or --fence devsync");
   }
   if (traces.size() != 1) {
     return UsageError(traces.empty() ? "missing TRACE"
@@ -269,9 +342,9 @@ int RunReplay(int argc, char** argv) {
     std::fprintf(stderr, "vramscope replay: %s\n", std::string(trace.status().message()).c_str());
     return kExitUsage;
   }
-  absl::StatusOr<ReplayResult> result =
-      ReplayTrace(*trace, policy,
-                  [&bar](std::string_view phase, double fraction) { bar.Update(phase, fraction); });
+  absl::StatusOr<ReplayResult> result = ReplayTrace(
+      *trace, policy,
+      [&bar](std::string_view phase, double fraction) { bar.Update(phase, fraction); }, options);
   bar.Clear();
   if (!result.ok()) {
     std::fprintf(stderr, "vramscope replay: %s: %s\n", traces[0].c_str(),

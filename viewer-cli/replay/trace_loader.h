@@ -29,6 +29,10 @@ struct ReplayOp {
   std::uint64_t size;  // alloc: the request size; free: the size of the allocation it frees
   std::uint32_t slot;  // which allocation (numbered in trace order) it allocates or frees
   bool is_free;
+  std::uint64_t time_us = 0;  // the event's host time
+  // free: the time of its free_completed row (PyTorch's own cache got the block back), 0 if
+  // none; a fence model never completes the free earlier.
+  std::uint64_t completed_us = 0;
 };
 
 struct LoadedTrace {
@@ -60,6 +64,8 @@ class TraceLoader {
   std::uint64_t live_bytes_ = 0;
   std::uint32_t next_slot_ = 0;
   absl::flat_hash_map<std::uint64_t, Live> live_;  // trace address -> allocation
+  // trace address -> index in ops of its free not yet followed by free_completed
+  absl::flat_hash_map<std::uint64_t, std::size_t> freed_;
 };
 
 // Called now and then with the fraction of the input read so far, 0..1.
