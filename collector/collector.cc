@@ -661,6 +661,7 @@ v1::ListProcessesResponse Collector::ListProcesses(bool include_finished) const 
     v1::ProcessSummary* summary = response.add_processes();
     *summary->mutable_process() = process->key;
     for (const std::string& arg : process->stats.command_line()) summary->add_command_line(arg);
+    *summary->mutable_labels() = process->stats.labels();
     summary->set_finished(process->stats.finished());
     if (process->stats.finished()) {
       const v1::ProcessExitEvent& exit = process->stats.exit();
@@ -693,6 +694,7 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
     v1::ProcessStats* stats = update.add_processes();
     *stats->mutable_process() = process->key;
     *stats->mutable_command_line() = report.command_line();
+    *stats->mutable_labels() = report.labels();
     stats->set_finished(report.finished());
     stats->set_exit_code(report.exit_code());
     stats->set_killed(report.killed());
