@@ -44,6 +44,11 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
                              loss; always: fdatasync each batch before acknowledging it, power
                              loss included, at about a third of the ingest rate
   --port-file=FILE           write the port actually bound to FILE (useful with port 0)
+  --database=DB              the run history (ListRuns, GetRun; `vramscope history`): every
+                             finished process becomes a row. Default: SQLite in
+                             DATA-DIR/history.sqlite; postgresql://USER@HOST:PORT/DB (a libpq
+                             URI) shares one history between collectors; sqlite:PATH; off.
+                             Rows queue in DATA-DIR/history-queue while the database is down
   --help                     this text
 
 SIZE takes a K, M, G or T suffix (powers of 1024).
@@ -119,6 +124,7 @@ int Main(int argc, char** argv) {
 
   ServerOptions server_options;
   CollectorOptions options;
+  options.database = "";  // the daemon keeps a history by default: SQLite in the data directory
   options.data_dir = DefaultDataDir();
   std::string port_file;
   for (int i = 1; i < argc; ++i) {
@@ -167,6 +173,8 @@ int Main(int argc, char** argv) {
       options.fsync = value == "always";
     } else if (name == "port-file") {
       port_file = value;
+    } else if (name == "database") {
+      options.database = value;
     } else {
       return Usage(absl::StrCat("unknown flag --", name));
     }
