@@ -301,6 +301,20 @@ void Page::Process(const v1::Report& report, int r) {
                     HtmlEscape(report.command_line(i)), "</code>");
   }
   out_ += "</td></tr>\n";
+  if (!report.labels().empty()) {
+    row("labels");
+    out_ += "<td class=\"text\">";
+    // Sorted by key (the map's order is not defined), one element per label.
+    const std::map<std::string, std::string> labels(report.labels().begin(), report.labels().end());
+    bool first = true;
+    for (const auto& [key, value] : labels) {
+      absl::StrAppend(&out_, first ? "" : " ", "<code data-path=\"", p, ".labels.", HtmlEscape(key),
+                      "\" data-field=\"labels\" data-unit=\"text\">", HtmlEscape(key), "=",
+                      HtmlEscape(value), "</code>");
+      first = false;
+    }
+    out_ += "</td></tr>\n";
+  }
   row("mode");
   Text(p + ".mode", "mode", report.mode());
   out_ += "</tr>\n";

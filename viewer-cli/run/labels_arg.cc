@@ -65,7 +65,18 @@ std::string LabelsForDisplay(const Labels& labels) {
   std::string text;
   for (const auto& [key, value] : labels) {
     if (!text.empty()) text += ',';
-    absl::StrAppend(&text, key, "=", value);
+    absl::StrAppend(&text, key, "=");
+    // One line: control characters (a newline in a value) are shown escaped.
+    for (char c : value) {
+      const auto byte = static_cast<unsigned char>(c);
+      if (c == '\n') {
+        text += "\\n";
+      } else if (byte < 0x20 || byte == 0x7f) {
+        absl::StrAppend(&text, "\\x", absl::Hex(byte, absl::kZeroPad2));
+      } else {
+        text += c;
+      }
+    }
   }
   return text;
 }

@@ -24,7 +24,8 @@ absl::Status ParseLabelsText(std::string_view text, Labels* labels);
 // The text form of `labels` (',' and '\' in values escaped); InvalidArgument when it would pass
 // the shim's limits (number of labels, total length).
 absl::StatusOr<std::string> FormatLabelsText(const Labels& labels);
-// "k=v,k2=v2" for people (values as they are), "" for none.
+// "k=v,k2=v2" on one line for people (control characters in values escaped: \n, \xHH), ""
+// for none.
 std::string LabelsForDisplay(const Labels& labels);
 
 }  // namespace vramscope::cli
