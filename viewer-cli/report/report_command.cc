@@ -69,6 +69,37 @@ void PrintReportUsage(std::FILE* out) {
       "collector, or an output that cannot be written; 3 the collector cannot be reached.\n");
 }
 
+// Which options go together. False after printing why.
+bool CheckCombination(const ReportOptions& options, bool have_format) {
+  if (options.file.empty() == options.collector.empty()) {
+    std::fprintf(stderr, options.file.empty()
+                             ? "vramscope report: give a report FILE.json or --collector ADDR\n"
+                             : "vramscope report: a FILE and --collector cannot go together\n");
+    return false;
+  }
+  if (!options.file.empty() && (options.pid || !options.host.empty())) {
+    std::fprintf(stderr, "vramscope report: --pid and --host need --collector\n");
+    return false;
+  }
+  if (options.run && (options.collector.empty() || options.pid)) {
+    std::fprintf(stderr, "vramscope report: --run needs --collector and goes without --pid\n");
+    return false;
+  }
+  if (!options.host.empty() && !options.pid) {
+    std::fprintf(stderr, "vramscope report: --host needs --pid\n");
+    return false;
+  }
+  if (!options.collector.empty() && !options.pid && !options.run &&
+      (have_format || !options.output.empty())) {
+    std::fprintf(stderr,
+                 "vramscope report: --format and -o need a report: add --pid PID (`vramscope "
+                 "report --collector %s` lists the processes)\n",
+                 options.collector.c_str());
+    return false;
+  }
+  return true;
+}
+
 // Returns nullopt after printing the problem (usage error) or for --help (help set).
 std::optional<ReportOptions> ParseArgs(int argc, char** argv, bool* help) {
   ReportOptions options;
@@ -140,32 +171,7 @@ std::optional<ReportOptions> ParseArgs(int argc, char** argv, bool* help) {
       return std::nullopt;
     }
   }
-  if (options.file.empty() == options.collector.empty()) {
-    std::fprintf(stderr, options.file.empty()
-                             ? "vramscope report: give a report FILE.json or --collector ADDR\n"
-                             : "vramscope report: a FILE and --collector cannot go together\n");
-    return std::nullopt;
-  }
-  if (!options.file.empty() && (options.pid || !options.host.empty())) {
-    std::fprintf(stderr, "vramscope report: --pid and --host need --collector\n");
-    return std::nullopt;
-  }
-  if (options.run && (options.collector.empty() || options.pid)) {
-    std::fprintf(stderr, "vramscope report: --run needs --collector and goes without --pid\n");
-    return std::nullopt;
-  }
-  if (!options.host.empty() && !options.pid) {
-    std::fprintf(stderr, "vramscope report: --host needs --pid\n");
-    return std::nullopt;
-  }
-  if (!options.collector.empty() && !options.pid && !options.run &&
-      (have_format || !options.output.empty())) {
-    std::fprintf(stderr,
-                 "vramscope report: --format and -o need a report: add --pid PID (`vramscope "
-                 "report --collector %s` lists the processes)\n",
-                 options.collector.c_str());
-    return std::nullopt;
-  }
+  if (!CheckCombination(options, have_format)) return std::nullopt;
   return options;
 }
 

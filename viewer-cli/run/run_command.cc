@@ -121,6 +121,13 @@ void PrintRunUsage(std::FILE* out) {
       "memory for it); 2 for usage errors.\n");
 }
 
+// One --label; false after printing why.
+bool TakeLabel(const std::string& label, Labels* labels) {
+  absl::Status s = AddLabelArg(label, labels);
+  if (!s.ok()) std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
+  return s.ok();
+}
+
 // `--label`s over the environment's VRAMSCOPE_LABELS, as the text for CMD's. False after
 // printing why (a malformed VRAMSCOPE_LABELS, or more than the shim takes).
 bool MergeLabels(const Labels& given, std::string* text) {
@@ -213,11 +220,7 @@ std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
       options.stacks = true;
     } else if (matches("--label")) {
       std::string label;
-      if (!value("--label", &label)) return std::nullopt;
-      if (absl::Status s = AddLabelArg(label, &labels); !s.ok()) {
-        std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
-        return std::nullopt;
-      }
+      if (!value("--label", &label) || !TakeLabel(label, &labels)) return std::nullopt;
     } else if (!arg.empty() && arg[0] == '-') {
       std::fprintf(stderr, "vramscope run: unknown option '%s'\n", argv[i]);
       return std::nullopt;
