@@ -58,6 +58,14 @@ SIZE takes a K, M, G or T suffix (powers of 1024).
 ABSL_CONST_INIT absl::Mutex g_server_mu(absl::kConstInit);
 CollectorServer* g_server ABSL_GUARDED_BY(g_server_mu) = nullptr;
 
+// Where the run history goes, for the start line (never the URI: it may hold a password).
+std::string HistoryKind(const std::string& database) {
+  if (database == "off") return "off";
+  if (database.empty()) return "in SQLite (history.sqlite)";
+  if (absl::StartsWith(database, "sqlite:")) return "in SQLite (" + database.substr(7) + ")";
+  return "in PostgreSQL";
+}
+
 int Usage(const std::string& error) {
   std::fprintf(stderr, "vramscope-collector: %s\n\n%s", error.c_str(), kUsage);
   return 2;
@@ -240,11 +248,12 @@ int Main(int argc, char** argv) {
   }
   Log(LogLevel::kInfo,
       absl::StrFormat("serving on %s (port %d), data in %s, fsync %s, max message %d bytes, "
-                      "max disk %s",
+                      "max disk %s, run history %s",
                       server_options.listen, port, options.data_dir,
                       options.fsync ? "always" : "never", server_options.max_message_bytes,
                       options.max_disk_bytes == 0 ? std::string("unlimited")
-                                                  : absl::StrCat(options.max_disk_bytes)));
+                                                  : absl::StrCat(options.max_disk_bytes),
+                      HistoryKind(options.database)));
   (*server)->Wait();
   waiter.join();
   Log(LogLevel::kInfo,
