@@ -17,6 +17,8 @@
 #include <system_error>
 #include <utility>
 
+#include "history/history_store.h"
+#include "history/history_writer.h"
 #include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/log.h"
 #include "vramscope/collector/process_stats.h"
@@ -310,6 +312,17 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Open(CollectorOptions opti
   LoadReport local;
   absl::Status status = collector->Load(load_report ? load_report : &local);
   if (!status.ok()) return status;
+  if (collector->options_.database != "off") {
+    absl::StatusOr<std::unique_ptr<HistoryStore>> store =
+        OpenHistoryStore(collector->options_.database, collector->options_.data_dir);
+    if (!store.ok()) return store.status();
+    absl::StatusOr<std::unique_ptr<HistoryWriter>> writer =
+        HistoryWriter::Start({.queue_dir = collector->options_.data_dir + "/history-queue",
+                              .retry_max = collector->options_.history_retry_max},
+                             *std::move(store));
+    if (!writer.ok()) return writer.status();
+    collector->history_ = *std::move(writer);
+  }
   return collector;
 }
 
@@ -614,8 +627,16 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
   }
   process->file_bytes += record.size();
   process->acked = batch.sequence();
+  const bool was_finished = process->stats.finished();
   process->stats.Consume(batch);
   batches_stored_.fetch_add(1, std::memory_order_relaxed);
+  if (history_ != nullptr && !was_finished && process->stats.finished()) {
+    // Its row goes to a queue file; the database is written by the history thread.
+    if (absl::Status queued = history_->Enqueue(process->stats.Report()); !queued.ok()) {
+      Log(LogLevel::kError, absl::StrFormat("history: run of %s not queued: %s",
+                                            ProcessKeyString(process->key), queued.message()));
+    }
+  }
   return process->acked;
 }
 
@@ -661,6 +682,7 @@ v1::ListProcessesResponse Collector::ListProcesses(bool include_finished) const 
     v1::ProcessSummary* summary = response.add_processes();
     *summary->mutable_process() = process->key;
     for (const std::string& arg : process->stats.command_line()) summary->add_command_line(arg);
+    *summary->mutable_labels() = process->stats.labels();
     summary->set_finished(process->stats.finished());
     if (process->stats.finished()) {
       const v1::ProcessExitEvent& exit = process->stats.exit();
@@ -693,6 +715,7 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
     v1::ProcessStats* stats = update.add_processes();
     *stats->mutable_process() = process->key;
     *stats->mutable_command_line() = report.command_line();
+    *stats->mutable_labels() = report.labels();
     stats->set_finished(report.finished());
     stats->set_exit_code(report.exit_code());
     stats->set_killed(report.killed());

@@ -44,6 +44,11 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
                              loss; always: fdatasync each batch before acknowledging it, power
                              loss included, at about a third of the ingest rate
   --port-file=FILE           write the port actually bound to FILE (useful with port 0)
+  --database=DB              the run history (ListRuns, GetRun; `vramscope history`): every
+                             finished process becomes a row. Default: SQLite in
+                             DATA-DIR/history.sqlite; postgresql://USER@HOST:PORT/DB (a libpq
+                             URI) shares one history between collectors; sqlite:PATH; off.
+                             Rows queue in DATA-DIR/history-queue while the database is down
   --version                  the version, then exit
   --help                     this text
 
@@ -53,6 +58,14 @@ SIZE takes a K, M, G or T suffix (powers of 1024).
 // The running server, for the signal thread; null while recovering.
 ABSL_CONST_INIT absl::Mutex g_server_mu(absl::kConstInit);
 CollectorServer* g_server ABSL_GUARDED_BY(g_server_mu) = nullptr;
+
+// Where the run history goes, for the start line (never the URI: it may hold a password).
+std::string HistoryKind(const std::string& database) {
+  if (database == "off") return "off";
+  if (database.empty()) return "in SQLite (history.sqlite)";
+  if (absl::StartsWith(database, "sqlite:")) return "in SQLite (" + database.substr(7) + ")";
+  return "in PostgreSQL";
+}
 
 int Usage(const std::string& error) {
   std::fprintf(stderr, "vramscope-collector: %s\n\n%s", error.c_str(), kUsage);
@@ -120,6 +133,7 @@ int Main(int argc, char** argv) {
 
   ServerOptions server_options;
   CollectorOptions options;
+  options.database = "";  // the daemon keeps a history by default: SQLite in the data directory
   options.data_dir = DefaultDataDir();
   std::string port_file;
   for (int i = 1; i < argc; ++i) {
@@ -172,6 +186,8 @@ int Main(int argc, char** argv) {
       options.fsync = value == "always";
     } else if (name == "port-file") {
       port_file = value;
+    } else if (name == "database") {
+      options.database = value;
     } else {
       return Usage(absl::StrCat("unknown flag --", name));
     }
@@ -237,11 +253,12 @@ int Main(int argc, char** argv) {
   }
   Log(LogLevel::kInfo,
       absl::StrFormat("serving on %s (port %d), data in %s, fsync %s, max message %d bytes, "
-                      "max disk %s",
+                      "max disk %s, run history %s",
                       server_options.listen, port, options.data_dir,
                       options.fsync ? "always" : "never", server_options.max_message_bytes,
                       options.max_disk_bytes == 0 ? std::string("unlimited")
-                                                  : absl::StrCat(options.max_disk_bytes)));
+                                                  : absl::StrCat(options.max_disk_bytes),
+                      HistoryKind(options.database)));
   (*server)->Wait();
   waiter.join();
   Log(LogLevel::kInfo,

@@ -16,6 +16,7 @@ void ProcessStats::Consume(const v1::EventBatch& batch) {
     if (event.has_process_start()) {
       const auto& args = event.process_start().command_line();
       command_line_.assign(args.begin(), args.end());
+      labels_ = event.process_start().labels();
     } else if (event.has_process_exit()) {
       finished_ = true;
       exit_ = event.process_exit();

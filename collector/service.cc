@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "history/history_store.h"
+#include "history/history_writer.h"
 #include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/log.h"
 
@@ -215,6 +217,38 @@ grpc::Status CollectorService::GetReport(grpc::ServerContext*, const v1::GetRepo
   absl::StatusOr<v1::Report> report = collector_->GetReport(request->process());
   if (!report.ok()) return ToGrpcStatus(report.status());
   *response = std::move(*report);
+  return grpc::Status::OK;
+}
+
+namespace {
+
+absl::StatusOr<HistoryStore*> HistoryOf(const Collector& collector) {
+  if (collector.history() == nullptr) {
+    return absl::FailedPreconditionError(
+        "this collector keeps no run history (started with --database=off)");
+  }
+  return collector.history()->store();
+}
+
+}  // namespace
+
+grpc::Status CollectorService::ListRuns(grpc::ServerContext*, const v1::ListRunsRequest* request,
+                                        v1::ListRunsResponse* response) {
+  absl::StatusOr<HistoryStore*> store = HistoryOf(*collector_);
+  if (!store.ok()) return ToGrpcStatus(store.status());
+  absl::StatusOr<v1::ListRunsResponse> runs = (*store)->List(*request);
+  if (!runs.ok()) return ToGrpcStatus(runs.status());
+  *response = *std::move(runs);
+  return grpc::Status::OK;
+}
+
+grpc::Status CollectorService::GetRun(grpc::ServerContext*, const v1::GetRunRequest* request,
+                                      v1::Report* response) {
+  absl::StatusOr<HistoryStore*> store = HistoryOf(*collector_);
+  if (!store.ok()) return ToGrpcStatus(store.status());
+  absl::StatusOr<v1::Report> report = (*store)->Get(request->run_id());
+  if (!report.ok()) return ToGrpcStatus(report.status());
+  *response = *std::move(report);
   return grpc::Status::OK;
 }
 

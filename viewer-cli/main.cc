@@ -5,6 +5,7 @@
 
 #include "check/check_command.h"
 #include "command.h"
+#include "history/history_command.h"
 #include "replay/replay_command.h"
 #include "report/report_command.h"
 #include "run/run_command.h"
@@ -21,6 +22,7 @@ constexpr Command kCommands[] = {
     {"replay", kReplaySummary, RunReplay},
     {"check", kCheckSummary, RunCheck},
     {"report", kReportSummary, RunReport},
+    {"history", kHistorySummary, RunHistory},
     {"top", kTopSummary, RunTop},  // also the view of `vramscope run --live`
 };
 // clang-format on

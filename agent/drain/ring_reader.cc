@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "drain/ring_decoder.h"
+#include "drain/ring_labels.h"
 #include "vramscope/utf8.h"
 
 namespace vramscope::agent {
@@ -424,6 +425,7 @@ void RingReader::AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event
   start->set_parent_pid(info_.parent_pid);
   start->set_uid(info_.uid);
   start->set_identity(info_.identity);
+  for (const auto& [key, value] : labels_) (*start->mutable_labels())[key] = value;
   for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
     const vramscope_ring_device_info& info = header_->device_info[d];
     if (Load(&info.valid) != 1) continue;
@@ -555,7 +557,13 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
         }
       }
     }
-    if (record.kind == VRAMSCOPE_RING_KIND_MODULE) {
+    if (record.kind == VRAMSCOPE_RING_KIND_LABELS) {
+      const LabelsRead read =
+          ReadLabelsRecords(records_, capacity, cursor_, head - cursor_, &labels_, &consumed);
+      if (read == LabelsRead::kIncomplete && writer_alive()) break;  // still being written
+      valid = read == LabelsRead::kTaken;
+      if (valid) AppendProcessStart(out);  // consumers keep the latest ProcessStart
+    } else if (record.kind == VRAMSCOPE_RING_KIND_MODULE) {
       valid = sites_.AddModule(record).ok();
     } else if (record.kind == VRAMSCOPE_RING_KIND_SITE) {
       v1::Event* event = out->Add();

@@ -12,7 +12,8 @@
 // Event order per ring: ProcessStart (synthesised from the header, first Drain; repeated with the
 // full device list when the shim describes another device later), then the records in ring
 // order, a DropEvent wherever new drops were noticed, ProcessExit last. SITE and MODULE records
-// are not events of their own: they become SiteDefinition events (site_assembler.h).
+// are not events of their own: they become SiteDefinition events (site_assembler.h). LABELS
+// records (ring_labels.h) become a new ProcessStart carrying the labels, where they stand.
 //
 // A file another process can shrink: the ring file belongs to the traced process's user, who can
 // truncate it while it is mapped here; touching a page past the new end raises SIGBUS. Every
@@ -53,6 +54,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -202,6 +204,7 @@ class RingReader {
   bool exit_seen_ = false;
   bool seen_alive_ = false;  // a Drain found the writer alive (bounds when a vanished one ended)
   SiteAssembler sites_;      // SITE and MODULE records -> SiteDefinition events
+  std::map<std::string, std::string> labels_;  // from LABELS records, sent in ProcessStart
   bool finished_ = false;
   mutable bool damaged_ = false;
   mutable std::size_t fault_offset_ = 0;

@@ -689,6 +689,7 @@ v1::Report ProcessStatsEngine::Report() const {
     report.set_mode(start_.mode());
     report.set_uid(start_.uid());
     report.set_identity(start_.identity());
+    *report.mutable_labels() = start_.labels();
   }
   report.set_saturated_events(saturated_events_);
   report.set_finished(finished_);

@@ -437,6 +437,30 @@ bool RingWriter::RecordNvtxPush(std::uint32_t device, std::uint32_t range_id,
   return true;
 }
 
+bool RingWriter::RecordLabels(const char* text, std::size_t length) {
+  if (header_ == nullptr || length == 0 || length > VRAMSCOPE_RING_MAX_LABELS_BYTES) return false;
+  const std::uint32_t chunks = static_cast<std::uint32_t>(
+      (length + VRAMSCOPE_RING_TEXT_RECORD_BYTES - 1) / VRAMSCOPE_RING_TEXT_RECORD_BYTES);
+  std::uint64_t position;
+  if (!Claim(chunks, &position)) return false;
+  vramscope_ring_record r = MakeRecord(VRAMSCOPE_RING_KIND_LABELS, 0);
+  r.aux = static_cast<std::uint32_t>(length);
+  r.flags = static_cast<std::uint8_t>(chunks);
+  for (std::uint32_t k = 0; k < chunks; ++k) {
+    r.sub = static_cast<std::uint8_t>(k);
+    memset(r.payload.text, 0, sizeof(r.payload.text));
+    const std::size_t offset = std::size_t{k} * VRAMSCOPE_RING_TEXT_RECORD_BYTES;
+    const std::size_t n = length - offset < VRAMSCOPE_RING_TEXT_RECORD_BYTES
+                              ? length - offset
+                              : VRAMSCOPE_RING_TEXT_RECORD_BYTES;
+    memcpy(r.payload.text, text + offset, n);
+    vramscope_ring_record* slot = Slot(position + k);
+    memcpy(reinterpret_cast<char*>(slot) + 4, reinterpret_cast<const char*>(&r) + 4, sizeof(r) - 4);
+    Publish(slot, position + k);
+  }
+  return true;
+}
+
 bool RingWriter::RecordNvtxPop(std::uint32_t device, std::uint32_t range_id) {
   if (header_ == nullptr) return false;
   vramscope_ring_record r = MakeRecord(VRAMSCOPE_RING_KIND_NVTX_POP, device);

@@ -12,6 +12,7 @@
 #include "log.h"
 #include "nvtx.h"
 #include "stacks.h"
+#include "vramscope/ring/labels.h"
 #include "vramscope/ring/ring_dir.h"
 
 namespace vramscope::interposer {
@@ -63,6 +64,27 @@ bool ChooseDir() {
     g_dir[0] = '\0';
   }
   return true;
+}
+
+// VRAMSCOPE_LABELS into the ring, once per ring (a fork child's too). Start-up, not a hot path;
+// still no heap: the text is checked in place and copied as it is. A malformed value is logged
+// and ignored: labels never stop the program.
+void RecordLabelsFromEnvironment(RingWriter* writer) {
+  const char* text = getenv("VRAMSCOPE_LABELS");
+  if (text == nullptr || text[0] == '\0') return;
+  const std::string_view labels(text);
+  char why[160];
+  if (labels.size() > VRAMSCOPE_RING_MAX_LABELS_BYTES ||
+      !ParseLabels(labels, nullptr, nullptr, why, sizeof(why))) {
+    if (labels.size() > VRAMSCOPE_RING_MAX_LABELS_BYTES) {
+      snprintf(why, sizeof(why), "longer than %u bytes", VRAMSCOPE_RING_MAX_LABELS_BYTES);
+    }
+    VRAMSCOPE_LOG_ONCE(kWarn, "ignoring VRAMSCOPE_LABELS: %s", why);
+    return;
+  }
+  if (!writer->RecordLabels(labels.data(), labels.size())) {
+    VRAMSCOPE_LOG_ONCE(kWarn, "VRAMSCOPE_LABELS: the ring had no room for the labels");
+  }
 }
 
 }  // namespace
@@ -117,6 +139,7 @@ void ring_internal::OpenPendingRing() {
     return;
   }
   g_devices_noted.store(0, std::memory_order_relaxed);
+  RecordLabelsFromEnvironment(writer);
   g_ring.store(writer, std::memory_order_release);
   g_ring_state.store(static_cast<int>(RingState::kOpen), std::memory_order_release);
   VRAMSCOPE_LOG(kInfo, "recording events to %s", writer->path());

@@ -108,6 +108,24 @@ verdict="ok"
 row "vramscope run alloc_churn" "shim: ${sq:-?} B, ${sa:-?} allocs" "report: ${rq} B, ${rc} allocs" "$verdict (reserved ${rr} B)"
 
 fi  # section
+if want 1c; then
+echo "== 1c. run labels through the real shim on the GPU: --label merged over VRAMSCOPE_LABELS"
+VRAMSCOPE_LABELS='team=gpu,job=old' run vslabels "${vsrun[@]}" --label job=labels --label 'note=a,b' --json "$logs/labels.report.json" -- "$bin/alloc_churn" 50
+st=$?
+labels=$("$python" - "$logs/labels.report.json" <<'PY' 2>/dev/null
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(",".join("%s=%s" % kv for kv in sorted(r.get("labels", {}).items())), r["devices"][0].get("alloc_count", 0))
+PY
+)
+read -r got allocs <<<"${labels:-none 0}"
+verdict="ok"
+[ $st -eq 0 ] || verdict="FAIL status $st"
+[ "$got" = "job=labels,note=a,b,team=gpu" ] || verdict="FAIL labels '$got'"
+[ "${allocs:-0}" -gt 0 ] || verdict="FAIL no allocations recorded"
+row "run --label alloc_churn" "want job=labels,note=a,b,team=gpu" "report: $got ($allocs allocs)" "$verdict"
+
+fi  # section
 if want 2; then
 echo "== 2. thrust sort+reduce loop (ten alternating runs of 1000 iterations each)"
 thrust_ms() {  # thrust_ms NAME... -> the "ms/iteration" of each NAME.err file, one per line

@@ -3,6 +3,9 @@
 // which parses, stores (CRC-framed log; fsync per batch or not) and feeds its stats engine.
 // Reported: events/s from the first batch handed to the outbox to the last acknowledgement.
 //
+// BM_CollectorIngestHistory: the same with every process finishing (a ProcessExit in its last
+// batch), the run history off or in SQLite: what writing history rows costs ingest.
+//
 // Agent drain cost: records a ring writer wrote are drained by Agent::Poll into batches of 4096
 // events and handed to the Outbox, without a spool and with one (every batch written to a file
 // and renamed before the ring's tail moves). No uplink: this is the drain loop alone. Reported:
@@ -23,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "history/history_writer.h"
 #include "tests/collector/test_util.h"
 #include "vramscope/agent/agent.h"
 #include "vramscope/agent/log.h"
@@ -71,13 +75,17 @@ v1::EventBatch MakeBatch(const v1::ProcessKey& key, int index) {
   return batch;
 }
 
-void BM_CollectorIngest(benchmark::State& state) {
+// `finish`: each iteration's process ends (a ProcessExit in its last batch), so with a history
+// database its row is queued and written while the next process is ingested.
+void RunCollectorIngest(benchmark::State& state, bool fsync, const std::string& database,
+                        bool finish) {
   agent::SetMinLogLevel(agent::LogLevel::kError);
   collector::SetMinLogLevel(collector::LogLevel::kError);
   testing::TempDir data;
   collector::CollectorOptions options;
   options.data_dir = data.path();
-  options.fsync = state.range(0) != 0;
+  options.fsync = fsync;
+  options.database = database;
   auto core = *collector::Collector::Open(options);
   collector::ServerOptions server_options;
   server_options.listen = "127.0.0.1:0";
@@ -97,6 +105,11 @@ void BM_CollectorIngest(benchmark::State& state) {
     const v1::ProcessKey key = testing::Key(pid++);
     std::vector<v1::EventBatch> batches;
     for (int i = 0; i < kBatchesPerIteration; ++i) batches.push_back(MakeBatch(key, i));
+    if (finish) {
+      v1::Event* exit = batches.back().add_events();
+      exit->set_time_ns(batches.back().events(0).time_ns() + kEventsPerBatch * 1000);
+      exit->mutable_process_exit()->set_exit_code(0);
+    }
     state.ResumeTiming();
     for (v1::EventBatch& batch : batches) {
       wire_bytes += batch.ByteSizeLong();
@@ -115,6 +128,19 @@ void BM_CollectorIngest(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(wire_bytes) / 1e6, benchmark::Counter::kIsRate);
   state.counters["bytes_per_event"] =
       events == 0 ? 0.0 : static_cast<double>(wire_bytes) / static_cast<double>(events);
+  if (core->history() != nullptr) {
+    core->history()->WaitIdle(absl::Seconds(120));
+    state.counters["history_rows"] = static_cast<double>(core->history()->written());
+  }
+}
+
+void BM_CollectorIngest(benchmark::State& state) {
+  RunCollectorIngest(state, state.range(0) != 0, "off", false);
+}
+
+// Every process finishes; the run history off (0) or in SQLite in the data directory (1).
+void BM_CollectorIngestHistory(benchmark::State& state) {
+  RunCollectorIngest(state, false, state.range(0) != 0 ? "" : "off", true);
 }
 void BM_AgentDrain(benchmark::State& state) {
   agent::SetMinLogLevel(agent::LogLevel::kError);
@@ -169,6 +195,14 @@ void BM_AgentDrain(benchmark::State& state) {
   state.counters["spooled"] = static_cast<double>(agent.counters().batches_spooled);
 }
 BENCHMARK(BM_AgentDrain)->ArgName("spool")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+BENCHMARK(BM_CollectorIngestHistory)
+    ->ArgName("database")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(3.0);
 
 BENCHMARK(BM_CollectorIngest)
     ->ArgName("fsync")

@@ -231,4 +231,54 @@ TEST_F(RingRunTest, UnusableRingDirectoryWarnsOnceAndChangesNothing) {
   EXPECT_GT(ReadFigures(Out()).at("peak_driver_bytes"), 0u);
 }
 
+// Labels end to end through the real shim: `run --label` merged over VRAMSCOPE_LABELS, written
+// into the ring at start, read back by the drain into the report; a fork child's ring too.
+TEST_F(RingRunTest, LabelsReachTheReportOfEveryProcess) {
+  ASSERT_EQ(
+      Shell("VRAMSCOPE_LABELS='team=infra,job=old' " + Env("VRAMSCOPE_EXE") +
+            " run --label job=train --label 'note=a,b \\ \"q\"' --label commit=\xc3\xa9 --json " +
+            Json() + " -- " + Env("VRAMSCOPE_RING_APP") + " fork " + Out()),
+      0)
+      << stderr_;
+  const auto reports = Reports();
+  ASSERT_EQ(reports.size(), 2u) << ReadFile(Json());
+  for (const auto& report : reports) {
+    const auto& labels = report.labels();
+    ASSERT_EQ(labels.size(), 4u) << ReadFile(Json());
+    EXPECT_EQ(labels.at("job"), "train");
+    EXPECT_EQ(labels.at("team"), "infra");
+    EXPECT_EQ(labels.at("note"), "a,b \\ \"q\"");
+    EXPECT_EQ(labels.at("commit"), "\xc3\xa9");
+  }
+}
+
+TEST_F(RingRunTest, MalformedLabelIsRefusedByRun) {
+  EXPECT_EQ(Shell(Env("VRAMSCOPE_EXE") + " run --label 1job=x -- true"), 2);
+  EXPECT_NE(stderr_.find("label key \"1job\" is not [A-Za-z_][A-Za-z0-9_]*"), std::string::npos)
+      << stderr_;
+  EXPECT_EQ(Shell(Env("VRAMSCOPE_EXE") + " run --label job -- true"), 2);
+  EXPECT_NE(stderr_.find("is not KEY=VALUE"), std::string::npos) << stderr_;
+  EXPECT_EQ(Shell(Env("VRAMSCOPE_EXE") + " run --label job=$(printf '\\377') -- true"), 2);
+  EXPECT_NE(stderr_.find("not valid UTF-8"), std::string::npos) << stderr_;
+  EXPECT_EQ(Shell(Env("VRAMSCOPE_EXE") +
+                  " run --label job=$(head -c 300 /dev/zero | tr '\\0' x) -- true"),
+            2);
+  EXPECT_NE(stderr_.find("longer than 256 bytes"), std::string::npos) << stderr_;
+}
+
+// A bad VRAMSCOPE_LABELS reaching the shim (run passes the environment on untouched without
+// --label) costs one warning: the program runs and is recorded, without labels.
+TEST_F(RingRunTest, MalformedLabelsInTheEnvironmentAreIgnoredByTheShim) {
+  ASSERT_EQ(Shell("VRAMSCOPE_LOG=warn VRAMSCOPE_LABELS='job=a,=b' " + Env("VRAMSCOPE_EXE") +
+                  " run --json " + Json() + " -- " + Env("VRAMSCOPE_RING_APP") + " basic " + Out()),
+            3)
+      << stderr_;
+  EXPECT_NE(stderr_.find("ignoring VRAMSCOPE_LABELS: a label key is empty"), std::string::npos)
+      << stderr_;
+  const auto reports = Reports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_TRUE(reports[0].labels().empty());
+  EXPECT_EQ(Device0(reports[0])->alloc_count(), 4u);
+}
+
 }  // namespace

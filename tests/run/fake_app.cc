@@ -14,7 +14,7 @@
 // SIG, or calls abort() with --abort, or exits with --exit CODE through its exit record.
 // --orphan-ms MS: a child with its own ring allocates N/2 blocks and outlives this process by
 // about MS ms (this process goes on once the child's ring exists), then exits 4 through its
-// exit record.
+// exit record. $VRAMSCOPE_LABELS goes into the main ring as the shim writes it.
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +106,10 @@ int main(int argc, char** argv) {
   if (recording) {
     const std::uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
     ring.SetDeviceInfo(0, "Fake GPU", uuid, 80ull << 30);
+    // Labels as the shim writes them (the reader checks them).
+    if (const char* labels = getenv("VRAMSCOPE_LABELS"); labels != nullptr && labels[0] != '\0') {
+      ring.RecordLabels(labels, strlen(labels));
+    }
   }
   if (fork_child) {
     const pid_t child = fork();

@@ -18,6 +18,7 @@
 #include "check/atomic_file.h"
 #include "check/check_output.h"
 #include "check/compare.h"
+#include "check/history_baseline.h"
 #include "check/report_file.h"
 #include "command.h"
 #include "run/process_end.h"
@@ -34,6 +35,7 @@ struct CheckOptions {
   bool allow_empty = false;
   bool allow_killed = false;
   CompareOptions compare;
+  HistoryBaselineOptions history;  // --baseline-from
 };
 
 void PrintCheckUsage(std::FILE* out) {
@@ -41,6 +43,8 @@ void PrintCheckUsage(std::FILE* out) {
       out,
       "usage: vramscope check --baseline FILE --report FILE [--tolerance PCT] [--new-floor SIZE]\n"
       "                       [--junit FILE] [--allow-killed] [--allow-empty] [--update-baseline]\n"
+      "       vramscope check --baseline-from ADDR --label KEY=VALUE... [--baseline-runs N]\n"
+      "                       --report FILE [--tolerance PCT] [--new-floor SIZE] [--junit ...]\n"
       "\n"
       "Compares the peaks in a `vramscope run --json` report with a baseline report (the same\n"
       "format: one Report, or {\"reports\": [...]}) and fails when one grew.\n"
@@ -59,6 +63,11 @@ void PrintCheckUsage(std::FILE* out) {
       "\n"
       "options:\n"
       "  --baseline FILE     the accepted report (with --update-baseline it may not exist yet)\n"
+      "  --baseline-from ADDR  instead of a file: the baseline from the run history of the\n"
+      "                      collector at ADDR (HOST:PORT): per device, the median peaks of the\n"
+      "                      last --baseline-runs (default 5) passing runs (exit 0, not killed)\n"
+      "                      having every --label given (NVTX figures: the newest such run's)\n"
+      "  --label KEY=VALUE   with --baseline-from: which runs (repeatable; at least one)\n"
       "  --report FILE       the report to check\n"
       "  --tolerance PCT     allowed growth in percent, e.g. 2.5 or 2.5%% (default 5)\n"
       "  --new-floor SIZE    peak at which a new device or process, or growth from a baseline\n"
@@ -83,9 +92,10 @@ void PrintCheckUsage(std::FILE* out) {
       "GITHUB_ACTIONS=true in the environment, also GitHub annotations on stdout: ::error per\n"
       "regression, ::notice per improvement.\n"
       "exit status: 0 no regression (or baseline updated), 1 regression or a killed process\n"
-      "(without --allow-killed), 2 usage error, input file missing, unreadable, not a report or\n"
+      "(without --allow-killed), 2 usage error, no passing run with the labels, input file "
+      "missing, unreadable, not a report or\n"
       "empty (without --allow-empty), or (when nothing regressed) a --junit file that cannot be\n"
-      "written.\n");
+      "written; 3 --baseline-from's collector cannot be reached.\n");
 }
 
 std::optional<double> ParseTolerance(std::string text) {
@@ -97,6 +107,29 @@ std::optional<double> ParseTolerance(std::string text) {
   const double value = std::strtod(text.c_str(), &end);
   if (end != text.c_str() + text.size() || !std::isfinite(value)) return std::nullopt;
   return value;
+}
+
+// One baseline: --baseline FILE, or --baseline-from ADDR with --label. False after printing why.
+bool CheckBaselineSource(const CheckOptions& options) {
+  const bool from_history = !options.history.collector.empty();
+  if (options.report_path.empty() || from_history == !options.baseline_path.empty()) {
+    std::fprintf(stderr,
+                 "vramscope check: --report FILE and one of --baseline FILE or --baseline-from "
+                 "ADDR are required\n");
+    return false;
+  }
+  if (from_history != !options.history.labels.empty()) {
+    std::fprintf(stderr, from_history
+                             ? "vramscope check: --baseline-from needs --label KEY=VALUE (which "
+                               "runs make the baseline)\n"
+                             : "vramscope check: --label goes with --baseline-from\n");
+    return false;
+  }
+  if (from_history && options.update_baseline) {
+    std::fprintf(stderr, "vramscope check: --update-baseline needs --baseline FILE\n");
+    return false;
+  }
+  return true;
 }
 
 // Returns nullopt after printing the problem (usage error) or for --help (help set).
@@ -111,6 +144,8 @@ std::optional<CheckOptions> ParseArgs(int argc, char** argv, bool* help) {
     if (flag == "-h" || flag == "--help") {
       *help = true;
       return std::nullopt;
+    } else if (std::optional<bool> taken = ParseHistoryBaselineFlag(args, &options.history)) {
+      if (!*taken) return std::nullopt;
     } else if (flag == "--baseline") {
       if (!take()) return std::nullopt;
       options.baseline_path = value;
@@ -153,10 +188,7 @@ std::optional<CheckOptions> ParseArgs(int argc, char** argv, bool* help) {
       return std::nullopt;
     }
   }
-  if (options.baseline_path.empty() || options.report_path.empty()) {
-    std::fprintf(stderr, "vramscope check: --baseline FILE and --report FILE are required\n");
-    return std::nullopt;
-  }
+  if (!CheckBaselineSource(options)) return std::nullopt;
   if (options.update_baseline && !options.junit_path.empty()) {
     std::fprintf(stderr,
                  "vramscope check: --junit cannot go with --update-baseline (nothing is "
@@ -235,42 +267,22 @@ int UpdateBaseline(const CheckOptions& options) {
   return kExitOk;
 }
 
-}  // namespace
-
-int RunCheck(int argc, char** argv) {
-  bool help = false;
-  const std::optional<CheckOptions> parsed = ParseArgs(argc, argv, &help);
-  if (help) {
-    PrintCheckUsage(stdout);
-    return kExitOk;
-  }
-  if (!parsed) {
-    std::fprintf(stderr, "`vramscope check --help` for usage\n");
-    return kExitUsage;
-  }
-  const CheckOptions& options = *parsed;
-  if (options.update_baseline) return UpdateBaseline(options);
-
-  const absl::StatusOr<std::vector<v1::Report>> baseline = ReadReportsFile(options.baseline_path);
-  if (!baseline.ok()) {
-    std::fprintf(stderr,
-                 "vramscope check: baseline: %s\n(create one with `vramscope check --baseline "
-                 "FILE --report REPORT --update-baseline`)\n",
-                 std::string(baseline.status().message()).c_str());
-    return kExitUsage;
-  }
+// The report against `baseline` (named `baseline_name` in messages): table, annotations,
+// JUnit, exit status.
+int CompareAndReport(const CheckOptions& options, const std::vector<v1::Report>& baseline,
+                     const std::string& baseline_name) {
   const absl::StatusOr<std::vector<v1::Report>> report = ReadReportsFile(options.report_path);
   if (!report.ok()) {
     std::fprintf(stderr, "vramscope check: report: %s\n",
                  std::string(report.status().message()).c_str());
     return kExitUsage;
   }
-  if (!AcceptEmptiness(options, "baseline", options.baseline_path, *baseline) ||
+  if (!AcceptEmptiness(options, "baseline", baseline_name, baseline) ||
       !AcceptEmptiness(options, "report", options.report_path, *report)) {
     return kExitUsage;
   }
 
-  const Comparison comparison = Compare(*baseline, *report, options.compare);
+  const Comparison comparison = Compare(baseline, *report, options.compare);
   std::fputs(FormatCheckTable(comparison, options.compare).c_str(), stdout);
   if (InGitHubActions()) {
     std::fputs(FormatGitHubAnnotations(comparison, options.compare).c_str(), stdout);
@@ -291,6 +303,46 @@ int RunCheck(int argc, char** argv) {
   if (comparison.Count(Verdict::kRegression) > 0) return kExitCheckFailed;
   if (killed > 0 && !options.allow_killed) return kExitCheckFailed;
   return outputs_ok ? kExitOk : kExitUsage;
+}
+
+// --baseline-from: the baseline from the collector's run history (history_baseline.h).
+int CheckAgainstHistory(const CheckOptions& options) {
+  const absl::StatusOr<std::vector<v1::Report>> baseline = BaselineFromHistory(options.history);
+  if (!baseline.ok()) {
+    std::fprintf(stderr, "vramscope check: baseline: %s\n",
+                 std::string(baseline.status().message()).c_str());
+    return absl::IsUnavailable(baseline.status()) ? kExitUnreachable : kExitUsage;
+  }
+  return CompareAndReport(options, *baseline,
+                          "the history of the collector at " + options.history.collector);
+}
+
+}  // namespace
+
+int RunCheck(int argc, char** argv) {
+  bool help = false;
+  const std::optional<CheckOptions> parsed = ParseArgs(argc, argv, &help);
+  if (help) {
+    PrintCheckUsage(stdout);
+    return kExitOk;
+  }
+  if (!parsed) {
+    std::fprintf(stderr, "`vramscope check --help` for usage\n");
+    return kExitUsage;
+  }
+  const CheckOptions& options = *parsed;
+  if (options.update_baseline) return UpdateBaseline(options);
+
+  if (!options.history.collector.empty()) return CheckAgainstHistory(options);
+  const absl::StatusOr<std::vector<v1::Report>> baseline = ReadReportsFile(options.baseline_path);
+  if (!baseline.ok()) {
+    std::fprintf(stderr,
+                 "vramscope check: baseline: %s\n(create one with `vramscope check --baseline "
+                 "FILE --report REPORT --update-baseline`)\n",
+                 std::string(baseline.status().message()).c_str());
+    return kExitUsage;
+  }
+  return CompareAndReport(options, *baseline, options.baseline_path);
 }
 
 }  // namespace vramscope::cli

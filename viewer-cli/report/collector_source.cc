@@ -6,7 +6,6 @@
 #include <absl/strings/str_join.h>
 #include <grpcpp/grpcpp.h>
 
-#include <chrono>
 #include <memory>
 #include <set>
 
@@ -15,41 +14,15 @@
 #include "vramscope/v1/collector.grpc.pb.h"
 
 namespace vramscope::cli {
-namespace {
-
-std::unique_ptr<v1::Collector::Stub> Stub(const CollectorQuery& query) {
-  return v1::Collector::NewStub(
-      grpc::CreateChannel(query.address, grpc::InsecureChannelCredentials()));
-}
-
-void SetDeadline(grpc::ClientContext* context, const CollectorQuery& query) {
-  context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoMilliseconds(query.timeout));
-}
-
-// A failed call: NOT_FOUND is about the process asked for; anything else means there is no
-// usable collector at that address.
-absl::Status FromGrpc(const grpc::Status& status, const CollectorQuery& query, const char* call) {
-  if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-    return absl::NotFoundError(
-        absl::StrCat("the collector at ", query.address, ": ", status.error_message()));
-  }
-  return absl::UnavailableError(absl::StrFormat(
-      "cannot reach the collector at %s (%s: %s); is vramscope-collector running there? "
-      "(its --listen address, HOST:PORT)",
-      query.address, call, status.error_message()));
-}
-
-}  // namespace
 
 absl::StatusOr<v1::ListProcessesResponse> ListCollectorProcesses(const CollectorQuery& query) {
   grpc::ClientContext context;
-  SetDeadline(&context, query);
+  SetCallDeadline(&context, query);
   v1::ListProcessesRequest request;
   request.set_include_finished(true);
   v1::ListProcessesResponse response;
-  const grpc::Status status = Stub(query)->ListProcesses(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status, query, "ListProcesses");
+  const grpc::Status status = CollectorStub(query)->ListProcesses(&context, request, &response);
+  if (!status.ok()) return FromCollectorCall(status, query, "ListProcesses");
   return response;
 }
 
@@ -81,12 +54,12 @@ absl::StatusOr<v1::Report> FetchCollectorReport(const CollectorQuery& query, std
         hosts.size(), query.address, absl::StrJoin(hosts, ", ")));
   }
   grpc::ClientContext context;
-  SetDeadline(&context, query);
+  SetCallDeadline(&context, query);
   v1::GetReportRequest request;
   *request.mutable_process() = chosen->process();
   v1::Report report;
-  const grpc::Status status = Stub(query)->GetReport(&context, request, &report);
-  if (!status.ok()) return FromGrpc(status, query, "GetReport");
+  const grpc::Status status = CollectorStub(query)->GetReport(&context, request, &report);
+  if (!status.ok()) return FromCollectorCall(status, query, "GetReport");
   return report;
 }
 

@@ -2,7 +2,8 @@
 //
 // Errors: absl::Status whose message names the collector and says what to do. kUnavailable when
 // the collector cannot be reached or does not answer as one (`vramscope report` exits 3);
-// kNotFound when no process matches; kInvalidArgument when a pid matches processes on several
+// kNotFound when no process (or run) matches; kFailedPrecondition when
+// the collector keeps no run history; kInvalidArgument when a pid matches processes on several
 // hosts and no host was given (both exit 2). Thread-safe; each call opens its own channel.
 #pragma once
 
@@ -12,15 +13,11 @@
 #include <cstdint>
 #include <string>
 
+#include "client/collector_call.h"
 #include "vramscope/v1/collector.pb.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
-
-struct CollectorQuery {
-  std::string address;                         // HOST:PORT
-  absl::Duration timeout = absl::Seconds(10);  // per call
-};
 
 // Every process the collector knows, running and finished, sorted by host, pid, start.
 absl::StatusOr<v1::ListProcessesResponse> ListCollectorProcesses(const CollectorQuery& query);

@@ -29,6 +29,7 @@ struct ReportOptions {
   std::string collector;
   std::optional<std::uint32_t> pid;
   std::string host;
+  std::optional<std::int64_t> run;  // --run: a run from the collector's history
   Format format = Format::kText;
   std::string output;  // empty: stdout
 };
@@ -38,6 +39,7 @@ void PrintReportUsage(std::FILE* out) {
       out,
       "usage: vramscope report FILE.json [--format text|json|html] [-o FILE]\n"
       "       vramscope report --collector ADDR --pid PID [--host HOST] [--format ...] [-o FILE]\n"
+      "       vramscope report --collector ADDR --run ID [--format ...] [-o FILE]\n"
       "       vramscope report --collector ADDR\n"
       "\n"
       "Shows a report: one saved with `vramscope run --json FILE` (one Report, or\n"
@@ -59,10 +61,43 @@ void PrintReportUsage(std::FILE* out) {
       "  --collector ADDR  the collector's HOST:PORT (vramscope-collector --listen)\n"
       "  --pid PID         with --collector: the process to report\n"
       "  --host HOST       with --pid: the host the process ran on\n"
+      "  --run ID          with --collector: a run from its history (`vramscope history`\n"
+      "                    lists them with their ids), finished at any time\n"
       "  -h, --help        this text\n"
       "\n"
       "exit status: 0 ok, 2 usage error, input missing or not a report, no such process at the\n"
       "collector, or an output that cannot be written; 3 the collector cannot be reached.\n");
+}
+
+// Which options go together. False after printing why.
+bool CheckCombination(const ReportOptions& options, bool have_format) {
+  if (options.file.empty() == options.collector.empty()) {
+    std::fprintf(stderr, options.file.empty()
+                             ? "vramscope report: give a report FILE.json or --collector ADDR\n"
+                             : "vramscope report: a FILE and --collector cannot go together\n");
+    return false;
+  }
+  if (!options.file.empty() && (options.pid || !options.host.empty())) {
+    std::fprintf(stderr, "vramscope report: --pid and --host need --collector\n");
+    return false;
+  }
+  if (options.run && (options.collector.empty() || options.pid)) {
+    std::fprintf(stderr, "vramscope report: --run needs --collector and goes without --pid\n");
+    return false;
+  }
+  if (!options.host.empty() && !options.pid) {
+    std::fprintf(stderr, "vramscope report: --host needs --pid\n");
+    return false;
+  }
+  if (!options.collector.empty() && !options.pid && !options.run &&
+      (have_format || !options.output.empty())) {
+    std::fprintf(stderr,
+                 "vramscope report: --format and -o need a report: add --pid PID (`vramscope "
+                 "report --collector %s` lists the processes)\n",
+                 options.collector.c_str());
+    return false;
+  }
+  return true;
 }
 
 // Returns nullopt after printing the problem (usage error) or for --help (help set).
@@ -117,6 +152,14 @@ std::optional<ReportOptions> ParseArgs(int argc, char** argv, bool* help) {
     } else if (flag == "--host") {
       if (!take()) return std::nullopt;
       options.host = value;
+    } else if (flag == "--run") {
+      if (!take()) return std::nullopt;
+      std::int64_t run = 0;
+      if (!absl::SimpleAtoi(value, &run) || run <= 0) {
+        std::fprintf(stderr, "vramscope report: --run '%s' is not a run id\n", value.c_str());
+        return std::nullopt;
+      }
+      options.run = run;
     } else if (arg.size() > 1 && arg[0] == '-') {
       std::fprintf(stderr, "vramscope report: unknown option '%s'\n", std::string(arg).c_str());
       return std::nullopt;
@@ -128,27 +171,7 @@ std::optional<ReportOptions> ParseArgs(int argc, char** argv, bool* help) {
       return std::nullopt;
     }
   }
-  if (options.file.empty() == options.collector.empty()) {
-    std::fprintf(stderr, options.file.empty()
-                             ? "vramscope report: give a report FILE.json or --collector ADDR\n"
-                             : "vramscope report: a FILE and --collector cannot go together\n");
-    return std::nullopt;
-  }
-  if (!options.file.empty() && (options.pid || !options.host.empty())) {
-    std::fprintf(stderr, "vramscope report: --pid and --host need --collector\n");
-    return std::nullopt;
-  }
-  if (!options.host.empty() && !options.pid) {
-    std::fprintf(stderr, "vramscope report: --host needs --pid\n");
-    return std::nullopt;
-  }
-  if (!options.collector.empty() && !options.pid && (have_format || !options.output.empty())) {
-    std::fprintf(stderr,
-                 "vramscope report: --format and -o need a report: add --pid PID (`vramscope "
-                 "report --collector %s` lists the processes)\n",
-                 options.collector.c_str());
-    return std::nullopt;
-  }
+  if (!CheckCombination(options, have_format)) return std::nullopt;
   return options;
 }
 
@@ -199,7 +222,7 @@ int RunReport(int argc, char** argv) {
     return kExitUsage;
   }
   const ReportOptions& options = *parsed;
-  if (!options.collector.empty() && !options.pid) return ListProcesses(options);
+  if (!options.collector.empty() && !options.pid && !options.run) return ListProcesses(options);
 
   std::vector<v1::Report> reports;
   if (!options.file.empty()) {
@@ -212,7 +235,9 @@ int RunReport(int argc, char** argv) {
   } else {
     CollectorQuery query;
     query.address = options.collector;
-    absl::StatusOr<v1::Report> fetched = FetchCollectorReport(query, *options.pid, options.host);
+    absl::StatusOr<v1::Report> fetched =
+        options.run ? FetchCollectorRun(query, *options.run)
+                    : FetchCollectorReport(query, *options.pid, options.host);
     if (!fetched.ok()) {
       std::fprintf(stderr, "vramscope report: %s\n",
                    std::string(fetched.status().message()).c_str());

@@ -67,6 +67,8 @@ class Page {
 
  private:
   void Process(const v1::Report& report, int r);
+  // The labels' cell: one <code> per label, sorted by key.
+  void LabelsCell(const v1::Report& report, const std::string& p);
   void Device(const v1::DeviceReport& device, const std::string& path, int r, int d, bool finished);
   void Plot(const v1::DeviceReport& device, int r, int d);
 
@@ -273,6 +275,20 @@ std::string Page::Build(const std::vector<v1::Report>& reports) {
   return std::move(out_);
 }
 
+void Page::LabelsCell(const v1::Report& report, const std::string& p) {
+  out_ += "<td class=\"text\">";
+  // Sorted by key (the map's order is not defined), one element per label.
+  const std::map<std::string, std::string> labels(report.labels().begin(), report.labels().end());
+  bool first = true;
+  for (const auto& [key, value] : labels) {
+    absl::StrAppend(&out_, first ? "" : " ", "<code data-path=\"", p, ".labels.", HtmlEscape(key),
+                    "\" data-field=\"labels\" data-unit=\"text\">", HtmlEscape(key), "=",
+                    HtmlEscape(value), "</code>");
+    first = false;
+  }
+  out_ += "</td></tr>\n";
+}
+
 void Page::Process(const v1::Report& report, int r) {
   const std::string p = absl::StrCat(r);
   absl::StrAppend(&out_, "<section class=\"process\" data-report=\"", r, "\">\n<h2>pid ",
@@ -301,6 +317,10 @@ void Page::Process(const v1::Report& report, int r) {
                     HtmlEscape(report.command_line(i)), "</code>");
   }
   out_ += "</td></tr>\n";
+  if (!report.labels().empty()) {
+    row("labels");
+    LabelsCell(report, p);
+  }
   row("mode");
   Text(p + ".mode", "mode", report.mode());
   out_ += "</tr>\n";

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "run/labels_arg.h"
 #include "run/process_end.h"
 #include "run/size.h"
 #include "run/symbolize.h"
@@ -48,6 +49,10 @@ std::string FormatRunReport(const v1::Report& report, std::string_view full_form
                         report.mode().empty() ? "?" : report.mode(), report.events(),
                         static_cast<double>(report.end_time_ns() - report.start_time_ns()) / 1e9,
                         dropped, dropped > 0 ? " (peaks stay exact: ring counters)" : "");
+  if (!report.labels().empty()) {
+    absl::StrAppendFormat(&out, "  labels: %s\n",
+                          LabelsForDisplay(Labels(report.labels().begin(), report.labels().end())));
+  }
   if (report.devices().empty()) out += "  no device memory was allocated\n";
   for (const v1::DeviceReport& d : report.devices()) {
     const v1::DeviceInfo& info = d.device();

@@ -27,6 +27,7 @@
 #include "command.h"
 #include "drain/ring_directory.h"
 #include "run/chrome_trace.h"
+#include "run/labels_arg.h"
 #include "run/report_text.h"
 #include "run/ring_session.h"
 #include "run/size.h"
@@ -53,6 +54,9 @@ struct RunOptions {
   bool no_stacks = false;   // --no-stacks given
   std::string folded_path;  // --folded FILE
   std::vector<char*> command;
+  // --label KEY=VALUE merged over the environment's VRAMSCOPE_LABELS, as the child's
+  // VRAMSCOPE_LABELS (empty: leave the environment as it is).
+  std::string labels_text;
 };
 
 RunLiveViewFactory g_live_view_factory = nullptr;
@@ -61,8 +65,8 @@ void PrintRunUsage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: vramscope run [--json FILE] [--trace FILE] [--max-peak SIZE] [--collector ADDR]\n"
-      "                     [--live] [--no-stacks] [--folded FILE] [--no-cupti] [--] CMD "
-      "[ARGS...]\n"
+      "                     [--live] [--no-stacks] [--folded FILE] [--no-cupti]\n"
+      "                     [--label KEY=VALUE]... [--] CMD [ARGS...]\n"
       "\n"
       "Runs CMD with the vramscope shim preloaded (no daemon needed). CMD and every process it\n"
       "starts are traced; at exit a report per process and device goes to stderr: peak\n"
@@ -103,6 +107,11 @@ void PrintRunUsage(std::FILE* out) {
       "  --folded FILE     write folded stacks for flamegraph.pl/speedscope:\n"
       "                    \"outermost;...;innermost BYTES\", BYTES = total requested bytes\n"
       "                    allocated from that stack over the run (every site, not only the top)\n"
+      "  --label KEY=VALUE a label of this run (repeatable): job name, git commit, test id;\n"
+      "                    KEY is [A-Za-z_][A-Za-z0-9_]* (64 bytes at most), VALUE UTF-8 (256\n"
+      "                    bytes at most). Merged over the environment's VRAMSCOPE_LABELS\n"
+      "                    (k=v,k=v) and passed to CMD in it; in reports and the collector's\n"
+      "                    run history\n"
       "  -h, --help        this text\n"
       "\n"
       "NVTX ranges are received through NVTX_INJECTION64_PATH, set to the shim unless already\n"
@@ -116,9 +125,39 @@ void PrintRunUsage(std::FILE* out) {
       "memory for it); 2 for usage errors.\n");
 }
 
+// One --label; false after printing why.
+bool TakeLabel(const std::string& label, Labels* labels) {
+  absl::Status s = AddLabelArg(label, labels);
+  if (!s.ok()) std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
+  return s.ok();
+}
+
+// `--label`s over the environment's VRAMSCOPE_LABELS, as the text for CMD's. False after
+// printing why (a malformed VRAMSCOPE_LABELS, or more than the shim takes).
+bool MergeLabels(const Labels& given, std::string* text) {
+  Labels merged;
+  if (const char* env = getenv("VRAMSCOPE_LABELS"); env != nullptr) {
+    if (absl::Status s = ParseLabelsText(env, &merged); !s.ok()) {
+      std::fprintf(stderr, "vramscope run: VRAMSCOPE_LABELS in the environment: %s\n",
+                   std::string(s.message()).c_str());
+      return false;
+    }
+  }
+  for (const auto& [key, value] : given) merged[key] = value;
+  absl::StatusOr<std::string> formatted = FormatLabelsText(merged);
+  if (!formatted.ok()) {
+    std::fprintf(stderr, "vramscope run: --label: %s\n",
+                 std::string(formatted.status().message()).c_str());
+    return false;
+  }
+  *text = *std::move(formatted);
+  return true;
+}
+
 // Returns nullopt after printing the problem (usage error) or for --help (help set).
 std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
   RunOptions options;
+  Labels labels;
   int i = 1;
   auto value = [&](std::string_view flag, std::string* out) -> bool {
     const std::string_view arg = argv[i];
@@ -185,6 +224,9 @@ std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
         return std::nullopt;
       }
       options.stacks = true;
+    } else if (matches("--label")) {
+      std::string label;
+      if (!value("--label", &label) || !TakeLabel(label, &labels)) return std::nullopt;
     } else if (!arg.empty() && arg[0] == '-') {
       std::fprintf(stderr, "vramscope run: unknown option '%s'\n", argv[i]);
       return std::nullopt;
@@ -204,6 +246,7 @@ std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
     }
     options.stacks = false;
   }
+  if (!labels.empty() && !MergeLabels(labels, &options.labels_text)) return std::nullopt;
   return options;
 }
 
@@ -303,6 +346,7 @@ pid_t Spawn(const RunOptions& options, const std::string& shim, const std::strin
     setenv("NVTX_INJECTION64_PATH", shim.c_str(), /*overwrite=*/0);
     // Stacks on by default; an explicit VRAMSCOPE_STACKS is the user's choice, --no-stacks wins.
     setenv("VRAMSCOPE_STACKS", options.stacks ? "1" : "0", options.stacks ? 0 : 1);
+    if (!options.labels_text.empty()) setenv("VRAMSCOPE_LABELS", options.labels_text.c_str(), 1);
     // CUPTI's memory records on by default; an explicit VRAMSCOPE_CUPTI is the user's choice.
     setenv("VRAMSCOPE_CUPTI", options.cupti ? "1" : "0", options.cupti ? 0 : 1);
     if (output_fd >= 0) {

@@ -86,7 +86,8 @@ enum vramscope_ring_kind {
   VRAMSCOPE_RING_KIND_TEXT = 11,         /* payload.text; aux = index (1..3) after its owner */
   VRAMSCOPE_RING_KIND_SITE = 12,         /* payload.site; see below */
   VRAMSCOPE_RING_KIND_MODULE = 13,       /* payload.module / payload.text; see below */
-  VRAMSCOPE_RING_KIND_LIMIT = 14         /* first invalid value */
+  VRAMSCOPE_RING_KIND_LABELS = 14,       /* payload.text; see below */
+  VRAMSCOPE_RING_KIND_LIMIT = 15         /* first invalid value */
 };
 
 /* Allocation sites (VRAMSCOPE_STACKS=1). A site is the call stack of an allocation as return
@@ -104,6 +105,14 @@ enum vramscope_ring_kind {
  *
  * Both kinds came after version 1 without changing it: a reader that does not know them skips
  * them as invalid records (counted as drops) and every other record keeps its meaning. */
+/* LABELS: the run's labels, VRAMSCOPE_LABELS as the shim found it at start once it checked it
+ * (text form and rules: vramscope/ring/labels.h), written once after the ring opens as
+ * ceil(length / 40) consecutive records claimed together (like an NVTX push and its TEXT
+ * records): aux = the text's length in bytes (1..1024), sub = chunk index, flags = chunk count,
+ * payload.text = 40 bytes of the text each (NUL-padded). The reader checks the text again and
+ * sends a new ProcessStart carrying the labels. Came after version 1 without changing it, like
+ * SITE and MODULE. */
+#define VRAMSCOPE_RING_MAX_LABELS_BYTES 1024u
 #define VRAMSCOPE_RING_SITE_FRAMES_PER_RECORD 4u
 #define VRAMSCOPE_RING_MAX_SITE_FRAMES 64u
 #define VRAMSCOPE_RING_MODULE_INLINE_PATH 16u

@@ -20,6 +20,7 @@
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 #include <absl/synchronization/mutex.h>
+#include <absl/time/time.h>
 
 #include <atomic>
 #include <cstdint>
@@ -34,6 +35,8 @@
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::collector {
+
+class HistoryWriter;
 
 struct CollectorOptions {
   std::string data_dir;
@@ -51,6 +54,12 @@ struct CollectorOptions {
   // Recovery copies at most this many bytes to set a corrupt log's damaged part aside (holes are
   // never copied; see README "Storage format"). Tests lower it.
   uint64_t max_aside_copy_bytes = uint64_t{64} << 20;
+  // The run history (collector/history/, README "Run history"): every process that finishes
+  // becomes a row. "off" = none; "" = SQLite at <data_dir>/history.sqlite; "sqlite:PATH";
+  // "postgresql://...". Rows queue in <data_dir>/history-queue until the database takes them.
+  std::string database = "off";
+  // The longest wait between retries while the database is down.
+  absl::Duration history_retry_max = absl::Seconds(10);
 };
 
 // What Open found in the data directory. Every entry of `warnings` and `errors` was also logged.
@@ -103,6 +112,8 @@ class Collector {
   uint64_t batches_duplicate() const { return batches_duplicate_.load(std::memory_order_relaxed); }
   uint64_t batches_refused() const { return batches_refused_.load(std::memory_order_relaxed); }
   const CollectorOptions& options() const { return options_; }
+  // The run history's writer (its store answers ListRuns/GetRun); nullptr when database="off".
+  HistoryWriter* history() const { return history_.get(); }
 
  private:
   struct Process;
@@ -119,6 +130,7 @@ class Collector {
   std::vector<Process*> Matching(const std::vector<v1::ProcessKey>& keys) const;
 
   const CollectorOptions options_;
+  std::unique_ptr<HistoryWriter> history_;
   std::atomic<uint64_t> disk_bytes_{0};
   std::atomic<uint64_t> batches_stored_{0};
   std::atomic<uint64_t> batches_duplicate_{0};

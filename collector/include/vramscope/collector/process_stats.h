@@ -33,6 +33,8 @@ class ProcessStats {
   const v1::ProcessExitEvent& exit() const { return exit_; }
   uint64_t events() const { return events_; }
   const std::vector<std::string>& command_line() const { return command_line_; }
+  // The run's labels, from the latest ProcessStart.
+  const google::protobuf::Map<std::string, std::string>& labels() const { return labels_; }
   // Highest peak reserved bytes summed over devices, from the ring's exact counters.
   uint64_t PeakReservedBytes() const;
 
@@ -42,6 +44,7 @@ class ProcessStats {
   bool finished_ = false;
   v1::ProcessExitEvent exit_;
   std::vector<std::string> command_line_;
+  google::protobuf::Map<std::string, std::string> labels_;
   std::map<uint32_t, uint64_t> peak_reserved_;  // per device, from the ring counters
 };
 

@@ -47,6 +47,11 @@ class CollectorService final
                          v1::Report* response) override;
   grpc::Status ListProcesses(grpc::ServerContext* context, const v1::ListProcessesRequest* request,
                              v1::ListProcessesResponse* response) override;
+  // The run history (Collector::history()); FAILED_PRECONDITION when the collector keeps none.
+  grpc::Status ListRuns(grpc::ServerContext* context, const v1::ListRunsRequest* request,
+                        v1::ListRunsResponse* response) override;
+  grpc::Status GetRun(grpc::ServerContext* context, const v1::GetRunRequest* request,
+                      v1::Report* response) override;
 
   // Ends every Watch stream at its next wake-up; later Watch calls return UNAVAILABLE.
   void Stop();

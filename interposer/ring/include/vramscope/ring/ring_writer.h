@@ -101,6 +101,10 @@ class RingWriter {
   bool RecordCuptiMemory(std::uint32_t device, std::uint8_t operation, std::uint64_t time_ns,
                          const vramscope_ring_cupti_payload& payload);
 
+  // The run's labels in their text form (ring.h, LABELS), 1..VRAMSCOPE_RING_MAX_LABELS_BYTES
+  // bytes, as consecutive records; false when longer or dropped. The caller checks the text.
+  bool RecordLabels(const char* text, std::size_t length);
+
   // Fills device_info[device] (device < VRAMSCOPE_RING_MAX_DEVICES). uuid may be null.
   void SetDeviceInfo(std::uint32_t device, const char* name, const std::uint8_t* uuid,
                      std::uint64_t total_memory_bytes);

@@ -1,0 +1,149 @@
+// The run history in SQLite: the store contract (history_contract.h), a version-1 database
+// migrated on open, the writer's on-disk queue while the database refuses and after a restart,
+// and the collector turning a finished process into a row.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "history/history_schema.h"
+#include "history/history_writer.h"
+#include "history/sqlite_store.h"
+#include "tests/collector/history_contract.h"
+#include "tests/collector/test_util.h"
+#include "vramscope/collector/collector.h"
+
+#include <sqlite3.h>
+
+namespace vramscope::collector {
+namespace {
+
+using testing::RunReport;
+using testing::TempDir;
+
+TEST(HistorySqlite, StoreContract) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<HistoryStore>> store = OpenSqliteStore(dir.path() + "/h.sqlite");
+  ASSERT_TRUE(store.ok()) << store.status();
+  testing::CheckStoreContract(**store);
+}
+
+// A database left by a version-1 collector (no passed column) is migrated when opened; its
+// rows keep their data and gain the passed flag.
+TEST(HistorySqlite, OldVersionIsMigrated) {
+  TempDir dir;
+  const std::string path = dir.path() + "/h.sqlite";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  for (const std::string& sql : MigrationStatements(0, SqlDialect::kSqlite)) {
+    ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sql;
+  }
+  v1::RunSummary summary;
+  summary.mutable_process()->set_pid(42);
+  const std::string blob = summary.SerializeAsString();
+  sqlite3_stmt* insert = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "INSERT INTO runs (host, pid, start_time_ns, end_time_ns, "
+                               "exit_code, killed, signal, vanished, command_line, summary, "
+                               "report) VALUES ('h', 42, 5, 6, 0, 0, 0, 0, 'x', ?, x'')",
+                               -1, &insert, nullptr),
+            SQLITE_OK);
+  sqlite3_bind_blob(insert, 1, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+  ASSERT_EQ(sqlite3_step(insert), SQLITE_DONE);
+  sqlite3_finalize(insert);
+  sqlite3_close(db);
+
+  absl::StatusOr<std::unique_ptr<HistoryStore>> store = OpenSqliteStore(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(*(*store)->SchemaVersion(), kSchemaVersion);
+  v1::ListRunsRequest passing;
+  passing.set_passing_only(true);
+  absl::StatusOr<v1::ListRunsResponse> runs = (*store)->List(passing);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  ASSERT_EQ(runs->runs_size(), 1);
+  EXPECT_EQ(runs->runs(0).process().pid(), 42u);
+}
+
+// A store whose database can be switched off: Insert fails UNAVAILABLE meanwhile.
+class SwitchableStore : public HistoryStore {
+ public:
+  explicit SwitchableStore(std::unique_ptr<HistoryStore> inner) : inner_(std::move(inner)) {}
+  absl::Status Insert(const v1::Report& report) override {
+    if (!up) return absl::UnavailableError("down");
+    return inner_->Insert(report);
+  }
+  absl::StatusOr<v1::ListRunsResponse> List(const v1::ListRunsRequest& r) override {
+    return inner_->List(r);
+  }
+  absl::StatusOr<v1::Report> Get(int64_t id) override { return inner_->Get(id); }
+  absl::StatusOr<int> SchemaVersion() override { return inner_->SchemaVersion(); }
+  std::atomic<bool> up{true};
+
+ private:
+  std::unique_ptr<HistoryStore> inner_;
+};
+
+TEST(HistoryWriter, RowsWaitOnDiskWhileTheDatabaseIsDownAndSurviveARestart) {
+  TempDir dir;
+  const std::string db = dir.path() + "/h.sqlite";
+  const HistoryWriterOptions options{.queue_dir = dir.path() + "/queue",
+                                     .retry_min = absl::Milliseconds(5),
+                                     .retry_max = absl::Milliseconds(20)};
+  {
+    auto store = std::make_unique<SwitchableStore>(*OpenSqliteStore(db));
+    SwitchableStore* raw = store.get();
+    raw->up = false;
+    absl::StatusOr<std::unique_ptr<HistoryWriter>> writer =
+        HistoryWriter::Start(options, std::move(store));
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    for (uint32_t pid = 1; pid <= 3; ++pid) {
+      ASSERT_TRUE((*writer)->Enqueue(RunReport(pid, pid * 1000, 0, 100, {})).ok());
+    }
+    EXPECT_FALSE((*writer)->WaitIdle(absl::Milliseconds(50)));
+    EXPECT_EQ((*writer)->pending(), 3u);
+    EXPECT_EQ(raw->List({})->runs_size(), 0);
+    raw->up = true;  // the database is back: the rows go in, in order
+    ASSERT_TRUE((*writer)->WaitIdle(absl::Seconds(30)));
+    EXPECT_EQ(raw->List({})->runs_size(), 3);
+    raw->up = false;
+    ASSERT_TRUE((*writer)->Enqueue(RunReport(4, 4000, 0, 100, {})).ok());
+    // The collector stops with the row still queued.
+  }
+  absl::StatusOr<std::unique_ptr<HistoryWriter>> again =
+      HistoryWriter::Start(options, *OpenSqliteStore(db));
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE((*again)->WaitIdle(absl::Seconds(30)));
+  absl::StatusOr<v1::ListRunsResponse> runs = (*again)->store()->List({});
+  ASSERT_EQ(runs->runs_size(), 4);
+  EXPECT_EQ(runs->runs(0).process().pid(), 4u);
+}
+
+TEST(HistoryCollector, AFinishedProcessBecomesARowWithItsLabels) {
+  TempDir dir;
+  CollectorOptions options;
+  options.data_dir = dir.path();
+  options.database = "";  // SQLite in the data directory
+  absl::StatusOr<std::unique_ptr<Collector>> collector = Collector::Open(options);
+  ASSERT_TRUE(collector.ok()) << collector.status();
+  const v1::ProcessKey key = testing::Key(77);
+  v1::EventBatch first = testing::Batch(key, 1, 5);
+  (*first.mutable_events(0)->mutable_process_start()->mutable_labels())["job"] = "train";
+  ASSERT_TRUE((*collector)->Ingest(first).ok());
+  ASSERT_TRUE((*collector)->Ingest(testing::ExitBatch(key, 2, 0)).ok());
+  HistoryWriter* history = (*collector)->history();
+  ASSERT_NE(history, nullptr);
+  ASSERT_TRUE(history->WaitIdle(absl::Seconds(30)));
+  absl::StatusOr<v1::ListRunsResponse> runs = history->store()->List({});
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->runs_size(), 1);
+  EXPECT_EQ(runs->runs(0).process().pid(), 77u);
+  EXPECT_EQ(runs->runs(0).labels().at("job"), "train");
+  ASSERT_EQ(runs->runs(0).devices_size(), 1);
+  EXPECT_EQ(runs->runs(0).devices(0).alloc_count(), 4u);
+  absl::StatusOr<v1::Report> report = history->store()->Get(runs->runs(0).run_id());
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->labels().at("job"), "train");
+  EXPECT_TRUE(report->finished());
+}
+
+}  // namespace
+}  // namespace vramscope::collector
