@@ -140,7 +140,7 @@ struct MetricsFlags {
       return nullptr;
     }
     Log(LogLevel::kInfo,
-        absl::StrFormat("metrics on http://%s/metrics (port %d), retention %s", listen,
+        absl::StrFormat("metrics on http://%s/metrics (metrics port %d), retention %s", listen,
                         (*server)->port(), absl::FormatDuration(options.retention)));
     return std::move(*server);
   }
