@@ -134,7 +134,9 @@ struct MetricsFlags {
   // Starts the metrics endpoint; null, logged, when it cannot listen.
   std::unique_ptr<MetricsServer> Serve(const Collector* collector) const {
     absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-        ServeMetrics(listen, std::make_shared<CollectorMetrics>(collector, options));
+        ServeMetrics(listen, [metrics = std::make_shared<CollectorMetrics>(collector, options)] {
+          return metrics->Render();
+        });
     if (!server.ok()) {
       Log(LogLevel::kError, server.status().message());
       return nullptr;

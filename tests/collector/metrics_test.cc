@@ -86,7 +86,8 @@ class MetricsTest : public ::testing::Test {
     return samples.empty() ? -1 : samples[0].second;
   }
 
-  std::string Text() const { return prometheus::TextSerializer().Serialize(metrics_->Collect()); }
+  // What the collector serves.
+  std::string Text() const { return metrics_->Render(); }
 
   TempDir dir_;
   std::unique_ptr<Collector> collector_;
@@ -228,6 +229,31 @@ TEST_F(MetricsTest, PromtoolAcceptsTheExposition) {
   const int status = ::pclose(pipe);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
   EXPECT_EQ(output, "") << output;
+}
+
+TEST_F(MetricsTest, TheServedTextIsWhatPrometheusCppWouldWrite) {
+  Ingest(StartBatch(Key(1), {{"job", "a \"b\"\nc \\ \xE2\x9C\x93"}, {"x.y", "1"}}, 3, 0));
+  Ingest(StartBatch(Key(2, "node\"2\n"), {}, 3, 2));
+  v1::EventBatch more = Batch(Key(2, "node\"2\n"), 2, 2, 0x800000);
+  v1::Event* cupti = more.add_events();
+  cupti->set_device(2);
+  cupti->mutable_cupti_memory()->set_operation(v1::CuptiMemoryEvent::OPERATION_ALLOCATION);
+  cupti->mutable_cupti_memory()->set_address(0x5000);
+  cupti->mutable_cupti_memory()->set_bytes(3 << 20);
+  cupti->mutable_cupti_memory()->set_memory_kind(3);  // device
+  v1::Event* pool = more.add_events();
+  pool->set_device(2);
+  pool->mutable_pool_state()->set_free_bytes(3000);
+  pool->mutable_pool_state()->set_largest_free_block_bytes(1000);  // fragmentation 2/3
+  more.mutable_counters(0)->set_device(2);
+  Ingest(more);
+  Ingest(StartBatch(Key(3), {}, 1, 1));
+  Ingest(ExitBatch(Key(3), 2, 0));
+  const std::string text = Text();
+  EXPECT_EQ(text, prometheus::TextSerializer().Serialize(metrics_->Collect()));
+  EXPECT_THAT(text, HasSubstr("vramscope_process_cupti_device_bytes{"));
+  EXPECT_THAT(text, HasSubstr("} 0.6666666666666667\n"));
+  EXPECT_THAT(text, HasSubstr("host=\"node\\\"2\\n\""));
 }
 
 TEST(MetricsListenTest, BarePortsAreLoopback) {
