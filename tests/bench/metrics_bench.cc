@@ -127,15 +127,19 @@ void BM_Ingest(benchmark::State& state) {
   bool stop = false;
   std::atomic<int> scrapes{0};
   std::thread scraper;
-  if (state.range(0) == 1) {
+  if (state.range(0) != 0) {
     scraper = std::thread([&] {
       std::unique_lock<std::mutex> lock(mu);
       while (!stop) {
         lock.unlock();
-        Scrape(*fleet.metrics);
+        if (state.range(0) == 1) {
+          Scrape(*fleet.metrics);
+        } else {
+          benchmark::DoNotOptimize(fleet.collector->Metrics(0));
+        }
         scrapes.fetch_add(1);
         lock.lock();
-        stop_cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop; });
+        stop_cv.wait_for(lock, std::chrono::seconds(1), [&] { return stop; });
       }
     });
   }
@@ -160,7 +164,7 @@ void BM_Ingest(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsRate);
   state.counters["scrapes"] = scrapes.load();
 }
-BENCHMARK(BM_Ingest)->ArgName("scrape")->Arg(0)->Arg(1)->UseRealTime();
+BENCHMARK(BM_Ingest)->ArgName("scrape")->Arg(0)->Arg(1)->Arg(2)->UseRealTime();
 
 }  // namespace
 }  // namespace vramscope::collector
