@@ -251,7 +251,8 @@ class FamilySink {
 
 // The text format (0.0.4), written straight into one string: byte for byte what prometheus-cpp's
 // TextSerializer writes for FamilySink's families (tests/collector/metrics_test.cc checks it),
-// about ten times faster, since a process's labels are escaped once, not once per sample.
+// at a fifth of the CPU: no ClientMetric per sample, a process's labels escaped once, not once
+// per sample, and no ostream.
 class TextSink {
  public:
   using Prepared = std::string;  // `name="value",...` of a process, escaped

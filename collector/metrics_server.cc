@@ -5,7 +5,6 @@
 #include <absl/status/status.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
-#include <absl/strings/str_format.h>
 #include <civetweb.h>
 #include <string.h>
 
