@@ -246,6 +246,12 @@ absl::StatusOr<std::string> SetAsideDamage(int* fd, const std::string& path, uin
                       holes == 0 ? "" : absl::StrFormat(" (%d of them holes, kept sparse)", holes));
 }
 
+uint64_t WallNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 }  // namespace
 
 void Log(LogLevel level, absl::string_view message) {
@@ -278,6 +284,7 @@ struct Collector::Process {
   uint64_t file_bytes ABSL_GUARDED_BY(mu) = 0;
   uint64_t acked ABSL_GUARDED_BY(mu) = 0;
   ProcessStats stats ABSL_GUARDED_BY(mu);
+  uint64_t finished_wall_ns ABSL_GUARDED_BY(mu) = 0;  // MetricsSnapshot's
 
   ~Process() {
     if (fd >= 0) ::close(fd);
@@ -629,7 +636,7 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
   process->acked = batch.sequence();
   const bool was_finished = process->stats.finished();
   process->stats.Consume(batch);
-  batches_stored_.fetch_add(1, std::memory_order_relaxed);
+  CountStored(process, batch, was_finished);
   if (history_ != nullptr && !was_finished && process->stats.finished()) {
     // Its row goes to a queue file; the database is written by the history thread.
     if (absl::Status queued = history_->Enqueue(process->stats.Report()); !queued.ok()) {
@@ -638,6 +645,24 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
     }
   }
   return process->acked;
+}
+
+void Collector::CountStored(Process* process, const v1::EventBatch& batch,
+                            bool was_finished) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with process->mu held.
+  batches_stored_.fetch_add(1, std::memory_order_relaxed);
+  events_stored_.fetch_add(static_cast<uint64_t>(batch.events_size()), std::memory_order_relaxed);
+  const uint64_t now = WallNs();
+  if (!was_finished && process->stats.finished()) process->finished_wall_ns = now;
+  const uint64_t last = process->stats.LastEventWallNs();
+  if (batch.events_size() == 0 || last == 0) return;
+  // A clock ahead of ours on the traced host reads as no lag rather than a negative one.
+  const uint64_t lag_ns = now > last ? now - last : 0;
+  const double seconds = static_cast<double>(lag_ns) / 1e9;
+  size_t bucket = 0;
+  while (bucket < kIngestLagBounds.size() && seconds > kIngestLagBounds[bucket]) ++bucket;
+  lag_buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
+  lag_sum_ns_.fetch_add(lag_ns, std::memory_order_relaxed);
 }
 
 absl::StatusOr<v1::Report> Collector::GetReport(const v1::ProcessKey& key) const {
@@ -682,7 +707,6 @@ v1::ListProcessesResponse Collector::ListProcesses(bool include_finished) const 
     v1::ProcessSummary* summary = response.add_processes();
     *summary->mutable_process() = process->key;
     for (const std::string& arg : process->stats.command_line()) summary->add_command_line(arg);
-    *summary->mutable_labels() = process->stats.labels();
     summary->set_finished(process->stats.finished());
     if (process->stats.finished()) {
       const v1::ProcessExitEvent& exit = process->stats.exit();
@@ -692,6 +716,8 @@ v1::ListProcessesResponse Collector::ListProcesses(bool include_finished) const 
       summary->set_vanished(exit.vanished());
     }
     summary->set_events(process->stats.events());
+    for (const auto& [name, value] : process->stats.labels())
+      (*summary->mutable_labels())[name] = value;
     summary->set_peak_reserved_bytes(process->stats.PeakReservedBytes());
   }
   std::sort(response.mutable_processes()->begin(), response.mutable_processes()->end(),
@@ -703,10 +729,7 @@ v1::ListProcessesResponse Collector::ListProcesses(bool include_finished) const 
 
 v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
   v1::StatsUpdate update;
-  timespec ts{};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  update.set_time_ns(static_cast<uint64_t>(ts.tv_sec) * 1000000000u +
-                     static_cast<uint64_t>(ts.tv_nsec));
+  update.set_time_ns(WallNs());
   std::vector<v1::ProcessKey> keys(request.processes().begin(), request.processes().end());
   for (Process* process : Matching(keys)) {
     absl::MutexLock lock(&process->mu);
@@ -729,6 +752,41 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
     }
   }
   return update;
+}
+
+MetricsSnapshot Collector::Metrics(uint64_t finished_since_ns) const {
+  MetricsSnapshot out;
+  out.events_stored = events_stored_.load(std::memory_order_relaxed);
+  out.batches_stored = batches_stored();
+  out.batches_duplicate = batches_duplicate();
+  out.batches_refused = batches_refused();
+  out.disk_bytes = disk_bytes();
+  for (size_t i = 0; i < out.lag_buckets.size(); ++i) {
+    out.lag_buckets[i] = lag_buckets_[i].load(std::memory_order_relaxed);
+  }
+  out.lag_sum_seconds = static_cast<double>(lag_sum_ns_.load(std::memory_order_relaxed)) / 1e9;
+  for (Process* process : Matching({})) {
+    absl::MutexLock lock(&process->mu);
+    if (process->acked == 0) continue;
+    const bool finished = process->stats.finished();
+    ++(finished ? out.processes_finished : out.processes_live);
+    if (finished &&
+        (process->finished_wall_ns == 0 || process->finished_wall_ns < finished_since_ns)) {
+      continue;
+    }
+    ProcessGaugeSnapshot& shown = out.processes.emplace_back();
+    shown.key = process->key;
+    const std::vector<std::string>& args = process->stats.command_line();
+    if (!args.empty()) {
+      const size_t slash = args[0].rfind('/');
+      shown.comm = slash == std::string::npos ? args[0] : args[0].substr(slash + 1);
+    }
+    shown.labels = process->stats.labels();
+    shown.finished = finished;
+    shown.finished_wall_ns = process->finished_wall_ns;
+    shown.devices = process->stats.Gauges();
+  }
+  return out;
 }
 
 }  // namespace vramscope::collector

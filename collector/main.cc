@@ -20,6 +20,7 @@
 
 #include "vramscope/collector/collector.h"
 #include "vramscope/collector/log.h"
+#include "vramscope/collector/metrics.h"
 #include "vramscope/collector/service.h"
 
 namespace vramscope::collector {
@@ -49,6 +50,11 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
                              DATA-DIR/history.sqlite; postgresql://USER@HOST:PORT/DB (a libpq
                              URI) shares one history between collectors; sqlite:PATH; off.
                              Rows queue in DATA-DIR/history-queue while the database is down
+  --metrics-listen=HOST:PORT serve Prometheus metrics at http://HOST:PORT/metrics (off unless
+                             given; :PORT or PORT means 127.0.0.1:PORT; port 0 picks a free one)
+  --metrics-retention=DUR    how long a finished process stays in the metrics (default 5m;
+                             e.g. 30s, 10m, 1h)
+  --metrics-port-file=FILE   write the metrics port actually bound to FILE
   --version                  the version, then exit
   --help                     this text
 
@@ -102,6 +108,60 @@ std::optional<uint64_t> ParseSize(absl::string_view text) {
   return value * scale;
 }
 
+// Writes `port` to `path` (through a temporary file and rename); false, logged, on failure.
+bool WritePortFile(const std::string& path, int port) {
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr || std::fprintf(f, "%d\n", port) < 0 || std::fclose(f) != 0 ||
+      std::rename(tmp.c_str(), path.c_str()) != 0) {
+    Log(LogLevel::kError, absl::StrFormat("cannot write %s", path));
+    return false;
+  }
+  return true;
+}
+
+// The --metrics-* flags.
+struct MetricsFlags {
+  std::string listen;  // empty: no metrics
+  MetricsOptions options;
+  std::string port_file;
+
+  // 0, or the exit code of a usage error.
+  int Parse(const std::string& name, const std::string& value) {
+    if (name == "metrics-listen") {
+      absl::StatusOr<std::string> address = MetricsListenAddress(value);
+      if (!address.ok()) return Usage(std::string(address.status().message()));
+      listen = *address;
+    } else if (name == "metrics-retention") {
+      if (!absl::ParseDuration(value, &options.retention) ||
+          options.retention < absl::ZeroDuration()) {
+        return Usage(absl::StrCat("--metrics-retention=", value, ": want a duration (30s, 5m)"));
+      }
+    } else if (name == "metrics-port-file") {
+      port_file = value;
+    } else {
+      return Usage(absl::StrCat("unknown flag --", name));
+    }
+    return 0;
+  }
+
+  // Starts the metrics endpoint; null, logged, when it cannot listen.
+  std::unique_ptr<MetricsServer> Serve(const Collector* collector) const {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+        ServeMetrics(listen, [metrics = std::make_shared<CollectorMetrics>(collector, options)] {
+          return metrics->Render();
+        });
+    if (!server.ok()) {
+      Log(LogLevel::kError, server.status().message());
+      return nullptr;
+    }
+    Log(LogLevel::kInfo,
+        absl::StrFormat("metrics on http://%s/metrics (metrics port %d), retention %s", listen,
+                        (*server)->port(), absl::FormatDuration(options.retention)));
+    return std::move(*server);
+  }
+};
+
 std::string DefaultDataDir() {
   if (::geteuid() == 0) return "/var/lib/vramscope/collector";
   const char* home = ::getenv("HOME");
@@ -136,6 +196,7 @@ int Main(int argc, char** argv) {
   options.database = "";  // the daemon keeps a history by default: SQLite in the data directory
   options.data_dir = DefaultDataDir();
   std::string port_file;
+  MetricsFlags metrics;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -188,6 +249,8 @@ int Main(int argc, char** argv) {
       port_file = value;
     } else if (name == "database") {
       options.database = value;
+    } else if (absl::StartsWith(name, "metrics-")) {
+      if (int code = metrics.Parse(name, value); code != 0) return code;
     } else {
       return Usage(absl::StrCat("unknown flag --", name));
     }
@@ -237,19 +300,21 @@ int Main(int argc, char** argv) {
     g_server = server->get();
   }
   int port = (*server)->port();
-  if (!port_file.empty()) {
-    std::string tmp = port_file + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    if (f == nullptr || std::fprintf(f, "%d\n", port) < 0 || std::fclose(f) != 0 ||
-        std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      Log(LogLevel::kError, absl::StrFormat("cannot write --port-file=%s", port_file));
-      (*server)->Shutdown();
-      {
-        absl::MutexLock lock(&g_server_mu);
-        g_server = nullptr;
-      }
-      return fail();
+  std::unique_ptr<MetricsServer> metrics_server;
+  bool started = port_file.empty() || WritePortFile(port_file, port);
+  if (started && !metrics.listen.empty()) {
+    metrics_server = metrics.Serve(collector->get());
+    started =
+        metrics_server != nullptr &&
+        (metrics.port_file.empty() || WritePortFile(metrics.port_file, metrics_server->port()));
+  }
+  if (!started) {
+    (*server)->Shutdown();
+    {
+      absl::MutexLock lock(&g_server_mu);
+      g_server = nullptr;
     }
+    return fail();
   }
   Log(LogLevel::kInfo,
       absl::StrFormat("serving on %s (port %d), data in %s, fsync %s, max message %d bytes, "

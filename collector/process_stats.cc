@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "stats/stats_engine.h"
-
 namespace vramscope::collector {
 
 ProcessStats::ProcessStats() : engine_(std::make_unique<ProcessStatsEngine>()) {}
@@ -16,7 +14,8 @@ void ProcessStats::Consume(const v1::EventBatch& batch) {
     if (event.has_process_start()) {
       const auto& args = event.process_start().command_line();
       command_line_.assign(args.begin(), args.end());
-      labels_ = event.process_start().labels();
+      const auto& labels = event.process_start().labels();
+      labels_ = std::map<std::string, std::string>(labels.begin(), labels.end());
     } else if (event.has_process_exit()) {
       finished_ = true;
       exit_ = event.process_exit();
@@ -33,6 +32,10 @@ uint64_t ProcessStats::PeakReservedBytes() const {
   for (const auto& [device, peak] : peak_reserved_) total += peak;
   return total;
 }
+
+std::vector<DeviceGauges> ProcessStats::Gauges() const { return engine_->Gauges(); }
+
+uint64_t ProcessStats::LastEventWallNs() const { return engine_->LastEventWallNs(); }
 
 v1::Report ProcessStats::Report() const { return engine_->Report(); }
 

@@ -132,7 +132,8 @@ struct ProcessStatsEngine::Device {
   bool at_peak_awaiting_state = false;
   v1::PoolStateEvent at_peak_state;
   std::uint64_t at_peak_requested = 0, at_peak_allocated = 0;
-  std::vector<v1::OomRecord> ooms;
+  std::vector<v1::OomRecord> ooms;  // the first max_ooms
+  std::uint64_t oom_count = 0;      // all of them
   Timeline timeline;
   bool has_counters = false;
   v1::DeviceCounters counters;
@@ -249,6 +250,7 @@ void ProcessStatsEngine::Add(const v1::Event& event) {
       break;
     case v1::Event::kOom: {
       Device& device = DeviceFor(event.device());
+      ++device.oom_count;
       if (device.ooms.size() < options_.max_ooms) {
         const v1::OomEvent& oom = event.oom();
         v1::OomRecord& record = device.ooms.emplace_back();
@@ -678,6 +680,61 @@ void FillFragmentation(bool has_state, const v1::PoolStateEvent& state, std::uin
 
 }  // namespace
 
+DeviceGauges ProcessStatsEngine::Figures(const Device& d) const {
+  DeviceGauges g;
+  g.device = d.id;
+  g.requested = d.cur_requested;
+  g.peak_requested = d.peak_requested;
+  g.allocated = d.cur_allocated;
+  g.peak_allocated = d.peak_allocated;
+  g.reserved = d.cur_reserved;
+  g.peak_reserved = d.peak_reserved;
+  g.dropped_records = dropped_;
+  if (d.has_counters) {
+    const v1::DeviceCounters& c = d.counters;
+    g.dropped_records = std::max(g.dropped_records, c.records_dropped());
+    g.peak_requested = std::max(g.peak_requested, c.peak_requested_bytes());
+    g.peak_allocated = std::max(g.peak_allocated, c.peak_allocated_bytes());
+    g.peak_reserved = std::max(g.peak_reserved, c.peak_reserved_bytes());
+    if (g.dropped_records > 0) {
+      // Events are incomplete: the writer's running totals are the truth.
+      g.requested = c.current_requested_bytes();
+      g.allocated = c.current_allocated_bytes();
+      g.reserved = c.current_reserved_bytes();
+    }
+  }
+  return g;
+}
+
+std::vector<DeviceGauges> ProcessStatsEngine::Gauges() const {
+  std::vector<DeviceGauges> out;
+  out.reserve(devices_.size());
+  for (const auto& d : devices_) {
+    DeviceGauges g = Figures(*d);
+    v1::FragmentationStats fragmentation;
+    FillFragmentation(d->has_pool_state, d->pool_state, g.requested, g.allocated, g.reserved,
+                      &fragmentation);
+    g.external_fragmentation = fragmentation.external_fragmentation();
+    g.allocs = d->alloc_count;
+    g.frees = d->free_count;
+    g.ooms = d->oom_count;
+    g.has_cupti = d->has_cupti;
+    g.cupti_bytes = d->cupti.current_bytes();
+    g.cupti_peak_bytes = d->cupti.peak_bytes();
+    g.cupti_dropped_records = d->cupti.dropped_records();
+    out.push_back(g);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const DeviceGauges& a, const DeviceGauges& b) { return a.device < b.device; });
+  return out;
+}
+
+std::uint64_t ProcessStatsEngine::LastEventWallNs() const {
+  if (!has_key_ || key_.start_time_ns() == 0) return 0;
+  const std::uint64_t origin = has_start_ ? start_monotonic_ns_ : first_time_ns_;
+  return AddClamped(key_.start_time_ns(), SubtractSaturating(last_time_ns_, origin));
+}
+
 v1::Report ProcessStatsEngine::Report() const {
   v1::Report report;
   v1::ProcessKey* key = report.mutable_process();
@@ -742,25 +799,12 @@ v1::Report ProcessStatsEngine::Report() const {
         if (info.ordinal() == d->id) *out->mutable_device() = info;
       }
     }
-    std::uint64_t cur_req = d->cur_requested, peak_req = d->peak_requested;
-    std::uint64_t cur_alloc = d->cur_allocated, peak_alloc = d->peak_allocated;
-    std::uint64_t cur_res = d->cur_reserved, peak_res = d->peak_reserved;
-    std::uint64_t dropped = dropped_;
-    if (d->has_counters) {
-      const v1::DeviceCounters& c = d->counters;
-      dropped = std::max(dropped, c.records_dropped());
-      peak_req = std::max(peak_req, c.peak_requested_bytes());
-      peak_alloc = std::max(peak_alloc, c.peak_allocated_bytes());
-      peak_res = std::max(peak_res, c.peak_reserved_bytes());
-      if (dropped > 0) {
-        // Events are incomplete: the writer's running totals are the truth.
-        cur_req = c.current_requested_bytes();
-        cur_alloc = c.current_allocated_bytes();
-        cur_res = c.current_reserved_bytes();
-      }
-    }
+    const DeviceGauges g = Figures(*d);
+    const std::uint64_t cur_req = g.requested, cur_alloc = g.allocated, cur_res = g.reserved;
+    const std::uint64_t peak_alloc = g.peak_allocated, peak_res = g.peak_reserved;
+    const std::uint64_t dropped = g.dropped_records;
     out->set_current_requested_bytes(cur_req);
-    out->set_peak_requested_bytes(peak_req);
+    out->set_peak_requested_bytes(g.peak_requested);
     out->set_current_allocated_bytes(cur_alloc);
     out->set_peak_allocated_bytes(peak_alloc);
     out->set_current_reserved_bytes(cur_res);

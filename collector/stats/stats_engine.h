@@ -79,6 +79,19 @@ inline constexpr std::string_view kUnresolvedLibrary = "(unresolved)";
 // no module (or is not in the drain's form), or when every frame is skipped.
 std::string CallingLibrary(absl::Span<const std::string> frames);
 
+// ProcessStatsEngine::Gauges(): the figures of one device that a metrics scrape needs, the same
+// values Report() gives for them, at O(1) cost per device.
+struct DeviceGauges {
+  std::uint32_t device = 0;
+  std::uint64_t requested = 0, peak_requested = 0;
+  std::uint64_t allocated = 0, peak_allocated = 0;
+  std::uint64_t reserved = 0, peak_reserved = 0;
+  double external_fragmentation = 0;  // DeviceReport.fragmentation.external_fragmentation
+  std::uint64_t allocs = 0, frees = 0, ooms = 0, dropped_records = 0;
+  bool has_cupti = false;  // the CUPTI figures below were recorded
+  std::uint64_t cupti_bytes = 0, cupti_peak_bytes = 0, cupti_dropped_records = 0;
+};
+
 class ProcessStatsEngine {
  public:
   explicit ProcessStatsEngine(StatsOptions options = {});
@@ -97,6 +110,11 @@ class ProcessStatsEngine {
   void AddCounters(const v1::DeviceCounters& counters);
 
   v1::Report Report() const;
+  // Per device, by ordinal: the figures Report() gives for them, without building a report.
+  std::vector<DeviceGauges> Gauges() const;
+  // Wall-clock time (ns) of the latest event, as Report.end_time_ns; 0 when the process key
+  // carries no start time (the event clock cannot be placed on the wall clock then).
+  std::uint64_t LastEventWallNs() const;
   std::uint64_t events() const { return events_; }
   bool finished() const { return finished_; }
 
@@ -157,6 +175,9 @@ class ProcessStatsEngine {
   // a + b, held at 2^64-1; a sum that had to be held marks the current event as saturated.
   std::uint64_t Plus(std::uint64_t a, std::uint64_t b);
   void Sample(Device& device, std::uint64_t time_ns);
+  // Current and peak requested/allocated/reserved bytes and dropped records of `device` as
+  // reported: peaks raised to the ring counters, current values from them when records dropped.
+  DeviceGauges Figures(const Device& device) const;
 
   StatsOptions options_;
   v1::ProcessKey key_;

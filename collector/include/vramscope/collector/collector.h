@@ -22,12 +22,15 @@
 #include <absl/synchronization/mutex.h>
 #include <absl/time/time.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "stats/stats_engine.h"
 #include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/record_log.h"
 #include "vramscope/v1/collector.pb.h"
@@ -75,6 +78,35 @@ struct LoadReport {
 
 std::string ProcessKeyString(const v1::ProcessKey& key);
 
+// Upper bounds (seconds) of the ingest lag histogram's buckets; a last bucket takes the rest.
+inline constexpr std::array<double, 12> kIngestLagBounds = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                            1,    2.5,   5,    10,  30,   60};
+
+// One process as a metrics scrape sees it (Collector::Metrics).
+struct ProcessGaugeSnapshot {
+  v1::ProcessKey key;
+  std::string comm;                           // basename of the command line's first word
+  std::map<std::string, std::string> labels;  // ProcessStartEvent.labels
+  bool finished = false;
+  // Wall clock (ns) when this collector stored its exit; 0 when it finished before the
+  // collector started (recovered from the data directory).
+  uint64_t finished_wall_ns = 0;
+  std::vector<DeviceGauges> devices;
+};
+
+// The collector's own figures and the processes a scrape shows (Collector::Metrics).
+struct MetricsSnapshot {
+  uint64_t events_stored = 0;  // in batches stored since start
+  uint64_t batches_stored = 0, batches_duplicate = 0, batches_refused = 0;
+  uint64_t disk_bytes = 0;
+  uint64_t processes_live = 0, processes_finished = 0;  // all tracked, shown or not
+  // Ingest lag (when a batch was stored minus the wall-clock time of its latest event), per
+  // bucket of kIngestLagBounds (not cumulative; the last one is over the last bound).
+  std::array<uint64_t, kIngestLagBounds.size() + 1> lag_buckets{};
+  double lag_sum_seconds = 0;
+  std::vector<ProcessGaugeSnapshot> processes;
+};
+
 class Collector {
  public:
   // Creates `options.data_dir` if needed and rebuilds every process from its log.
@@ -106,6 +138,10 @@ class Collector {
   v1::ListProcessesResponse ListProcesses(bool include_finished) const;
   // Live statistics of the processes named in `request` (all when empty).
   v1::StatsUpdate Snapshot(const v1::WatchRequest& request) const;
+  // What a metrics scrape shows: the counters, every live process and the processes that
+  // finished at or after `finished_since_ns` (wall clock). Each process lock is held only to copy
+  // its O(devices) figures, so a scrape delays a process's ingest by at most that copy.
+  MetricsSnapshot Metrics(uint64_t finished_since_ns) const;
 
   uint64_t disk_bytes() const { return disk_bytes_.load(std::memory_order_relaxed); }
   uint64_t batches_stored() const { return batches_stored_.load(std::memory_order_relaxed); }
@@ -128,6 +164,8 @@ class Collector {
                                   absl::string_view wire);
   absl::Status CreateLog(Process* process);
   std::vector<Process*> Matching(const std::vector<v1::ProcessKey>& keys) const;
+  // After `batch` was stored for `process` (lock held): event count, end time, ingest lag.
+  void CountStored(Process* process, const v1::EventBatch& batch, bool was_finished);
 
   const CollectorOptions options_;
   std::unique_ptr<HistoryWriter> history_;
@@ -135,6 +173,9 @@ class Collector {
   std::atomic<uint64_t> batches_stored_{0};
   std::atomic<uint64_t> batches_duplicate_{0};
   std::atomic<uint64_t> batches_refused_{0};
+  std::atomic<uint64_t> events_stored_{0};
+  std::array<std::atomic<uint64_t>, kIngestLagBounds.size() + 1> lag_buckets_{};
+  std::atomic<uint64_t> lag_sum_ns_{0};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Process>> processes_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,6 +1,7 @@
 // Statistics of one process as the collector keeps them: the stats engine (collector/stats/)
-// builds reports; a few cheap figures (event count, command line, how it ended, peak reserved) are
-// kept alongside so that ListProcesses does not build a full report per process.
+// builds reports; a few cheap figures (event count, command line, run labels, how it ended, peak
+// reserved) are kept alongside so that ListProcesses and a metrics scrape do not build a full
+// report per process.
 // Thread safety: none; the collector guards each instance with its process lock.
 #ifndef VRAMSCOPE_COLLECTOR_PROCESS_STATS_H_
 #define VRAMSCOPE_COLLECTOR_PROCESS_STATS_H_
@@ -11,12 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "stats/stats_engine.h"
 #include "vramscope/v1/events.pb.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::collector {
-
-class ProcessStatsEngine;
 
 class ProcessStats {
  public:
@@ -33,8 +33,12 @@ class ProcessStats {
   const v1::ProcessExitEvent& exit() const { return exit_; }
   uint64_t events() const { return events_; }
   const std::vector<std::string>& command_line() const { return command_line_; }
-  // The run's labels, from the latest ProcessStart.
-  const google::protobuf::Map<std::string, std::string>& labels() const { return labels_; }
+  // The run's labels (ProcessStartEvent.labels), sorted by name.
+  const std::map<std::string, std::string>& labels() const { return labels_; }
+  // Per device figures for metrics (ProcessStatsEngine::Gauges).
+  std::vector<DeviceGauges> Gauges() const;
+  // Wall-clock time of the latest event (ProcessStatsEngine::LastEventWallNs).
+  uint64_t LastEventWallNs() const;
   // Highest peak reserved bytes summed over devices, from the ring's exact counters.
   uint64_t PeakReservedBytes() const;
 
@@ -44,7 +48,7 @@ class ProcessStats {
   bool finished_ = false;
   v1::ProcessExitEvent exit_;
   std::vector<std::string> command_line_;
-  google::protobuf::Map<std::string, std::string> labels_;
+  std::map<std::string, std::string> labels_;
   std::map<uint32_t, uint64_t> peak_reserved_;  // per device, from the ring counters
 };
 
