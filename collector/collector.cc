@@ -245,7 +245,8 @@ absl::StatusOr<std::string> SetAsideDamage(int* fd, const std::string& path, uin
 }
 
 // The stats of the process logged in `path`, rebuilt by reading every batch of the log again.
-absl::StatusOr<std::unique_ptr<ProcessStats>> RebuildStats(const std::string& path) {
+absl::StatusOr<std::unique_ptr<ProcessStats>> RebuildStats(
+    const std::string& path, const std::vector<v1::SequenceRange>& skip = {}) {
   auto stats = std::make_unique<ProcessStats>();
   LogScan scan;
   absl::Status status = ReadLog(
@@ -254,6 +255,11 @@ absl::StatusOr<std::unique_ptr<ProcessStats>> RebuildStats(const std::string& pa
         v1::EventBatch batch;
         if (!batch.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
           return absl::DataLossError("payload is not an EventBatch");
+        }
+        for (const v1::SequenceRange& range : skip) {
+          if (batch.sequence() >= range.first() && batch.sequence() <= range.last()) {
+            return absl::OkStatus();
+          }
         }
         stats->Consume(batch);
         return absl::OkStatus();
@@ -789,7 +795,8 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
   return acked;
 }
 
-absl::StatusOr<v1::Report> Collector::GetReport(const v1::ProcessKey& key) const {
+absl::StatusOr<v1::Report> Collector::GetReport(const v1::ProcessKey& key,
+                                                const std::vector<v1::SequenceRange>& skip) const {
   std::shared_ptr<Process> process = Find(key);
   if (process == nullptr) {
     return absl::NotFoundError(
@@ -798,16 +805,43 @@ absl::StatusOr<v1::Report> Collector::GetReport(const v1::ProcessKey& key) const
   }
   absl::MutexLock lock(&process->mu);
   v1::Report report;
-  if (process->retired()) {
-    // Finished: its engine was released; the log holds everything it was built from.
-    absl::StatusOr<std::unique_ptr<ProcessStats>> stats = RebuildStats(process->path);
+  if (process->retired() || !skip.empty()) {
+    // Finished: its engine was released; the log holds everything it was built from. With
+    // sequences to skip, the engine's figures include them: the log is read again as well.
+    absl::StatusOr<std::unique_ptr<ProcessStats>> stats = RebuildStats(process->path, skip);
     if (!stats.ok()) return absl::InternalError(stats.status().message());
     report = (*stats)->Report();
   } else {
     report = process->stats->Report();
   }
   *report.mutable_process() = process->key;
-  report.mutable_held()->Assign(process->held.begin(), process->held.end());
+  // What the report was computed from: the held ranges less `skip`.
+  for (const v1::SequenceRange& range : process->held) {
+    uint64_t first = range.first();
+    while (first <= range.last()) {
+      uint64_t last = range.last();
+      bool skipped = false;
+      for (const v1::SequenceRange& gap : skip) {
+        if (gap.first() <= first && first <= gap.last()) {
+          // Past the end of the range (also when gap.last() is the largest sequence).
+          first = gap.last() >= range.last() ? range.last() : gap.last();
+          skipped = true;
+          break;
+        }
+        if (gap.first() > first && gap.first() <= last) last = gap.first() - 1;
+      }
+      if (skipped) {
+        if (first == range.last()) break;
+        ++first;
+        continue;
+      }
+      v1::SequenceRange* held = report.add_held();
+      held->set_first(first);
+      held->set_last(last);
+      if (last == range.last()) break;
+      first = last + 1;
+    }
+  }
   return report;
 }
 

@@ -429,7 +429,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CollectorService::Watch(
 
 grpc::Status CollectorService::GetReport(grpc::ServerContext*, const v1::GetReportRequest* request,
                                          v1::Report* response) {
-  absl::StatusOr<v1::Report> report = collector_->GetReport(request->process());
+  absl::StatusOr<v1::Report> report =
+      collector_->GetReport(request->process(), {request->skip().begin(), request->skip().end()});
   if (!report.ok()) return ToGrpcStatus(report.status());
   *response = std::move(*report);
   return grpc::Status::OK;

@@ -8,8 +8,10 @@
 
 #include <absl/status/statusor.h>
 #include <absl/time/time.h>
+#include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "vramscope/v1/collector.pb.h"
@@ -18,9 +20,15 @@
 namespace vramscope::cli {
 
 struct CollectorQuery {
-  std::string address;                         // HOST:PORT
+  // HOST:PORT, or several comma-separated (an agent's `--collector a,b,c`): then what they hold
+  // is merged (report/merge.h) and a collector that cannot be reached is skipped with a line on
+  // stderr, unless none can.
+  std::string address;
   absl::Duration timeout = absl::Seconds(10);  // per call
 };
+
+// The one place `vramscope report` makes a channel to a collector.
+std::shared_ptr<grpc::Channel> MakeCollectorChannel(const std::string& address);
 
 // Every process the collector knows, running and finished, sorted by host, pid, start.
 absl::StatusOr<v1::ListProcessesResponse> ListCollectorProcesses(const CollectorQuery& query);

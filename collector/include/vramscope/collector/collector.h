@@ -109,7 +109,9 @@ class Collector {
   // The highest contiguous sequence stored for `key` (0 if unknown).
   uint64_t StoredSequence(const v1::ProcessKey& key) const;
 
-  absl::StatusOr<v1::Report> GetReport(const v1::ProcessKey& key) const;
+  // The report of `key`; sequences in `skip` are left out (rebuilt from the log then).
+  absl::StatusOr<v1::Report> GetReport(const v1::ProcessKey& key,
+                                       const std::vector<v1::SequenceRange>& skip = {}) const;
   v1::ListProcessesResponse ListProcesses(bool include_finished) const;
   // Live statistics of the processes named in `request` (all when empty).
   v1::StatsUpdate Snapshot(const v1::WatchRequest& request) const;
