@@ -225,6 +225,8 @@ class WatchHub {
   };
   void Run();
 
+  static constexpr absl::Duration kSnapshotReuse = absl::Milliseconds(20);
+
   Collector* const collector_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
@@ -354,7 +356,13 @@ void WatchHub::Stop() {
 
 void WatchHub::Run() {
   std::vector<std::shared_ptr<WatchReactor>> due;
-  std::unordered_map<std::string, grpc::ByteBuffer> snapshots;
+  // Snapshots by request, reused for kSnapshotReuse: watchers fall due at scattered moments, and
+  // a snapshot (a report per process) costs far more than a write.
+  struct Snapshot {
+    grpc::ByteBuffer bytes;
+    absl::Time taken;
+  };
+  std::unordered_map<std::string, Snapshot> snapshots;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     const absl::Time now = absl::Now();
@@ -378,12 +386,17 @@ void WatchHub::Run() {
       continue;
     }
     lock.unlock();
-    // One snapshot per distinct request among the watchers due now.
-    snapshots.clear();
+    // One snapshot per distinct request, unless one was taken less than kSnapshotReuse ago.
+    for (auto it = snapshots.begin(); it != snapshots.end();) {
+      it = now - it->second.taken >= kSnapshotReuse ? snapshots.erase(it) : std::next(it);
+    }
     for (const std::shared_ptr<WatchReactor>& reactor : due) {
       auto [it, inserted] = snapshots.try_emplace(reactor->key());
-      if (inserted) it->second = Serialize(collector_->Snapshot(reactor->request()));
-      reactor->Send(it->second);
+      if (inserted) {
+        it->second.bytes = Serialize(collector_->Snapshot(reactor->request()));
+        it->second.taken = now;
+      }
+      reactor->Send(it->second.bytes);
     }
     due.clear();
     lock.lock();

@@ -73,6 +73,8 @@ struct Options {
   double kill_every_s = 5;
   double down_for_s = 1;
   int synthetic_processes = 0;
+  int watchers = 0;
+  double watch_seconds = 20;
   int checkpoint_every = 0;  // events between latency checkpoints (0: rate / 20)
   std::vector<std::string> traces;
   std::vector<std::string> collector_args;
@@ -368,6 +370,73 @@ int Synthetic(const Options& options) {
   return list.processes_size() == options.synthetic_processes ? 0 : 1;
 }
 
+// --watchers=N: N Watch streams (1 s interval) against one collector holding 10 processes, read
+// for --watch-seconds; prints the collector's RSS and threads and the updates each watcher got.
+int Watchers(const Options& options) {
+  Collectors collectors(options);
+  if (!collectors.Start(0)) return 2;
+  const pid_t pid = collectors.pids().at(0);
+  {
+    auto stub = v1::Collector::NewStub(MakeChannel(collectors.Address(0)));
+    grpc::ClientContext context;
+    auto stream = stub->Ingest(&context);
+    for (int i = 0; i < 10; ++i) {
+      stream->Write(testing::Batch(testing::Key(static_cast<uint32_t>(i + 1), "watched"), 1, 100));
+      v1::IngestAck ack;
+      stream->Read(&ack);
+    }
+    stream->WritesDone();
+    stream->Finish();
+  }
+  const ProcSample before = SampleProcess(pid);
+  constexpr int kPerChannel = 100;
+  std::vector<std::unique_ptr<v1::Collector::Stub>> stubs;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::StatsUpdate>>> readers;
+  for (int i = 0; i < options.watchers; ++i) {
+    if (i % kPerChannel == 0) {
+      grpc::ChannelArguments args;
+      args.SetInt("vramscope.load.channel", i);  // a connection of its own
+      args.SetMaxReceiveMessageSize(64 << 20);
+      stubs.push_back(v1::Collector::NewStub(grpc::CreateCustomChannel(
+          collectors.Address(0), grpc::InsecureChannelCredentials(), args)));
+    }
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    v1::WatchRequest request;
+    request.set_interval_ms(1000);
+    readers.push_back(stubs.back()->Watch(contexts.back().get(), request));
+  }
+  std::vector<int> updates(options.watchers, 0);
+  const absl::Time start = absl::Now();
+  ProcSample peak;
+  while (absl::Now() - start < absl::Seconds(options.watch_seconds)) {
+    for (int i = 0; i < options.watchers; ++i) {
+      v1::StatsUpdate update;
+      if (readers[i]->Read(&update)) ++updates[i];
+    }
+    ProcSample s = SampleProcess(pid);
+    peak.rss_bytes = std::max(peak.rss_bytes, s.rss_bytes);
+    peak.threads = std::max(peak.threads, s.threads);
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  std::vector<int> sorted = updates;
+  std::sort(sorted.begin(), sorted.end());
+  std::printf(
+      "watchers: %d Watch streams at 1 s for %.1f s: updates per watcher min %d, median %d, max %d "
+      "(expected about %.0f); collector RSS %.1f MiB before, peak %.1f MiB; threads peak %d\n",
+      options.watchers, seconds, sorted.front(), sorted[sorted.size() / 2], sorted.back(),
+      seconds + 1, before.rss_bytes / 1048576.0, peak.rss_bytes / 1048576.0, peak.threads);
+  for (auto& context : contexts) context->TryCancel();
+  for (auto& reader : readers) {
+    v1::StatsUpdate update;
+    while (reader->Read(&update)) {
+    }
+    reader->Finish();
+  }
+  collectors.StopAll();
+  return sorted.front() >= static_cast<int>(seconds * 0.8) ? 0 : 1;
+}
+
 int Run(const Options& options) {
   // The trace mix: every bundled trace's allocs and frees, concatenated.
   std::vector<cli::ReplayOp> ops;
@@ -658,7 +727,8 @@ int Usage(const std::string& error) {
                "usage: fleet_load --trace=FILE.csv.gz... [--collectors=N] [--agents=N]\n"
                "         [--processes=N (per agent)] [--rate=EVENTS_PER_S (per process)]\n"
                "         [--duration=S] [--soak [--kill-every=S] [--down-for=S]]\n"
-               "         [--synthetic-processes=N] [--collector-args='...'] "
+               "         [--synthetic-processes=N] [--watchers=N [--watch-seconds=S]]\n"
+               "         [--collector-args='...'] "
                "[--agent-args='...']\n"
                "$VRAMSCOPE_COLLECTOR and $VRAMSCOPE_AGENT name the binaries.\n",
                error.c_str());
@@ -702,6 +772,10 @@ int Main(int argc, char** argv) {
       options.kill_every_s = d;
     } else if (name == "--down-for" && d >= 0) {
       options.down_for_s = d;
+    } else if (name == "--watchers" && absl::SimpleAtoi(value, &n) && n > 0) {
+      options.watchers = static_cast<int>(n);
+    } else if (name == "--watch-seconds" && d > 0) {
+      options.watch_seconds = d;
     } else if (name == "--synthetic-processes" && absl::SimpleAtoi(value, &n) && n > 0) {
       options.synthetic_processes = static_cast<int>(n);
     } else {
@@ -713,6 +787,7 @@ int Main(int argc, char** argv) {
   }
   options.checkpoint_every = static_cast<int>(std::max<int64_t>(1, options.rate / 20));
   if (options.synthetic_processes > 0) return Synthetic(options);
+  if (options.watchers > 0) return Watchers(options);
   return Run(options);
 }
 
