@@ -176,7 +176,9 @@ std::optional<v1::StatsUpdate> WatchSource::TakeUpdate(absl::Duration timeout) {
   fresh_ = false;
   std::vector<v1::StatsUpdate> updates;
   for (const Target& target : targets_) {
-    if (target.latest.has_value() && !target.broken) updates.push_back(*target.latest);
+    // A collector whose stream broke keeps its last update: its processes stay on the screen
+    // (the status line says it is reconnecting).
+    if (target.latest.has_value()) updates.push_back(*target.latest);
   }
   if (updates.empty()) return std::nullopt;
   return MergeStatsUpdates(updates);
