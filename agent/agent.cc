@@ -251,7 +251,9 @@ absl::StatusOr<uint64_t> Agent::Poll() {
   while (!unprobed_.empty()) {
     absl::StatusOr<uint64_t> acked = uplink_.Probe(unprobed_.back(), absl::Milliseconds(500));
     if (!acked.ok()) break;  // not reachable now: next poll
-    outbox_.SetStart(unprobed_.back(), *acked);
+    // With several collectors, one that holds nothing of the process has not lost data: another
+    // holds the earlier batches, and this one takes the process over where the spool goes on.
+    if (!(uplink_.several() && *acked == 0)) outbox_.SetStart(unprobed_.back(), *acked);
     unprobed_.pop_back();
   }
   absl::StatusOr<std::vector<std::string>> found = directory_->Scan();

@@ -30,7 +30,13 @@ Finds the event rings traced processes write (vramscope/ring.h), drains them, an
 events to vramscope-collector over gRPC, resending after reconnects; with --spool-dir every
 unacknowledged batch is also on disk, and a restarted agent sends it.
 
-  --collector=HOST:PORT      collector address (default 127.0.0.1:7411)
+  --collector=HOST:PORT[,HOST:PORT...]
+                             collector address (default 127.0.0.1:7411); several: the agent
+                             sends to the first that answers in an order hashed from
+                             --shard-key (rendezvous), fails over to the next when it goes
+                             down and returns when it is back
+  --shard-key=NAME           what the collectors are ordered by (default: the host name;
+                             agents simulating many hosts on one give each its own)
   --ring-dir=DIR             where the rings are (default $VRAMSCOPE_RING_DIR, else
                              /dev/shm/vramscope, which the agent creates: mode 1777 as
                              root, 0700 otherwise; where the shim writes when
@@ -156,6 +162,8 @@ int Main(int argc, char** argv) {
     int64_t n = 0;
     if (name == "collector") {
       options.uplink.collector = value;
+    } else if (name == "shard-key") {
+      options.uplink.host = value;
     } else if (name == "ring-dir") {
       options.ring_dir = value;
     } else if (name == "batch-events") {

@@ -749,6 +749,12 @@ void Outbox::Rewind() {
   interrupted_ = false;
 }
 
+bool Outbox::WaitNothingInFlight(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sent_count_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
 void Outbox::Interrupt() {
   absl::MutexLock lock(&mu_);
   interrupted_ = true;

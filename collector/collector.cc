@@ -252,6 +252,88 @@ uint64_t WallNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// The stats of the process logged in `path`, rebuilt by reading every batch of the log again.
+absl::StatusOr<std::unique_ptr<ProcessStats>> RebuildStats(
+    const std::string& path, const std::vector<v1::SequenceRange>& skip = {}) {
+  auto stats = std::make_unique<ProcessStats>();
+  LogScan scan;
+  absl::Status status = ReadLog(
+      path,
+      [&](uint64_t, absl::string_view payload) -> absl::Status {
+        v1::EventBatch batch;
+        if (!batch.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+          return absl::DataLossError("payload is not an EventBatch");
+        }
+        for (const v1::SequenceRange& range : skip) {
+          if (batch.sequence() >= range.first() && batch.sequence() <= range.last()) {
+            return absl::OkStatus();
+          }
+        }
+        stats->Consume(batch);
+        return absl::OkStatus();
+      },
+      &scan);
+  if (!status.ok()) return status;
+  if (scan.damaged) {
+    return absl::DataLossError(
+        absl::StrFormat("%s: damaged at offset %d: %s", path, scan.valid_bytes, scan.damage));
+  }
+  return stats;
+}
+
+void FillSummary(const v1::ProcessKey& key, const ProcessStats& stats,
+                 const std::vector<v1::SequenceRange>& held, v1::ProcessSummary* summary) {
+  *summary->mutable_process() = key;
+  for (const std::string& arg : stats.command_line()) summary->add_command_line(arg);
+  summary->set_finished(stats.finished());
+  if (stats.finished()) {
+    const v1::ProcessExitEvent& exit = stats.exit();
+    summary->set_exit_code(exit.exit_code());
+    summary->set_killed(exit.killed());
+    summary->set_signal(exit.signal());
+    summary->set_vanished(exit.vanished());
+  }
+  summary->set_events(stats.events());
+  for (const auto& [name, value] : stats.labels()) (*summary->mutable_labels())[name] = value;
+  summary->set_peak_reserved_bytes(stats.PeakReservedBytes());
+  summary->mutable_held()->Assign(held.begin(), held.end());
+}
+
+void FillLiveStats(const v1::ProcessKey& key, const ProcessStats& stats,
+                   const std::vector<v1::SequenceRange>& held, v1::ProcessStats* out) {
+  v1::Report report = stats.Report();
+  *out->mutable_process() = key;
+  *out->mutable_command_line() = report.command_line();
+  *out->mutable_labels() = report.labels();
+  out->set_finished(report.finished());
+  out->set_exit_code(report.exit_code());
+  out->set_killed(report.killed());
+  out->set_signal(report.signal());
+  out->set_vanished(report.vanished());
+  for (v1::DeviceReport& device : *report.mutable_devices()) {
+    device.clear_timeline();
+    device.clear_top_sites();
+    device.clear_leaks();
+    *out->add_devices() = std::move(device);
+  }
+  out->mutable_held()->Assign(held.begin(), held.end());
+}
+
+// What a metrics scrape shows of a process whose engine is `stats`.
+ProcessGaugeSnapshot GaugeSnapshot(const v1::ProcessKey& key, const ProcessStats& stats) {
+  ProcessGaugeSnapshot shown;
+  shown.key = key;
+  const std::vector<std::string>& args = stats.command_line();
+  if (!args.empty()) {
+    const size_t slash = args[0].rfind('/');
+    shown.comm = slash == std::string::npos ? args[0] : args[0].substr(slash + 1);
+  }
+  shown.labels = stats.labels();
+  shown.finished = stats.finished();
+  shown.devices = stats.Gauges();
+  return shown;
+}
+
 }  // namespace
 
 void Log(LogLevel level, absl::string_view message) {
@@ -283,8 +365,28 @@ struct Collector::Process {
   int fd ABSL_GUARDED_BY(mu) = -1;
   uint64_t file_bytes ABSL_GUARDED_BY(mu) = 0;
   uint64_t acked ABSL_GUARDED_BY(mu) = 0;
-  ProcessStats stats ABSL_GUARDED_BY(mu);
-  uint64_t finished_wall_ns ABSL_GUARDED_BY(mu) = 0;  // MetricsSnapshot's
+  // Sequence ranges held, in order; the last one ends at `acked`.
+  std::vector<v1::SequenceRange> held ABSL_GUARDED_BY(mu);
+  // Null once retired (finished and out of the live table).
+  std::unique_ptr<ProcessStats> stats ABSL_GUARDED_BY(mu) = std::make_unique<ProcessStats>();
+  // While retired: what ListProcesses and Watch show of it.
+  v1::ProcessSummary summary ABSL_GUARDED_BY(mu);
+  v1::ProcessStats live ABSL_GUARDED_BY(mu);
+  // Wall clock when its exit was stored (MetricsSnapshot's), and what a metrics scrape shows of
+  // it once retired.
+  uint64_t finished_wall_ns ABSL_GUARDED_BY(mu) = 0;
+  ProcessGaugeSnapshot gauges ABSL_GUARDED_BY(mu);
+
+  bool retired() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stats == nullptr; }
+  // Records that `sequence` is now held (the next one, or past a gap).
+  void Hold(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (held.empty() || sequence != acked + 1) {
+      v1::SequenceRange& range = held.emplace_back();
+      range.set_first(sequence);
+    }
+    held.back().set_last(sequence);
+    acked = sequence;
+  }
 
   ~Process() {
     if (fd >= 0) ::close(fd);
@@ -375,7 +477,7 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
          std::string(opened.status().message()));
     return;
   }
-  auto process = std::make_unique<Process>();
+  auto process = std::make_shared<Process>();
   absl::MutexLock process_lock(&process->mu);
   process->fd = *opened;  // closed with `process` unless it is kept
   struct stat st {};
@@ -404,13 +506,15 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
                                                      ProcessKeyString(batch.process()),
                                                      ProcessKeyString(process->key)));
         }
-        if (batch.sequence() != process->acked + 1) {
+        // A jump forward is a takeover or a return after a failover (the sequences between are
+        // at another collector); going back is damage.
+        if (batch.sequence() <= process->acked || batch.sequence() == 0) {
           return absl::DataLossError(absl::StrFormat("sequence %d where %d was expected",
                                                      batch.sequence(), process->acked + 1));
         }
         if (process->acked == 0) process->key = batch.process();
-        process->acked = batch.sequence();
-        process->stats.Consume(batch);
+        process->Hold(batch.sequence());
+        process->stats->Consume(batch);
         events += static_cast<uint64_t>(batch.events_size());
         return absl::OkStatus();
       },
@@ -454,7 +558,7 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
   }
   std::string key = ProcessKeyString(process->key);
   absl::MutexLock lock(&mu_);
-  if (processes_.contains(key)) {
+  if (processes_.contains(key) || finished_.contains(key)) {
     skip(LogLevel::kError,
          absl::StrFormat("%s: a second log of process %s; skipped (move one of the two out of %s)",
                          path, key, options_.data_dir));
@@ -472,6 +576,16 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
   ++report->files_loaded;
   report->batches += scan.records;
   report->events += events;
+  if (process->stats->finished()) {
+    // Recovered finished processes go straight to the finished table (no engine, no descriptor).
+    FillSummary(process->key, *process->stats, process->held, &process->summary);
+    FillLiveStats(process->key, *process->stats, process->held, &process->live);
+    process->stats.reset();
+    ::close(process->fd);
+    process->fd = -1;
+    finished_.emplace(key, std::move(process));
+    return;
+  }
   processes_.emplace(key, std::move(process));
 }
 
@@ -506,13 +620,35 @@ absl::Status Collector::CreateLog(Process* process) ABSL_NO_THREAD_SAFETY_ANALYS
   return absl::OkStatus();
 }
 
-absl::StatusOr<Collector::Process*> Collector::FindOrCreate(const v1::ProcessKey& key,
-                                                            uint64_t sequence) {
+std::shared_ptr<Collector::Process> Collector::Find(const v1::ProcessKey& key) const {
   const std::string name = ProcessKeyString(key);
   absl::MutexLock lock(&mu_);
   auto it = processes_.find(name);
-  if (it != processes_.end()) return it->second.get();
-  if (sequence != 1) {
+  if (it != processes_.end()) return it->second;
+  it = finished_.find(name);
+  if (it != finished_.end()) return it->second;
+  return nullptr;
+}
+
+size_t Collector::live_processes() const {
+  absl::MutexLock lock(&mu_);
+  return processes_.size();
+}
+
+size_t Collector::finished_processes() const {
+  absl::MutexLock lock(&mu_);
+  return finished_.size();
+}
+
+absl::StatusOr<std::shared_ptr<Collector::Process>> Collector::FindOrCreate(
+    const v1::ProcessKey& key, uint64_t sequence, bool takeover) {
+  const std::string name = ProcessKeyString(key);
+  absl::MutexLock lock(&mu_);
+  auto it = processes_.find(name);
+  if (it != processes_.end()) return it->second;
+  it = finished_.find(name);
+  if (it != finished_.end()) return it->second;
+  if (sequence != 1 && !takeover) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "sequence gap for process %s: the collector holds none of its batches and expects "
         "sequence 1, got %d; resend from sequence 1",
@@ -520,30 +656,78 @@ absl::StatusOr<Collector::Process*> Collector::FindOrCreate(const v1::ProcessKey
   }
   if (processes_.size() >= options_.max_processes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "the collector already tracks %d processes (--max-processes=%d); process %s refused",
+        "the collector already tracks %d live processes (--max-processes=%d; finished ones do not "
+        "count); process %s refused",
         processes_.size(), options_.max_processes, name));
   }
-  auto created = std::make_unique<Process>();
+  auto created = std::make_shared<Process>();
   created->key = key;
-  Process* process = created.get();
-  processes_.emplace(name, std::move(created));
-  return process;
+  processes_.emplace(name, created);
+  return created;
+}
+
+void Collector::Retire(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with process->mu held; takes mu_ after it, the order LoadFile uses.
+  process->summary.Clear();
+  process->live.Clear();
+  FillSummary(process->key, *process->stats, process->held, &process->summary);
+  FillLiveStats(process->key, *process->stats, process->held, &process->live);
+  process->gauges = GaugeSnapshot(process->key, *process->stats);
+  process->stats.reset();
+  if (process->fd >= 0) ::close(process->fd);
+  process->fd = -1;
+  const std::string name = ProcessKeyString(process->key);
+  absl::MutexLock lock(&mu_);
+  auto it = processes_.find(name);
+  if (it == processes_.end()) return;
+  finished_.emplace(name, std::move(it->second));
+  processes_.erase(it);
+}
+
+absl::Status Collector::Revive(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with process->mu held. A batch after the process's exit (a late DropEvent, counters):
+  // rare, so the engine is simply rebuilt from the log.
+  const std::string name = ProcessKeyString(process->key);
+  {
+    absl::MutexLock lock(&mu_);
+    if (processes_.size() >= options_.max_processes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the collector already tracks %d live processes (--max-processes=%d); a batch of the "
+          "finished process %s refused",
+          processes_.size(), options_.max_processes, name));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<ProcessStats>> stats = RebuildStats(process->path);
+  if (!stats.ok()) return absl::InternalError(stats.status().message());
+  absl::StatusOr<int> fd = OpenRegularFile(process->path, O_WRONLY | O_APPEND);
+  if (!fd.ok()) return absl::InternalError(fd.status().message());
+  struct stat st {};
+  if (::fstat(*fd, &st) != 0) {
+    ::close(*fd);
+    return absl::InternalError(absl::StrFormat("fstat %s: %s", process->path, strerror(errno)));
+  }
+  process->fd = *fd;
+  process->file_bytes = static_cast<uint64_t>(st.st_size);
+  process->stats = std::move(*stats);
+  absl::MutexLock lock(&mu_);
+  auto it = finished_.find(name);
+  if (it != finished_.end()) {
+    processes_.emplace(name, std::move(it->second));
+    finished_.erase(it);
+  }
+  return absl::OkStatus();
 }
 
 uint64_t Collector::StoredSequence(const v1::ProcessKey& key) const {
-  const Process* process = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = processes_.find(ProcessKeyString(key));
-    if (it == processes_.end()) return 0;
-    process = it->second.get();  // processes are never removed
-  }
+  std::shared_ptr<Process> process = Find(key);
+  if (process == nullptr) return 0;
   // Not under mu_: loading takes a process's lock first and mu_ second.
   absl::MutexLock process_lock(&process->mu);
   return process->acked;
 }
 
-absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::string_view wire) {
+absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::string_view wire,
+                                           bool takeover) {
   // Bytes from the wire were parsed, which checks every string; a batch built in memory was not.
   absl::Status valid = wire.empty() ? ValidateBatch(batch) : ValidateBatchHeader(batch);
   if (!valid.ok()) return valid;
@@ -551,14 +735,15 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::st
     // A probe: an agent asks where this process stands before it sends anything.
     return StoredSequence(batch.process());
   }
-  absl::StatusOr<Process*> found = FindOrCreate(batch.process(), batch.sequence());
+  absl::StatusOr<std::shared_ptr<Process>> found =
+      FindOrCreate(batch.process(), batch.sequence(), takeover);
   if (!found.ok()) return found.status();
-  Process* process = *found;
+  Process* process = found->get();
   absl::MutexLock lock(&process->mu);
-  return Append(process, batch, wire);
+  return Append(process, batch, wire, takeover);
 }
 
-absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused) {
+absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused, bool takeover) {
   batches_refused_.fetch_add(1, std::memory_order_relaxed);
   const v1::ProcessKey& key = refused.process;
   const uint64_t sequence = refused.sequence;
@@ -568,9 +753,9 @@ absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused) {
   // `process`, which would validate: key_usable says what the sender's key was.)
   if (!refused.key_usable || !ValidateProcessKey(key).ok()) return uint64_t{0};
   if (sequence == 0) return StoredSequence(key);
-  absl::StatusOr<Process*> found = FindOrCreate(key, sequence);
+  absl::StatusOr<std::shared_ptr<Process>> found = FindOrCreate(key, sequence, takeover);
   if (!found.ok()) return found.status();
-  Process* process = *found;
+  Process* process = found->get();
   absl::MutexLock lock(&process->mu);
   // The sequence is consumed like a stored batch's: a DropEvent for the refused batch's events
   // stands in for it, so the process's later batches follow without a gap (also after a
@@ -579,20 +764,30 @@ absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused) {
   *stand_in.mutable_process() = key;
   stand_in.set_sequence(sequence);
   stand_in.add_events()->mutable_drop()->set_dropped_records(events);
-  return Append(process, stand_in, {});
+  return Append(process, stand_in, {}, takeover);
 }
 
 absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatch& batch,
-                                           absl::string_view wire) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                           absl::string_view wire,
+                                           bool takeover) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Called with process->mu held.
   if (batch.sequence() <= process->acked) {  // a resend: already stored
     batches_duplicate_.fetch_add(1, std::memory_order_relaxed);
     return process->acked;
   }
-  if (batch.sequence() != process->acked + 1) {
+  if (batch.sequence() != process->acked + 1 && takeover) {
+    Log(LogLevel::kInfo,
+        absl::StrFormat("process %s %s at sequence %d (sequences %d..%d are at another collector)",
+                        ProcessKeyString(process->key), process->acked == 0 ? "taken over" : "back",
+                        batch.sequence(), process->acked + 1, batch.sequence() - 1));
+  } else if (batch.sequence() != process->acked + 1) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "sequence gap for process %s: stored up to %d, got %d; resend from sequence %d",
         ProcessKeyString(process->key), process->acked, batch.sequence(), process->acked + 1));
+  }
+  if (process->retired()) {
+    absl::Status revived = Revive(process);
+    if (!revived.ok()) return revived;
   }
   std::string serialized;
   if (wire.empty()) serialized = batch.SerializeAsString();
@@ -633,28 +828,30 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
     return written;
   }
   process->file_bytes += record.size();
-  process->acked = batch.sequence();
-  const bool was_finished = process->stats.finished();
-  process->stats.Consume(batch);
+  process->Hold(batch.sequence());
+  const bool was_finished = process->stats->finished();
+  process->stats->Consume(batch);
   CountStored(process, batch, was_finished);
-  if (history_ != nullptr && !was_finished && process->stats.finished()) {
+  if (history_ != nullptr && !was_finished && process->stats->finished()) {
     // Its row goes to a queue file; the database is written by the history thread.
-    if (absl::Status queued = history_->Enqueue(process->stats.Report()); !queued.ok()) {
+    if (absl::Status queued = history_->Enqueue(process->stats->Report()); !queued.ok()) {
       Log(LogLevel::kError, absl::StrFormat("history: run of %s not queued: %s",
                                             ProcessKeyString(process->key), queued.message()));
     }
   }
-  return process->acked;
+  const uint64_t acked = process->acked;
+  if (process->stats->finished()) Retire(process);
+  return acked;
 }
 
 void Collector::CountStored(Process* process, const v1::EventBatch& batch,
                             bool was_finished) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // Called with process->mu held.
+  // Called with process->mu held, the engine live.
   batches_stored_.fetch_add(1, std::memory_order_relaxed);
   events_stored_.fetch_add(static_cast<uint64_t>(batch.events_size()), std::memory_order_relaxed);
   const uint64_t now = WallNs();
-  if (!was_finished && process->stats.finished()) process->finished_wall_ns = now;
-  const uint64_t last = process->stats.LastEventWallNs();
+  if (!was_finished && process->stats->finished()) process->finished_wall_ns = now;
+  const uint64_t last = process->stats->LastEventWallNs();
   if (batch.events_size() == 0 || last == 0) return;
   // A clock ahead of ours on the traced host reads as no lag rather than a negative one.
   const uint64_t lag_ns = now > last ? now - last : 0;
@@ -665,34 +862,73 @@ void Collector::CountStored(Process* process, const v1::EventBatch& batch,
   lag_sum_ns_.fetch_add(lag_ns, std::memory_order_relaxed);
 }
 
-absl::StatusOr<v1::Report> Collector::GetReport(const v1::ProcessKey& key) const {
-  std::string name = ProcessKeyString(key);
-  const Process* process = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = processes_.find(name);
-    if (it == processes_.end()) {
-      return absl::NotFoundError(absl::StrFormat(
-          "no process %s at this collector; ListProcesses names the known ones", name));
-    }
-    process = it->second.get();
+absl::StatusOr<v1::Report> Collector::GetReport(const v1::ProcessKey& key,
+                                                const std::vector<v1::SequenceRange>& skip) const {
+  std::shared_ptr<Process> process = Find(key);
+  if (process == nullptr) {
+    return absl::NotFoundError(
+        absl::StrFormat("no process %s at this collector; ListProcesses names the known ones",
+                        ProcessKeyString(key)));
   }
   absl::MutexLock lock(&process->mu);
-  v1::Report report = process->stats.Report();
+  v1::Report report;
+  if (process->retired() || !skip.empty()) {
+    // Finished: its engine was released; the log holds everything it was built from. With
+    // sequences to skip, the engine's figures include them: the log is read again as well.
+    absl::StatusOr<std::unique_ptr<ProcessStats>> stats = RebuildStats(process->path, skip);
+    if (!stats.ok()) return absl::InternalError(stats.status().message());
+    report = (*stats)->Report();
+  } else {
+    report = process->stats->Report();
+  }
   *report.mutable_process() = process->key;
+  // What the report was computed from: the held ranges less `skip`.
+  for (const v1::SequenceRange& range : process->held) {
+    uint64_t first = range.first();
+    while (first <= range.last()) {
+      uint64_t last = range.last();
+      bool skipped = false;
+      for (const v1::SequenceRange& gap : skip) {
+        if (gap.first() <= first && first <= gap.last()) {
+          // Past the end of the range (also when gap.last() is the largest sequence).
+          first = gap.last() >= range.last() ? range.last() : gap.last();
+          skipped = true;
+          break;
+        }
+        if (gap.first() > first && gap.first() <= last) last = gap.first() - 1;
+      }
+      if (skipped) {
+        if (first == range.last()) break;
+        ++first;
+        continue;
+      }
+      v1::SequenceRange* held = report.add_held();
+      held->set_first(first);
+      held->set_last(last);
+      if (last == range.last()) break;
+      first = last + 1;
+    }
+  }
   return report;
 }
 
-std::vector<Collector::Process*> Collector::Matching(
+std::vector<std::shared_ptr<Collector::Process>> Collector::Matching(
     const std::vector<v1::ProcessKey>& keys) const {
-  std::vector<Process*> out;
+  std::vector<std::shared_ptr<Process>> out;
   absl::MutexLock lock(&mu_);
   if (keys.empty()) {
-    for (const auto& [name, process] : processes_) out.push_back(process.get());
+    out.reserve(processes_.size() + finished_.size());
+    for (const auto& [name, process] : processes_) out.push_back(process);
+    for (const auto& [name, process] : finished_) out.push_back(process);
   } else {
     for (const v1::ProcessKey& key : keys) {
-      auto it = processes_.find(ProcessKeyString(key));
-      if (it != processes_.end()) out.push_back(it->second.get());
+      const std::string name = ProcessKeyString(key);
+      auto it = processes_.find(name);
+      if (it != processes_.end()) {
+        out.push_back(it->second);
+      } else if (it = finished_.find(name); it != finished_.end()) {
+        out.push_back(it->second);
+      }
     }
   }
   return out;
@@ -700,25 +936,15 @@ std::vector<Collector::Process*> Collector::Matching(
 
 v1::ListProcessesResponse Collector::ListProcesses(bool include_finished) const {
   v1::ListProcessesResponse response;
-  for (Process* process : Matching({})) {
+  for (const std::shared_ptr<Process>& process : Matching({})) {
     absl::MutexLock lock(&process->mu);
     if (process->acked == 0) continue;  // refused before its first batch was stored
-    if (process->stats.finished() && !include_finished) continue;
-    v1::ProcessSummary* summary = response.add_processes();
-    *summary->mutable_process() = process->key;
-    for (const std::string& arg : process->stats.command_line()) summary->add_command_line(arg);
-    summary->set_finished(process->stats.finished());
-    if (process->stats.finished()) {
-      const v1::ProcessExitEvent& exit = process->stats.exit();
-      summary->set_exit_code(exit.exit_code());
-      summary->set_killed(exit.killed());
-      summary->set_signal(exit.signal());
-      summary->set_vanished(exit.vanished());
+    if (process->retired()) {
+      if (include_finished) *response.add_processes() = process->summary;
+      continue;
     }
-    summary->set_events(process->stats.events());
-    for (const auto& [name, value] : process->stats.labels())
-      (*summary->mutable_labels())[name] = value;
-    summary->set_peak_reserved_bytes(process->stats.PeakReservedBytes());
+    if (process->stats->finished() && !include_finished) continue;
+    FillSummary(process->key, *process->stats, process->held, response.add_processes());
   }
   std::sort(response.mutable_processes()->begin(), response.mutable_processes()->end(),
             [](const v1::ProcessSummary& a, const v1::ProcessSummary& b) {
@@ -731,25 +957,14 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
   v1::StatsUpdate update;
   update.set_time_ns(WallNs());
   std::vector<v1::ProcessKey> keys(request.processes().begin(), request.processes().end());
-  for (Process* process : Matching(keys)) {
+  for (const std::shared_ptr<Process>& process : Matching(keys)) {
     absl::MutexLock lock(&process->mu);
     if (process->acked == 0) continue;
-    v1::Report report = process->stats.Report();
-    v1::ProcessStats* stats = update.add_processes();
-    *stats->mutable_process() = process->key;
-    *stats->mutable_command_line() = report.command_line();
-    *stats->mutable_labels() = report.labels();
-    stats->set_finished(report.finished());
-    stats->set_exit_code(report.exit_code());
-    stats->set_killed(report.killed());
-    stats->set_signal(report.signal());
-    stats->set_vanished(report.vanished());
-    for (v1::DeviceReport& device : *report.mutable_devices()) {
-      device.clear_timeline();
-      device.clear_top_sites();
-      device.clear_leaks();
-      *stats->add_devices() = std::move(device);
+    if (process->retired()) {
+      *update.add_processes() = process->live;
+      continue;
     }
+    FillLiveStats(process->key, *process->stats, process->held, update.add_processes());
   }
   return update;
 }
@@ -765,26 +980,19 @@ MetricsSnapshot Collector::Metrics(uint64_t finished_since_ns) const {
     out.lag_buckets[i] = lag_buckets_[i].load(std::memory_order_relaxed);
   }
   out.lag_sum_seconds = static_cast<double>(lag_sum_ns_.load(std::memory_order_relaxed)) / 1e9;
-  for (Process* process : Matching({})) {
+  for (const std::shared_ptr<Process>& process : Matching({})) {
     absl::MutexLock lock(&process->mu);
     if (process->acked == 0) continue;
-    const bool finished = process->stats.finished();
+    const bool finished = process->retired() || process->stats->finished();
     ++(finished ? out.processes_finished : out.processes_live);
     if (finished &&
         (process->finished_wall_ns == 0 || process->finished_wall_ns < finished_since_ns)) {
       continue;
     }
-    ProcessGaugeSnapshot& shown = out.processes.emplace_back();
-    shown.key = process->key;
-    const std::vector<std::string>& args = process->stats.command_line();
-    if (!args.empty()) {
-      const size_t slash = args[0].rfind('/');
-      shown.comm = slash == std::string::npos ? args[0] : args[0].substr(slash + 1);
-    }
-    shown.labels = process->stats.labels();
+    ProcessGaugeSnapshot& shown = out.processes.emplace_back(
+        process->retired() ? process->gauges : GaugeSnapshot(process->key, *process->stats));
     shown.finished = finished;
     shown.finished_wall_ns = process->finished_wall_ns;
-    shown.devices = process->stats.Gauges();
   }
   return out;
 }

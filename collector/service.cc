@@ -36,9 +36,10 @@ namespace {
 // process (they are cumulative, so the latest says all).
 class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  IngestReactor(Collector* collector, std::string peer)
+  IngestReactor(Collector* collector, std::string peer, bool takeover)
       : collector_(collector),
         peer_(std::move(peer)),
+        takeover_(takeover),
         arena_block_(new char[kArenaBlockBytes]),
         arena_(ArenaOptionsFor(arena_block_.get())) {
     StartRead(&request_);
@@ -98,7 +99,7 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       case IngestMessage::Kind::kMalformed:
         return absl::InvalidArgumentError(message.reason);
       case IngestMessage::Kind::kBatch: {
-        absl::StatusOr<uint64_t> acked = collector_->Ingest(*message.batch, wire_);
+        absl::StatusOr<uint64_t> acked = collector_->Ingest(*message.batch, wire_, takeover_);
         if (!acked.ok()) return acked.status();
         *ack.mutable_process() = message.batch->process();
         ack.set_acked_sequence(*acked);
@@ -107,7 +108,7 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       case IngestMessage::Kind::kRejected: {
         // One bad batch (one process's hostile strings, a bogus key) is answered on its own;
         // the stream, and every other process's batches on it, go on.
-        absl::StatusOr<uint64_t> acked = collector_->Refuse(message);
+        absl::StatusOr<uint64_t> acked = collector_->Refuse(message, takeover_);
         if (!acked.ok()) return acked.status();
         const uint64_t refused = collector_->batches_refused();
         if (refused <= 10 || refused % 1000 == 0) {
@@ -176,6 +177,7 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   Collector* const collector_;
   const std::string peer_;
+  const bool takeover_;
   // Touched only by the read path (one read outstanding at a time).
   grpc::ByteBuffer request_;
   std::string wire_;
@@ -189,32 +191,261 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+class WatchReactor;
+
 }  // namespace
+
+// The watchers and the one thread that feeds them. Lock order: a reactor's mu_, then the hub's
+// mu_ (the fan-out thread never holds its mu_ while calling into a reactor).
+class WatchHub {
+ public:
+  explicit WatchHub(Collector* collector) : collector_(collector) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~WatchHub() {
+    Stop();
+    thread_.join();
+  }
+
+  // Holds `reactor` until its OnDone; it gets updates when `schedule`. False once stopping: the
+  // caller finishes the call with UNAVAILABLE.
+  bool Add(const std::shared_ptr<WatchReactor>& reactor, bool schedule);
+  void Remove(WatchReactor* reactor);
+  // The reactor's write completed: it is due again `interval` after it was sent.
+  void Idle(WatchReactor* reactor, absl::Time due);
+  void Stop();
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return watchers_.size();
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<WatchReactor> reactor;
+    absl::Time due;
+    bool busy = false;  // a write in flight
+  };
+  void Run();
+
+  static constexpr absl::Duration kSnapshotReuse = absl::Milliseconds(20);
+
+  Collector* const collector_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::unordered_map<WatchReactor*, Entry> watchers_;
+  std::thread thread_;
+};
+
+namespace {
+
+class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  WatchReactor(WatchHub* hub, v1::WatchRequest request)
+      : hub_(hub),
+        request_(std::move(request)),
+        interval_(ClampWatchInterval(request_.interval_ms())),
+        key_(request_.processes().empty() ? std::string() : request_.SerializeAsString()) {}
+
+  const v1::WatchRequest& request() const { return request_; }
+  // Watchers with the same key get the same snapshot (empty: every process).
+  const std::string& key() const { return key_; }
+
+  // From the fan-out thread: sends `update` unless the call is over.
+  void Send(const grpc::ByteBuffer& update) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    response_ = update;  // shares the slices: serialised once for every watcher
+    sent_at_ = absl::Now();
+    writing_ = true;
+    StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok || finish_pending_) {  // the client went away, or Stop() waited for this write
+      FinishLocked(finish_status_);
+      return;
+    }
+    hub_->Idle(this, sent_at_ + interval_);
+  }
+
+  void OnCancel() override { FinishSoon(grpc::Status::OK); }
+
+  // Ends the call once no write is in flight.
+  void FinishSoon(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writing_) {
+      finish_pending_ = true;
+      finish_status_ = status;
+      return;
+    }
+    FinishLocked(status);
+  }
+
+  void OnDone() override {
+    // The hub's reference (and any the fan-out thread holds) keeps the object until released.
+    hub_->Remove(this);
+  }
+
+ private:
+  void FinishLocked(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  WatchHub* const hub_;
+  const v1::WatchRequest request_;
+  const absl::Duration interval_;
+  const std::string key_;
+  std::mutex mu_;
+  grpc::ByteBuffer response_;
+  absl::Time sent_at_;
+  bool writing_ = false;
+  bool finish_pending_ = false;
+  grpc::Status finish_status_;
+  bool finished_ = false;
+};
+
+grpc::ByteBuffer Serialize(const v1::StatsUpdate& update) {
+  std::string bytes = update.SerializeAsString();
+  grpc::Slice slice(std::move(bytes));
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+}  // namespace
+
+bool WatchHub::Add(const std::shared_ptr<WatchReactor>& reactor, bool schedule) {
+  std::lock_guard<std::mutex> lock(mu_);
+  watchers_[reactor.get()] = Entry{reactor, absl::InfinitePast(), stopping_ || !schedule};
+  wake_.notify_one();
+  return !stopping_;
+}
+
+void WatchHub::Remove(WatchReactor* reactor) {
+  std::shared_ptr<WatchReactor> last;  // destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = watchers_.find(reactor);
+  if (it == watchers_.end()) return;
+  last = std::move(it->second.reactor);
+  watchers_.erase(it);
+}
+
+void WatchHub::Idle(WatchReactor* reactor, absl::Time due) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = watchers_.find(reactor);
+  if (it == watchers_.end()) return;
+  it->second.busy = false;
+  it->second.due = due;
+  wake_.notify_one();
+}
+
+void WatchHub::Stop() {
+  std::vector<std::shared_ptr<WatchReactor>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    for (auto& [ptr, entry] : watchers_) all.push_back(entry.reactor);
+    wake_.notify_one();
+  }
+  for (const auto& reactor : all) {
+    reactor->FinishSoon(grpc::Status(grpc::StatusCode::UNAVAILABLE, "collector shutting down"));
+  }
+}
+
+void WatchHub::Run() {
+  std::vector<std::shared_ptr<WatchReactor>> due;
+  // Snapshots by request, reused for kSnapshotReuse: watchers fall due at scattered moments, and
+  // a snapshot (a report per process) costs far more than a write.
+  struct Snapshot {
+    grpc::ByteBuffer bytes;
+    absl::Time taken;
+  };
+  std::unordered_map<std::string, Snapshot> snapshots;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    due.clear();
+    for (auto& [ptr, entry] : watchers_) {
+      if (entry.busy) continue;
+      if (entry.due <= now) {
+        entry.busy = true;
+        due.push_back(entry.reactor);
+      } else {
+        next = std::min(next, entry.due);
+      }
+    }
+    if (due.empty()) {
+      if (next == absl::InfiniteFuture()) {
+        wake_.wait(lock);
+      } else {
+        wake_.wait_for(lock, absl::ToChronoNanoseconds(next - now));
+      }
+      continue;
+    }
+    lock.unlock();
+    // One snapshot per distinct request, unless one was taken less than kSnapshotReuse ago.
+    for (auto it = snapshots.begin(); it != snapshots.end();) {
+      it = now - it->second.taken >= kSnapshotReuse ? snapshots.erase(it) : std::next(it);
+    }
+    for (const std::shared_ptr<WatchReactor>& reactor : due) {
+      auto [it, inserted] = snapshots.try_emplace(reactor->key());
+      if (inserted) {
+        it->second.bytes = Serialize(collector_->Snapshot(reactor->request()));
+        it->second.taken = now;
+      }
+      reactor->Send(it->second.bytes);
+    }
+    due.clear();
+    lock.lock();
+  }
+}
+
+CollectorService::CollectorService(Collector* collector)
+    : collector_(collector), hub_(std::make_unique<WatchHub>(collector)) {}
+
+CollectorService::~CollectorService() = default;
+
+size_t CollectorService::watchers() const { return hub_->size(); }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CollectorService::Ingest(
     grpc::CallbackServerContext* context) {
-  return new IngestReactor(collector_, context->peer());
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(kFailoverMetadata);
+  const bool takeover = it != metadata.end() && it->second == "1";
+  return new IngestReactor(collector_, context->peer(), takeover);
 }
 
-grpc::Status CollectorService::Watch(grpc::ServerContext* context, const v1::WatchRequest* request,
-                                     grpc::ServerWriter<v1::StatsUpdate>* writer) {
-  const absl::Duration interval = ClampWatchInterval(request->interval_ms());
-  while (!context->IsCancelled()) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "collector shutting down");
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CollectorService::Watch(
+    grpc::CallbackServerContext*, const grpc::ByteBuffer* request) {
+  v1::WatchRequest parsed;
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (request->Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
     }
-    if (!writer->Write(collector_->Snapshot(*request))) return grpc::Status::OK;
-    absl::MutexLock lock(&mu_);
-    // Wakes early only for Stop(); a cancelled client is noticed at the next interval.
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval);
   }
-  return grpc::Status::OK;
+  const bool valid = parsed.ParseFromString(bytes);
+  auto reactor = std::make_shared<WatchReactor>(hub_.get(), std::move(parsed));
+  // Added even when it is to be finished at once: the hub holds every reactor until OnDone.
+  if (!hub_->Add(reactor, /*schedule=*/valid)) {
+    reactor->FinishSoon(grpc::Status(grpc::StatusCode::UNAVAILABLE, "collector shutting down"));
+  } else if (!valid) {
+    reactor->FinishSoon(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request is not a WatchRequest"));
+  }
+  return reactor.get();
 }
 
 grpc::Status CollectorService::GetReport(grpc::ServerContext*, const v1::GetReportRequest* request,
                                          v1::Report* response) {
-  absl::StatusOr<v1::Report> report = collector_->GetReport(request->process());
+  absl::StatusOr<v1::Report> report =
+      collector_->GetReport(request->process(), {request->skip().begin(), request->skip().end()});
   if (!report.ok()) return ToGrpcStatus(report.status());
   *response = std::move(*report);
   return grpc::Status::OK;
@@ -259,10 +490,7 @@ grpc::Status CollectorService::ListProcesses(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-void CollectorService::Stop() {
-  absl::MutexLock lock(&mu_);
-  stopping_ = true;
-}
+void CollectorService::Stop() { hub_->Stop(); }
 
 absl::StatusOr<std::unique_ptr<CollectorServer>> CollectorServer::Start(
     Collector* collector, const ServerOptions& options) {

@@ -317,6 +317,89 @@ TEST_F(CollectorTest, MaxProcessesRefusesNewOnes) {
   EXPECT_TRUE(collector->Ingest(Batch(Key(1), 2, 1)).ok());
 }
 
+TEST_F(CollectorTest, FinishedProcessesLeaveTheLiveTableAndStayReadable) {
+  CollectorOptions options;
+  options.max_processes = 2;
+  auto collector = Open(nullptr, options);
+  ASSERT_TRUE(collector->Ingest(Batch(Key(1), 1, 4)).ok());
+  ASSERT_TRUE(collector->Ingest(Batch(Key(2), 1, 4)).ok());
+  const v1::Report before = *collector->GetReport(Key(1));
+  ASSERT_TRUE(collector->Ingest(ExitBatch(Key(1), 2, 7)).ok());
+  ASSERT_TRUE(collector->Ingest(ExitBatch(Key(2), 2, 0)).ok());
+  EXPECT_EQ(collector->live_processes(), 0u);
+  EXPECT_EQ(collector->finished_processes(), 2u);
+  // Two finished processes no longer block new ones at --max-processes=2.
+  ASSERT_TRUE(collector->Ingest(Batch(Key(3), 1, 1)).ok());
+  ASSERT_TRUE(collector->Ingest(Batch(Key(4), 1, 1)).ok());
+  EXPECT_EQ(collector->Ingest(Batch(Key(5), 1, 1)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Still readable: the report rebuilt from the log, the listing, a resend acknowledged.
+  absl::StatusOr<v1::Report> after = collector->GetReport(Key(1));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->events(), before.events() + 1);
+  EXPECT_TRUE(after->finished());
+  EXPECT_EQ(after->exit_code(), 7);
+  ASSERT_EQ(after->devices_size(), 1);
+  EXPECT_EQ(after->devices(0).alloc_count(), before.devices(0).alloc_count());
+  EXPECT_EQ(collector->ListProcesses(true).processes_size(), 4);
+  EXPECT_EQ(collector->ListProcesses(false).processes_size(), 2);
+  EXPECT_EQ(*collector->Ingest(ExitBatch(Key(1), 2, 7)), 2u);
+  EXPECT_EQ(collector->Snapshot({}).processes_size(), 4);
+  // A batch after the exit brings it back (there is room once one of the others finishes), and
+  // as it is still finished it leaves again once stored.
+  EXPECT_EQ(collector->Ingest(Batch(Key(1), 3, 2)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(collector->Ingest(ExitBatch(Key(3), 2, 0)).ok());
+  EXPECT_EQ(*collector->Ingest(Batch(Key(1), 3, 2)), 3u);
+  EXPECT_EQ(collector->GetReport(Key(1))->events(), before.events() + 3);
+  EXPECT_EQ(collector->live_processes(), 1u);  // Key(4)
+  // After a restart, finished ones go straight to the finished table.
+  collector.reset();
+  collector = Open(nullptr, options);
+  EXPECT_EQ(collector->live_processes(), 1u);
+  EXPECT_EQ(collector->finished_processes(), 3u);
+  EXPECT_EQ(collector->GetReport(Key(2))->exit_code(), 0);
+}
+
+TEST_F(CollectorTest, TakeoverStartsPastSequenceOneAndHoldsRanges) {
+  auto collector = Open();
+  // Without takeover (one collector) a process must start at 1.
+  EXPECT_EQ(collector->Ingest(Batch(Key(8), 5, 3)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // On a failover stream: taken over at 5; later back after a gap (7, 8 went elsewhere).
+  EXPECT_EQ(*collector->Ingest(Batch(Key(8), 5, 3), {}, /*takeover=*/true), 5u);
+  EXPECT_EQ(*collector->Ingest(Batch(Key(8), 6, 3), {}, true), 6u);
+  EXPECT_EQ(collector->Ingest(Batch(Key(8), 9, 3)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*collector->Ingest(Batch(Key(8), 9, 3), {}, true), 9u);
+  EXPECT_EQ(*collector->Ingest(Batch(Key(8), 6, 3), {}, true), 9u);  // a resend: acknowledged
+  auto held = [](const auto& message) {
+    std::string out;
+    for (const v1::SequenceRange& r : message.held()) {
+      out += absl::StrCat("[", r.first(), ",", r.last(), "]");
+    }
+    return out;
+  };
+  EXPECT_EQ(held(*collector->GetReport(Key(8))), "[5,6][9,9]");
+  EXPECT_EQ(collector->GetReport(Key(8))->events(), 9u);
+  // A viewer merging collectors can leave out what another one counts.
+  v1::SequenceRange skip;
+  skip.set_first(6);
+  skip.set_last(6);
+  absl::StatusOr<v1::Report> less = collector->GetReport(Key(8), {skip});
+  ASSERT_TRUE(less.ok()) << less.status();
+  EXPECT_EQ(less->events(), 6u);
+  EXPECT_EQ(held(*less), "[5,5][9,9]");
+  EXPECT_EQ(held(collector->ListProcesses(true).processes(0)), "[5,6][9,9]");
+  // The ranges come back from the log after a restart.
+  collector.reset();
+  LoadReport load;
+  collector = Open(&load);
+  EXPECT_TRUE(load.errors.empty());
+  EXPECT_EQ(held(*collector->GetReport(Key(8))), "[5,6][9,9]");
+  EXPECT_EQ(*collector->Ingest(Batch(Key(8), 10, 3)), 10u);
+}
+
 TEST_F(CollectorTest, SnapshotFiltersAndStripsHeavyFields) {
   auto collector = Open();
   ASSERT_TRUE(collector->Ingest(Batch(Key(21), 1, 3)).ok());

@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -265,6 +266,52 @@ TEST_F(ServiceTest, WatchStreamsUpdatesAtTheInterval) {
   while (reader->Read(&second)) {
   }
   reader->Finish();
+}
+
+// Threads of this process (server and client share it).
+size_t Threads() {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    static_cast<void>(entry);
+    ++n;
+  }
+  return n;
+}
+
+TEST_F(ServiceTest, TwoHundredFiftyWatchersDoNotTakeAThreadEach) {
+  Start();
+  std::vector<uint64_t> acks;
+  ASSERT_TRUE(Send({Batch(Key(6), 1, 10)}, &acks).ok());
+  const size_t before = Threads();
+  constexpr int kWatchers = 250;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::StatsUpdate>>> readers;
+  for (int i = 0; i < kWatchers; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    v1::WatchRequest request;
+    request.set_interval_ms(50);
+    readers.push_back(stub_->Watch(contexts.back().get(), request));
+  }
+  // Every watcher gets its first update and then more at its interval, all open at once.
+  for (int round = 0; round < 3; ++round) {
+    for (auto& reader : readers) {
+      v1::StatsUpdate update;
+      ASSERT_TRUE(reader->Read(&update));
+      ASSERT_EQ(update.processes_size(), 1);
+    }
+  }
+  EXPECT_EQ(server_->service().watchers(), static_cast<size_t>(kWatchers));
+  const size_t during = Threads();
+  // A thread per stream would add 250; gRPC's callback pool and the fan-out thread are a few.
+  EXPECT_LT(during, before + 50) << "threads before " << before << ", with " << kWatchers
+                                 << " watchers " << during;
+  for (auto& context : contexts) context->TryCancel();
+  for (auto& reader : readers) {
+    v1::StatsUpdate update;
+    while (reader->Read(&update)) {
+    }
+    reader->Finish();
+  }
 }
 
 TEST_F(ServiceTest, ListProcessesAndGetReport) {

@@ -86,6 +86,9 @@ class Subprocess {
     return absl::SimpleAtoi(output_.substr(at, end - at), &port) ? port : 0;
   }
 
+  // The child's pid (-1 when not running).
+  pid_t pid() const { return pid_; }
+
   std::string output() {
     absl::MutexLock lock(&mu_);
     return output_;

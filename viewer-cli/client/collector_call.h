@@ -23,7 +23,10 @@
 namespace vramscope::cli {
 
 struct CollectorQuery {
-  std::string address;                         // HOST:PORT
+  // HOST:PORT, or several comma-separated (an agent's `--collector a,b,c`): `vramscope report`
+  // then merges what they hold (report/merge.h), skipping with a line on stderr a collector
+  // that cannot be reached, unless none can.
+  std::string address;
   absl::Duration timeout = absl::Seconds(10);  // per call
 };
 

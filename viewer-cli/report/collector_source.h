@@ -9,8 +9,10 @@
 
 #include <absl/status/statusor.h>
 #include <absl/time/time.h>
+#include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "client/collector_call.h"

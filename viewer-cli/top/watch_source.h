@@ -3,6 +3,10 @@
 // the dashboard names, at most every `report_interval`. When the stream breaks it reconnects
 // with backoff (100 ms doubling to 2 s) and says so in status().
 //
+// `address` may list several collectors, comma-separated (an agent fleet's `--collector a,b,c`):
+// one Watch stream (and thread) per collector, and each update taken is the newest of each merged
+// (MergeStatsUpdates). Connect succeeds when any answers; broken() means all are.
+//
 // Thread safety: every public method may be called from any thread. Errors: Connect returns
 // UNAVAILABLE (with gRPC's reason) when the collector cannot be reached within the timeout.
 #pragma once
@@ -16,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "vramscope/v1/collector.grpc.pb.h"
 #include "vramscope/v1/collector.pb.h"
@@ -29,6 +34,11 @@ struct WatchSourceOptions {
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration report_interval = absl::Seconds(2);
 };
+
+// Several collectors' updates into one: a process held by several (its agent failed over) appears
+// once, with the figures of the collector holding its highest sequence, and the allocation, free
+// and dropped-record counts of the others' devices added.
+v1::StatsUpdate MergeStatsUpdates(const std::vector<v1::StatsUpdate>& updates);
 
 class WatchSource {
  public:
@@ -54,18 +64,24 @@ class WatchSource {
   bool broken() const;
 
  private:
-  void Loop();
+  struct Target {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Collector::Stub> stub;
+    grpc::ClientContext* context = nullptr;  // guarded by mu_
+    std::optional<v1::StatsUpdate> latest;   // guarded by mu_
+    bool broken = false;                     // guarded by mu_
+  };
+  void Loop(size_t index);
   void MaybeFetchReport(v1::Collector::Stub& stub);
 
   const WatchSourceOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Collector::Stub> stub_;
-  std::thread thread_;
+  std::vector<Target> targets_;
+  std::vector<std::thread> threads_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::optional<v1::StatsUpdate> update_ ABSL_GUARDED_BY(mu_);
+  bool fresh_ ABSL_GUARDED_BY(mu_) = false;  // an update arrived since the last TakeUpdate
   std::optional<v1::Report> report_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::ProcessKey> wanted_ ABSL_GUARDED_BY(mu_);
   std::string fetched_key_ ABSL_GUARDED_BY(mu_);

@@ -139,6 +139,9 @@ class Outbox {
   std::shared_ptr<const v1::EventBatch> NextToSend(absl::Duration timeout);
   // A new stream starts: everything unacknowledged is to be sent again.
   void Rewind();
+  // Waits until every batch sent since the last Rewind() was acknowledged (or rejected); false
+  // on timeout.
+  bool WaitNothingInFlight(absl::Duration timeout);
   // Wakes NextToSend now (the stream broke or the agent stops).
   void Interrupt();
 

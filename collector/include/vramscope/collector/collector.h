@@ -7,6 +7,18 @@
 // with `fsync`, on stable storage). A batch it could not store is not acknowledged: the agent
 // keeps it and resends it.
 //
+// Live and finished: a process whose ProcessExit is stored leaves the live table (its stats engine
+// and log descriptor are released; its summary and last live figures stay) and no longer counts
+// against `max_processes`; GetReport rebuilds its report from its log. A later batch of it (a
+// resend is only acknowledged) brings it back.
+//
+// Several collectors: on a stream whose agent spreads over several collectors (`takeover`), a
+// process the collector has never seen may start past sequence 1 (another collector held the
+// earlier batches until it went down), and a known process may continue past a gap (it was
+// elsewhere meanwhile). Each process's held sequence ranges are reported (`held` in
+// ProcessSummary, ProcessStats and Report) so that viewers merging collectors count each sequence
+// once.
+//
 // Thread safety: all methods may be called concurrently. Batches of one process are serialised by
 // a per-process lock; different processes proceed in parallel.
 // Errors: absl::Status. INVALID_ARGUMENT (a batch ValidateBatch refuses), FAILED_PRECONDITION
@@ -45,7 +57,8 @@ struct CollectorOptions {
   std::string data_dir;
   // Bytes all process logs together may occupy; 0 = no limit but the disk's.
   uint64_t max_disk_bytes = 0;
-  // Processes the collector tracks (live and finished, recovered ones included).
+  // Live processes the collector tracks (recovered ones included; finished ones leave the live
+  // table and do not count).
   uint32_t max_processes = 4096;
   // fdatasync each record before acknowledging it. Off (the default), an acknowledged batch is in
   // the process's log file: it survives a collector crash, kill or restart (the page cache
@@ -122,7 +135,10 @@ class Collector {
   // a probe: nothing is stored and the answer is the process's stored sequence (0 if unknown).
   // A batch failing ValidateBatch (vramscope/collector/batch_check.h; with `wire`, only
   // ValidateBatchHeader, as parsing checked the rest) is INVALID_ARGUMENT and stores nothing.
-  absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {});
+  // With `takeover` (the agent sends to several collectors), an unknown process may start past
+  // sequence 1 and a known one continue past a gap, instead of FAILED_PRECONDITION.
+  absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {},
+                                  bool takeover = false);
   // CheckIngestMessage refused a batch (`refused.kind` is kRejected): batch `refused.sequence` of
   // `refused.process`, holding `refused.events` events. If the key can be filed
   // (`refused.key_usable`: the key as sent, not only its escaped form in `refused.process`) and
@@ -130,11 +146,13 @@ class Collector {
   // DropEvent for the events is stored in its place, so the process's later batches follow
   // without a gap. A duplicate or sequence 0 stores nothing; a gap is FAILED_PRECONDITION as for
   // Ingest. Returns the sequence to acknowledge (0 for a key that cannot be filed).
-  absl::StatusOr<uint64_t> Refuse(const IngestMessage& refused);
+  absl::StatusOr<uint64_t> Refuse(const IngestMessage& refused, bool takeover = false);
   // The highest contiguous sequence stored for `key` (0 if unknown).
   uint64_t StoredSequence(const v1::ProcessKey& key) const;
 
-  absl::StatusOr<v1::Report> GetReport(const v1::ProcessKey& key) const;
+  // The report of `key`; sequences in `skip` are left out (rebuilt from the log then).
+  absl::StatusOr<v1::Report> GetReport(const v1::ProcessKey& key,
+                                       const std::vector<v1::SequenceRange>& skip = {}) const;
   v1::ListProcessesResponse ListProcesses(bool include_finished) const;
   // Live statistics of the processes named in `request` (all when empty).
   v1::StatsUpdate Snapshot(const v1::WatchRequest& request) const;
@@ -147,6 +165,9 @@ class Collector {
   uint64_t batches_stored() const { return batches_stored_.load(std::memory_order_relaxed); }
   uint64_t batches_duplicate() const { return batches_duplicate_.load(std::memory_order_relaxed); }
   uint64_t batches_refused() const { return batches_refused_.load(std::memory_order_relaxed); }
+  // Processes in the live table (what --max-processes bounds) and finished ones.
+  size_t live_processes() const;
+  size_t finished_processes() const;
   const CollectorOptions& options() const { return options_; }
   // The run history's writer (its store answers ListRuns/GetRun); nullptr when database="off".
   HistoryWriter* history() const { return history_.get(); }
@@ -157,13 +178,19 @@ class Collector {
   absl::Status Load(LoadReport* report);
   void LoadFile(const std::string& path, LoadReport* report);
   // The process of `key`, created when `sequence` is 1 (else a gap) and there is room.
-  absl::StatusOr<Process*> FindOrCreate(const v1::ProcessKey& key, uint64_t sequence);
+  // A finished process found is returned as it is (Append revives it when needed).
+  absl::StatusOr<std::shared_ptr<Process>> FindOrCreate(const v1::ProcessKey& key,
+                                                        uint64_t sequence, bool takeover);
+  std::shared_ptr<Process> Find(const v1::ProcessKey& key) const;
   // Stores `batch` (the next sequence of `process`, whose lock the caller holds) or answers a
-  // duplicate; a gap is FAILED_PRECONDITION.
+  // duplicate; a gap is FAILED_PRECONDITION unless `takeover`.
   absl::StatusOr<uint64_t> Append(Process* process, const v1::EventBatch& batch,
-                                  absl::string_view wire);
+                                  absl::string_view wire, bool takeover);
+  // Moves a finished process (lock held) out of the live table; Revive brings it back.
+  void Retire(Process* process);
+  absl::Status Revive(Process* process);
   absl::Status CreateLog(Process* process);
-  std::vector<Process*> Matching(const std::vector<v1::ProcessKey>& keys) const;
+  std::vector<std::shared_ptr<Process>> Matching(const std::vector<v1::ProcessKey>& keys) const;
   // After `batch` was stored for `process` (lock held): event count, end time, ingest lag.
   void CountStored(Process* process, const v1::EventBatch& batch, bool was_finished);
 
@@ -177,7 +204,10 @@ class Collector {
   std::array<std::atomic<uint64_t>, kIngestLagBounds.size() + 1> lag_buckets_{};
   std::atomic<uint64_t> lag_sum_ns_{0};
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Process>> processes_ ABSL_GUARDED_BY(mu_);
+  // Live processes, and finished ones (retired: no stats engine, no descriptor). A key is in one
+  // of the two at most. Shared: callers keep a process after dropping mu_ while it moves.
+  absl::flat_hash_map<std::string, std::shared_ptr<Process>> processes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Process>> finished_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vramscope::collector

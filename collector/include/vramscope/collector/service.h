@@ -15,9 +15,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 
 #include "vramscope/collector/collector.h"
 #include "vramscope/v1/collector.grpc.pb.h"
@@ -33,16 +37,31 @@ absl::Duration ClampWatchInterval(uint32_t interval_ms);
 // itself (CheckIngestMessage, vramscope/collector/batch_check.h), so a batch it refuses is
 // answered on its own (IngestAck.rejected) while the stream goes on, bytes that are not an
 // EventBatch end the stream with INVALID_ARGUMENT instead of looking like a half-close, and the
-// received bytes are stored as they are, without serialising them again.
+// received bytes are stored as they are, without serialising them again. An Ingest stream whose
+// client metadata carries `kFailoverMetadata` (an agent given several collectors) may start a
+// process past sequence 1 or continue one past a gap (Collector::Ingest's `takeover`).
+//
+// Watch is served raw on the callback API too, without a thread per stream: one fan-out thread
+// (WatchHub) wakes when the next watcher is due, takes one snapshot per distinct request among the
+// watchers due together (every watcher of all processes shares one, serialised once), and starts
+// the writes; gRPC's own threads complete them. A watcher whose previous update is still being
+// written when it is due again gets the next one after that write completes (a slow client is
+// not queued up).
+class WatchHub;
+
+inline constexpr char kFailoverMetadata[] = "vramscope-failover";
+
 class CollectorService final
-    : public v1::Collector::WithRawCallbackMethod_Ingest<v1::Collector::Service> {
+    : public v1::Collector::WithRawCallbackMethod_Watch<
+          v1::Collector::WithRawCallbackMethod_Ingest<v1::Collector::Service>> {
  public:
-  explicit CollectorService(Collector* collector) : collector_(collector) {}
+  explicit CollectorService(Collector* collector);
+  ~CollectorService() override;
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Ingest(
       grpc::CallbackServerContext* context) override;
-  grpc::Status Watch(grpc::ServerContext* context, const v1::WatchRequest* request,
-                     grpc::ServerWriter<v1::StatsUpdate>* writer) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Watch(grpc::CallbackServerContext* context,
+                                                    const grpc::ByteBuffer* request) override;
   grpc::Status GetReport(grpc::ServerContext* context, const v1::GetReportRequest* request,
                          v1::Report* response) override;
   grpc::Status ListProcesses(grpc::ServerContext* context, const v1::ListProcessesRequest* request,
@@ -53,13 +72,14 @@ class CollectorService final
   grpc::Status GetRun(grpc::ServerContext* context, const v1::GetRunRequest* request,
                       v1::Report* response) override;
 
-  // Ends every Watch stream at its next wake-up; later Watch calls return UNAVAILABLE.
+  // Ends every Watch stream (UNAVAILABLE); later Watch calls return UNAVAILABLE.
   void Stop();
+  // Watch streams open now.
+  size_t watchers() const;
 
  private:
   Collector* const collector_;
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<WatchHub> hub_;
 };
 
 struct ServerOptions {
