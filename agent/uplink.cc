@@ -34,8 +34,7 @@ Uplink::Uplink(Outbox* outbox, UplinkOptions options)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(initial_ms, 1));
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(initial_ms, 1));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(max_ms, 1));
-  channel_ =
-      grpc::CreateCustomChannel(options_.collector, grpc::InsecureChannelCredentials(), args);
+  channel_ = net::MakeChannel(options_.collector, options_.credentials, args);
   stub_ = v1::Collector::NewStub(channel_);
 }
 

@@ -270,6 +270,9 @@ std::string ProcessKeyString(const v1::ProcessKey& key) {
 
 struct Collector::Process {
   v1::ProcessKey key;
+  // The identity of the writer that created it ("" when recovered from the data directory):
+  // the quota it counts against. Set once, before the process is shared.
+  std::string writer;
   mutable absl::Mutex mu;
   std::string path ABSL_GUARDED_BY(mu);
   int fd ABSL_GUARDED_BY(mu) = -1;
@@ -487,7 +490,8 @@ absl::Status Collector::CreateLog(Process* process) ABSL_NO_THREAD_SAFETY_ANALYS
 }
 
 absl::StatusOr<Collector::Process*> Collector::FindOrCreate(const v1::ProcessKey& key,
-                                                            uint64_t sequence) {
+                                                            uint64_t sequence,
+                                                            absl::string_view writer) {
   const std::string name = ProcessKeyString(key);
   absl::MutexLock lock(&mu_);
   auto it = processes_.find(name);
@@ -498,13 +502,20 @@ absl::StatusOr<Collector::Process*> Collector::FindOrCreate(const v1::ProcessKey
         "sequence 1, got %d; resend from sequence 1",
         name, sequence));
   }
-  if (processes_.size() >= options_.max_processes) {
+  // The limit is each writer's own (per token, or per client certificate): one client filling
+  // its quota cannot lock out the others' agents.
+  uint32_t& held = processes_by_writer_[writer];
+  if (held >= options_.max_processes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "the collector already tracks %d processes (--max-processes=%d); process %s refused",
-        processes_.size(), options_.max_processes, name));
+        "%s already has %d processes at this collector (--max-processes=%d per writer); process "
+        "%s refused (other writers are not affected)",
+        writer.empty() ? std::string("this writer") : absl::StrCat("writer \"", writer, "\""), held,
+        options_.max_processes, name));
   }
+  ++held;
   auto created = std::make_unique<Process>();
   created->key = key;
+  created->writer = std::string(writer);
   Process* process = created.get();
   processes_.emplace(name, std::move(created));
   return process;
@@ -523,7 +534,8 @@ uint64_t Collector::StoredSequence(const v1::ProcessKey& key) const {
   return process->acked;
 }
 
-absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::string_view wire) {
+absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::string_view wire,
+                                           absl::string_view writer) {
   // Bytes from the wire were parsed, which checks every string; a batch built in memory was not.
   absl::Status valid = wire.empty() ? ValidateBatch(batch) : ValidateBatchHeader(batch);
   if (!valid.ok()) return valid;
@@ -531,14 +543,14 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::st
     // A probe: an agent asks where this process stands before it sends anything.
     return StoredSequence(batch.process());
   }
-  absl::StatusOr<Process*> found = FindOrCreate(batch.process(), batch.sequence());
+  absl::StatusOr<Process*> found = FindOrCreate(batch.process(), batch.sequence(), writer);
   if (!found.ok()) return found.status();
   Process* process = *found;
   absl::MutexLock lock(&process->mu);
   return Append(process, batch, wire);
 }
 
-absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused) {
+absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused, absl::string_view writer) {
   batches_refused_.fetch_add(1, std::memory_order_relaxed);
   const v1::ProcessKey& key = refused.process;
   const uint64_t sequence = refused.sequence;
@@ -548,7 +560,7 @@ absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused) {
   // `process`, which would validate: key_usable says what the sender's key was.)
   if (!refused.key_usable || !ValidateProcessKey(key).ok()) return uint64_t{0};
   if (sequence == 0) return StoredSequence(key);
-  absl::StatusOr<Process*> found = FindOrCreate(key, sequence);
+  absl::StatusOr<Process*> found = FindOrCreate(key, sequence, writer);
   if (!found.ok()) return found.status();
   Process* process = *found;
   absl::MutexLock lock(&process->mu);

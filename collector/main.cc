@@ -1,9 +1,11 @@
 // vramscope-collector: receives agents' event batches over gRPC, stores them per process in the
 // data directory, and serves live statistics and reports. Exit codes: 0 after a clean shutdown
-// (SIGINT/SIGTERM), 1 when the data directory or the listening address cannot be used, 2 usage.
+// (SIGINT/SIGTERM), 1 when the data directory or the listening address cannot be used, 2 usage
+// (also: unusable TLS or token files, or a listener beyond loopback without TLS and tokens).
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_replace.h>
 #include <absl/synchronization/mutex.h>
 #include <google/protobuf/stubs/logging.h>
 #include <pthread.h>
@@ -44,17 +46,23 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
                              loss; always: fdatasync each batch before acknowledging it, power
                              loss included, at about a third of the ingest rate
   --port-file=FILE           write the port actually bound to FILE (useful with port 0)
-  --help                     this text
+@SECURITY@  --help                     this text
 
-SIZE takes a K, M, G or T suffix (powers of 1024).
+SIZE takes a K, M, G or T suffix (powers of 1024). Beyond loopback the collector serves only with
+TLS and tokens, or with --insecure. --max-processes is per writer: per token when there are
+tokens, per client certificate with mutual TLS and no tokens.
 )";
+
+std::string UsageText() {
+  return absl::StrReplaceAll(kUsage, {{"@SECURITY@", net::kServerFlagsHelp}});
+}
 
 // The running server, for the signal thread; null while recovering.
 ABSL_CONST_INIT absl::Mutex g_server_mu(absl::kConstInit);
 CollectorServer* g_server ABSL_GUARDED_BY(g_server_mu) = nullptr;
 
 int Usage(const std::string& error) {
-  std::fprintf(stderr, "vramscope-collector: %s\n\n%s", error.c_str(), kUsage);
+  std::fprintf(stderr, "vramscope-collector: %s\n\n%s", error.c_str(), UsageText().c_str());
   return 2;
 }
 
@@ -121,11 +129,16 @@ int Main(int argc, char** argv) {
   CollectorOptions options;
   options.data_dir = DefaultDataDir();
   std::string port_file;
+  net::ServerSecurity security;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
+      std::fputs(UsageText().c_str(), stdout);
       return 0;
+    }
+    if (arg == "--insecure") {
+      security.insecure = true;
+      continue;
     }
     if (!absl::StartsWith(arg, "--")) return Usage(absl::StrCat("unexpected argument ", arg));
     std::string name;
@@ -167,10 +180,27 @@ int Main(int argc, char** argv) {
       options.fsync = value == "always";
     } else if (name == "port-file") {
       port_file = value;
+    } else if (net::SetServerFlag(name, value, &security)) {
     } else {
       return Usage(absl::StrCat("unknown flag --", name));
     }
   }
+
+  // Security first: a refused setting is reported before a long recovery, never after it.
+  absl::StatusOr<std::unique_ptr<net::ServerGuard>> guard =
+      net::ServerGuard::Load(security, CollectorMethodRoles());
+  if (!guard.ok()) {
+    Log(LogLevel::kError, guard.status().message());
+    return 2;
+  }
+  std::string listen_warning;
+  if (absl::Status allowed = (*guard)->CheckListen(server_options.listen, &listen_warning);
+      !allowed.ok()) {
+    Log(LogLevel::kError, allowed.message());
+    return 2;
+  }
+  if (!listen_warning.empty()) Log(LogLevel::kWarning, listen_warning);
+  server_options.guard = *std::move(guard);
 
   // A signal that came while the flags were read ends the run here.
   const timespec no_wait{};
@@ -231,12 +261,13 @@ int Main(int argc, char** argv) {
     }
   }
   Log(LogLevel::kInfo,
-      absl::StrFormat("serving on %s (port %d), data in %s, fsync %s, max message %d bytes, "
-                      "max disk %s",
-                      server_options.listen, port, options.data_dir,
-                      options.fsync ? "always" : "never", server_options.max_message_bytes,
-                      options.max_disk_bytes == 0 ? std::string("unlimited")
-                                                  : absl::StrCat(options.max_disk_bytes)));
+      absl::StrFormat(
+          "serving on %s (port %d) with %s, data in %s, fsync %s, max message %d bytes, "
+          "max disk %s",
+          server_options.listen, port, server_options.guard->Describe(), options.data_dir,
+          options.fsync ? "always" : "never", server_options.max_message_bytes,
+          options.max_disk_bytes == 0 ? std::string("unlimited")
+                                      : absl::StrCat(options.max_disk_bytes)));
   (*server)->Wait();
   waiter.join();
   Log(LogLevel::kInfo,

@@ -21,6 +21,22 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+net::MethodRoles CollectorMethodRoles() {
+  const std::string service = absl::StrCat("/", v1::Collector::service_full_name(), "/");
+  return {
+      {absl::StrCat(service, "Ingest"), net::Role::kWriter},
+      {absl::StrCat(service, "Watch"), net::Role::kReader},
+      {absl::StrCat(service, "GetReport"), net::Role::kReader},
+      {absl::StrCat(service, "ListProcesses"), net::Role::kReader},
+  };
+}
+
+namespace {
+std::string MethodName(absl::string_view method) {
+  return absl::StrCat("/", v1::Collector::service_full_name(), "/", method);
+}
+}  // namespace
+
 absl::Duration ClampWatchInterval(uint32_t interval_ms) {
   if (interval_ms == 0) return absl::Seconds(1);
   return std::clamp(absl::Milliseconds(interval_ms), absl::Milliseconds(50), absl::Seconds(60));
@@ -34,9 +50,10 @@ namespace {
 // process (they are cumulative, so the latest says all).
 class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  IngestReactor(Collector* collector, std::string peer)
+  IngestReactor(Collector* collector, std::string peer, std::string writer)
       : collector_(collector),
         peer_(std::move(peer)),
+        writer_(std::move(writer)),
         arena_block_(new char[kArenaBlockBytes]),
         arena_(ArenaOptionsFor(arena_block_.get())) {
     StartRead(&request_);
@@ -96,7 +113,7 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       case IngestMessage::Kind::kMalformed:
         return absl::InvalidArgumentError(message.reason);
       case IngestMessage::Kind::kBatch: {
-        absl::StatusOr<uint64_t> acked = collector_->Ingest(*message.batch, wire_);
+        absl::StatusOr<uint64_t> acked = collector_->Ingest(*message.batch, wire_, writer_);
         if (!acked.ok()) return acked.status();
         *ack.mutable_process() = message.batch->process();
         ack.set_acked_sequence(*acked);
@@ -105,7 +122,7 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       case IngestMessage::Kind::kRejected: {
         // One bad batch (one process's hostile strings, a bogus key) is answered on its own;
         // the stream, and every other process's batches on it, go on.
-        absl::StatusOr<uint64_t> acked = collector_->Refuse(message);
+        absl::StatusOr<uint64_t> acked = collector_->Refuse(message, writer_);
         if (!acked.ok()) return acked.status();
         const uint64_t refused = collector_->batches_refused();
         if (refused <= 10 || refused % 1000 == 0) {
@@ -174,6 +191,7 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 
   Collector* const collector_;
   const std::string peer_;
+  const std::string writer_;  // the peer's identity: its quota of processes (--max-processes)
   // Touched only by the read path (one read outstanding at a time).
   grpc::ByteBuffer request_;
   std::string wire_;
@@ -187,15 +205,40 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// An Ingest call the guard refused: ends at once with its status.
+class RefusedReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit RefusedReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+// Logs a refused call (without the token: messages never hold it).
+grpc::Status Refused(const grpc::ServerContextBase& context, absl::string_view method,
+                     const grpc::Status& status) {
+  Log(LogLevel::kWarning,
+      absl::StrFormat("%s from %s refused: %s", method, context.peer(), status.error_message()));
+  return status;
+}
+
 }  // namespace
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CollectorService::Ingest(
     grpc::CallbackServerContext* context) {
-  return new IngestReactor(collector_, context->peer());
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("Ingest"), &peer);
+      !allowed.ok()) {
+    return new RefusedReactor(Refused(*context, "Ingest", allowed));
+  }
+  return new IngestReactor(collector_, context->peer(), std::move(peer.identity));
 }
 
 grpc::Status CollectorService::Watch(grpc::ServerContext* context, const v1::WatchRequest* request,
                                      grpc::ServerWriter<v1::StatsUpdate>* writer) {
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("Watch"), &peer);
+      !allowed.ok()) {
+    return Refused(*context, "Watch", allowed);
+  }
   const absl::Duration interval = ClampWatchInterval(request->interval_ms());
   while (!context->IsCancelled()) {
     {
@@ -210,17 +253,28 @@ grpc::Status CollectorService::Watch(grpc::ServerContext* context, const v1::Wat
   return grpc::Status::OK;
 }
 
-grpc::Status CollectorService::GetReport(grpc::ServerContext*, const v1::GetReportRequest* request,
+grpc::Status CollectorService::GetReport(grpc::ServerContext* context,
+                                         const v1::GetReportRequest* request,
                                          v1::Report* response) {
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("GetReport"), &peer);
+      !allowed.ok()) {
+    return Refused(*context, "GetReport", allowed);
+  }
   absl::StatusOr<v1::Report> report = collector_->GetReport(request->process());
   if (!report.ok()) return ToGrpcStatus(report.status());
   *response = std::move(*report);
   return grpc::Status::OK;
 }
 
-grpc::Status CollectorService::ListProcesses(grpc::ServerContext*,
+grpc::Status CollectorService::ListProcesses(grpc::ServerContext* context,
                                              const v1::ListProcessesRequest* request,
                                              v1::ListProcessesResponse* response) {
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("ListProcesses"), &peer);
+      !allowed.ok()) {
+    return Refused(*context, "ListProcesses", allowed);
+  }
   *response = collector_->ListProcesses(request->include_finished());
   return grpc::Status::OK;
 }
@@ -232,9 +286,12 @@ void CollectorService::Stop() {
 
 absl::StatusOr<std::unique_ptr<CollectorServer>> CollectorServer::Start(
     Collector* collector, const ServerOptions& options) {
-  std::unique_ptr<CollectorServer> server(new CollectorServer(collector));
+  std::shared_ptr<const net::ServerGuard> guard = options.guard;
+  if (guard == nullptr) guard = net::ServerGuard::Open(CollectorMethodRoles());
+  if (absl::Status allowed = guard->CheckListen(options.listen); !allowed.ok()) return allowed;
+  std::unique_ptr<CollectorServer> server(new CollectorServer(collector, guard));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  guard->AddTo(&builder, options.listen, &server->port_);
   builder.RegisterService(&server->service_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   server->server_ = builder.BuildAndStart();

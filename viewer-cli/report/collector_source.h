@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "vramscope/net_security.h"
 #include "vramscope/v1/collector.pb.h"
 #include "vramscope/v1/report.pb.h"
 
@@ -20,6 +21,7 @@ namespace vramscope::cli {
 struct CollectorQuery {
   std::string address;                         // HOST:PORT
   absl::Duration timeout = absl::Seconds(10);  // per call
+  net::ClientCredentials credentials;          // TLS and token; default plaintext, none
 };
 
 // Every process the collector knows, running and finished, sorted by host, pid, start.

@@ -18,6 +18,7 @@
 #include "report/collector_source.h"
 #include "report/report_html.h"
 #include "run/report_text.h"
+#include "vramscope/net_security.h"
 
 namespace vramscope::cli {
 namespace {
@@ -31,6 +32,7 @@ struct ReportOptions {
   std::string host;
   Format format = Format::kText;
   std::string output;  // empty: stdout
+  net::ClientSecurity security;
 };
 
 void PrintReportUsage(std::FILE* out) {
@@ -60,9 +62,12 @@ void PrintReportUsage(std::FILE* out) {
       "  --pid PID         with --collector: the process to report\n"
       "  --host HOST       with --pid: the host the process ran on\n"
       "  -h, --help        this text\n"
+      "with --collector, how to reach it:\n"
+      "%s"
       "\n"
       "exit status: 0 ok, 2 usage error, input missing or not a report, no such process at the\n"
-      "collector, or an output that cannot be written; 3 the collector cannot be reached.\n");
+      "collector, or an output that cannot be written; 3 the collector cannot be reached.\n",
+      net::kClientFlagsHelp);
 }
 
 // Returns nullopt after printing the problem (usage error) or for --help (help set).
@@ -106,6 +111,9 @@ std::optional<ReportOptions> ParseArgs(int argc, char** argv, bool* help) {
         return std::nullopt;
       }
       options.collector = value;
+    } else if (net::IsClientFlag(flag)) {
+      if (!take()) return std::nullopt;
+      net::SetClientFlag(flag, value, &options.security);
     } else if (flag == "--pid") {
       if (!take()) return std::nullopt;
       std::uint32_t pid = 0;
@@ -166,9 +174,7 @@ std::string Render(const std::vector<v1::Report>& reports, Format format) {
   return out;
 }
 
-int ListProcesses(const ReportOptions& options) {
-  CollectorQuery query;
-  query.address = options.collector;
+int ListProcesses(const ReportOptions& options, const CollectorQuery& query) {
   const absl::StatusOr<v1::ListProcessesResponse> list = ListCollectorProcesses(query);
   if (!list.ok()) {
     std::fprintf(stderr, "vramscope report: %s\n", std::string(list.status().message()).c_str());
@@ -199,7 +205,19 @@ int RunReport(int argc, char** argv) {
     return kExitUsage;
   }
   const ReportOptions& options = *parsed;
-  if (!options.collector.empty() && !options.pid) return ListProcesses(options);
+  CollectorQuery query;
+  query.address = options.collector;
+  if (!options.collector.empty()) {
+    absl::StatusOr<net::ClientCredentials> credentials =
+        net::LoadClientCredentials(options.security);
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "vramscope report: %s\n",
+                   std::string(credentials.status().message()).c_str());
+      return kExitUsage;
+    }
+    query.credentials = *std::move(credentials);
+  }
+  if (!options.collector.empty() && !options.pid) return ListProcesses(options, query);
 
   std::vector<v1::Report> reports;
   if (!options.file.empty()) {
@@ -210,8 +228,6 @@ int RunReport(int argc, char** argv) {
     }
     reports = std::move(*read);
   } else {
-    CollectorQuery query;
-    query.address = options.collector;
     absl::StatusOr<v1::Report> fetched = FetchCollectorReport(query, *options.pid, options.host);
     if (!fetched.ok()) {
       std::fprintf(stderr, "vramscope report: %s\n",

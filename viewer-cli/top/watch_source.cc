@@ -18,7 +18,7 @@ std::chrono::system_clock::time_point Deadline(absl::Duration from_now) {
 
 WatchSource::WatchSource(WatchSourceOptions options)
     : options_(std::move(options)),
-      channel_(grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials())),
+      channel_(net::MakeChannel(options_.address, options_.credentials)),
       stub_(v1::Collector::NewStub(channel_)) {}
 
 WatchSource::~WatchSource() {
@@ -35,7 +35,8 @@ absl::Status WatchSource::Connect() {
     return absl::UnavailableError(
         absl::StrCat("cannot reach the collector at ", options_.address, " within ",
                      absl::FormatDuration(options_.connect_timeout),
-                     "; start vramscope-collector there or check --collector HOST:PORT"));
+                     "; start vramscope-collector there or check --collector HOST:PORT (",
+                     net::ConnectHint(options_.credentials), ")"));
   }
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();

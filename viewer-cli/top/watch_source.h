@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "vramscope/net_security.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 #include "vramscope/v1/collector.pb.h"
 #include "vramscope/v1/report.pb.h"
@@ -28,6 +29,7 @@ struct WatchSourceOptions {
   absl::Duration interval = absl::Seconds(1);
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration report_interval = absl::Seconds(2);
+  net::ClientCredentials credentials;  // TLS and token; default plaintext, none
 };
 
 class WatchSource {

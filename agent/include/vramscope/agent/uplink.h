@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "vramscope/agent/outbox.h"
+#include "vramscope/net_security.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 
 namespace vramscope::agent {
@@ -31,6 +32,7 @@ struct UplinkOptions {
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(10);
   int max_message_bytes = 16 << 20;
+  net::ClientCredentials credentials;  // TLS and token (net::LoadClientCredentials); default none
 };
 
 class Uplink {

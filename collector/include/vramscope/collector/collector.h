@@ -39,7 +39,9 @@ struct CollectorOptions {
   std::string data_dir;
   // Bytes all process logs together may occupy; 0 = no limit but the disk's.
   uint64_t max_disk_bytes = 0;
-  // Processes the collector tracks (live and finished, recovered ones included).
+  // Processes each writer identity (token, client certificate, or "" for an unauthenticated
+  // one) may have the collector track, live and finished; ones recovered from the data
+  // directory count against none.
   uint32_t max_processes = 4096;
   // fdatasync each record before acknowledging it. Off (the default), an acknowledged batch is in
   // the process's log file: it survives a collector crash, kill or restart (the page cache
@@ -81,7 +83,9 @@ class Collector {
   // a probe: nothing is stored and the answer is the process's stored sequence (0 if unknown).
   // A batch failing ValidateBatch (vramscope/collector/batch_check.h; with `wire`, only
   // ValidateBatchHeader, as parsing checked the rest) is INVALID_ARGUMENT and stores nothing.
-  absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {});
+  // `writer` names who sent it (net::Peer::identity): a new process counts against its quota.
+  absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {},
+                                  absl::string_view writer = {});
   // CheckIngestMessage refused a batch (`refused.kind` is kRejected): batch `refused.sequence` of
   // `refused.process`, holding `refused.events` events. If the key can be filed
   // (`refused.key_usable`: the key as sent, not only its escaped form in `refused.process`) and
@@ -89,7 +93,7 @@ class Collector {
   // DropEvent for the events is stored in its place, so the process's later batches follow
   // without a gap. A duplicate or sequence 0 stores nothing; a gap is FAILED_PRECONDITION as for
   // Ingest. Returns the sequence to acknowledge (0 for a key that cannot be filed).
-  absl::StatusOr<uint64_t> Refuse(const IngestMessage& refused);
+  absl::StatusOr<uint64_t> Refuse(const IngestMessage& refused, absl::string_view writer = {});
   // The highest contiguous sequence stored for `key` (0 if unknown).
   uint64_t StoredSequence(const v1::ProcessKey& key) const;
 
@@ -109,8 +113,10 @@ class Collector {
   explicit Collector(CollectorOptions options);
   absl::Status Load(LoadReport* report);
   void LoadFile(const std::string& path, LoadReport* report);
-  // The process of `key`, created when `sequence` is 1 (else a gap) and there is room.
-  absl::StatusOr<Process*> FindOrCreate(const v1::ProcessKey& key, uint64_t sequence);
+  // The process of `key`, created when `sequence` is 1 (else a gap) and `writer` is under its
+  // quota.
+  absl::StatusOr<Process*> FindOrCreate(const v1::ProcessKey& key, uint64_t sequence,
+                                        absl::string_view writer);
   // Stores `batch` (the next sequence of `process`, whose lock the caller holds) or answers a
   // duplicate; a gap is FAILED_PRECONDITION.
   absl::StatusOr<uint64_t> Append(Process* process, const v1::EventBatch& batch,
@@ -125,6 +131,8 @@ class Collector {
   std::atomic<uint64_t> batches_refused_{0};
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Process>> processes_ ABSL_GUARDED_BY(mu_);
+  // Processes held per writer identity (Process::writer), for --max-processes.
+  absl::flat_hash_map<std::string, uint32_t> processes_by_writer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vramscope::collector
