@@ -12,6 +12,7 @@
 
 #include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/log.h"
+#include "vramscope/utf8.h"
 
 namespace vramscope::collector {
 
@@ -43,6 +44,16 @@ absl::Duration ClampWatchInterval(uint32_t interval_ms) {
 }
 
 namespace {
+
+// A process key for a log line: the host cut to 64 bytes. A refused key may carry a host of
+// megabytes (the limit is the message size), which would otherwise go into the log whole.
+std::string LoggedKey(const v1::ProcessKey& key) {
+  if (key.host().size() <= 64) return ProcessKeyString(key);
+  v1::ProcessKey shown = key;
+  shown.set_host(absl::StrCat(ToValidUtf8(std::string_view(key.host()).substr(0, 64)), "...(",
+                              key.host().size(), " bytes)"));
+  return ProcessKeyString(shown);
+}
 
 // One Ingest stream. gRPC may run OnReadDone and OnWriteDone at the same time on different
 // threads; mu_ orders them. A read is always outstanding while the stream is healthy, and at most
@@ -128,8 +139,8 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
         if (refused <= 10 || refused % 1000 == 0) {
           Log(LogLevel::kWarning,
               absl::StrFormat("Ingest from %s: refused batch %d of process %s (%d events): %s%s",
-                              peer_, message.sequence, ProcessKeyString(message.process),
-                              message.events, message.reason,
+                              peer_, message.sequence, LoggedKey(message.process), message.events,
+                              message.reason,
                               refused == 10 ? " (further refusals are logged every 1000th)" : ""));
         }
         *ack.mutable_process() = message.process;
