@@ -4,6 +4,7 @@
 #include <google/protobuf/arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -223,11 +224,18 @@ class RefusedReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
   void OnDone() override { delete this; }
 };
 
-// Logs a refused call (without the token: messages never hold it).
+// Logs a refused call (without the token: messages never hold it): the first 10, then every
+// 1000th, so a client knocking without a token cannot fill the log.
 grpc::Status Refused(const grpc::ServerContextBase& context, absl::string_view method,
                      const grpc::Status& status) {
-  Log(LogLevel::kWarning,
-      absl::StrFormat("%s from %s refused: %s", method, context.peer(), status.error_message()));
+  static std::atomic<uint64_t> refused{0};
+  const uint64_t n = refused.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (n <= 10 || n % 1000 == 0) {
+    Log(LogLevel::kWarning,
+        absl::StrFormat("%s from %s refused: %s (%d calls refused so far%s)", method,
+                        context.peer(), status.error_message(), n,
+                        n == 10 ? "; further refusals are logged every 1000th" : ""));
+  }
   return status;
 }
 

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/support/client_interceptor.h>
+#include <grpcpp/support/server_interceptor.h>
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 #include <sys/stat.h>

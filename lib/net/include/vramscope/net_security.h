@@ -28,7 +28,6 @@
 #include <absl/status/statusor.h>
 #include <absl/strings/string_view.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/server_interceptor.h>
 
 #include <array>
 #include <cstdint>
