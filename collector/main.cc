@@ -37,7 +37,8 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
   --data-dir=DIR             where process logs live (default $HOME/.local/share/vramscope/collector,
                              /var/lib/vramscope/collector for root)
   --max-message-bytes=SIZE   largest gRPC message accepted (default 16M)
-  --max-processes=N          processes tracked at most (default 4096)
+  --max-processes=N          processes tracked at most per writer (token, or client
+                             certificate with mutual TLS and no tokens) (default 4096)
   --max-disk-bytes=SIZE      bytes the logs may occupy; batches beyond are refused with
                              RESOURCE_EXHAUSTED and not acknowledged (default 0 = the disk's limit)
   --fsync=always|never       never (default): a batch is acknowledged once written to its
