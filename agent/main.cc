@@ -6,6 +6,7 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_replace.h>
 #include <absl/synchronization/notification.h>
 #include <absl/time/clock.h>
 #include <pthread.h>
@@ -20,6 +21,7 @@
 
 #include "vramscope/agent/agent.h"
 #include "vramscope/agent/log.h"
+#include "vramscope/net_security.h"
 
 namespace vramscope::agent {
 namespace {
@@ -37,7 +39,7 @@ unacknowledged batch is also on disk, and a restarted agent sends it.
                              down and returns when it is back
   --shard-key=NAME           what the collectors are ordered by (default: the host name;
                              agents simulating many hosts on one give each its own)
-  --ring-dir=DIR             where the rings are (default $VRAMSCOPE_RING_DIR, else
+@SECURITY@  --ring-dir=DIR             where the rings are (default $VRAMSCOPE_RING_DIR, else
                              /dev/shm/vramscope, which the agent creates: mode 1777 as
                              root, 0700 otherwise; where the shim writes when
                              VRAMSCOPE_RING_DIR is unset)
@@ -73,8 +75,12 @@ unless it runs as root. Nothing is lost across a collector restart either way; a
 restart (crash, SIGKILL, upgrade) only with --spool-dir, and the same directory next time.
 )";
 
+std::string UsageText() {
+  return absl::StrReplaceAll(kUsage, {{"@SECURITY@", net::kClientFlagsHelp}});
+}
+
 int Usage(const std::string& error) {
-  std::fprintf(stderr, "vramscope-agent: %s\n\n%s", error.c_str(), kUsage);
+  std::fprintf(stderr, "vramscope-agent: %s\n\n%s", error.c_str(), UsageText().c_str());
   return 2;
 }
 
@@ -123,6 +129,7 @@ std::string FormatCounters(const AgentCounters& c) {
 
 int Main(int argc, char** argv) {
   AgentOptions options;
+  net::ClientSecurity security;
   bool once = false;
   int64_t poll_ms = 50;
   int64_t stats_seconds = 0;
@@ -130,7 +137,7 @@ int Main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
+      std::fputs(UsageText().c_str(), stdout);
       return 0;
     }
     if (arg == "--version") {
@@ -164,6 +171,7 @@ int Main(int argc, char** argv) {
       options.uplink.collector = value;
     } else if (name == "shard-key") {
       options.uplink.host = value;
+    } else if (net::SetClientFlag(name, value, &security)) {
     } else if (name == "ring-dir") {
       options.ring_dir = value;
     } else if (name == "batch-events") {
@@ -192,6 +200,13 @@ int Main(int argc, char** argv) {
       return Usage(absl::StrCat("unknown flag --", name));
     }
   }
+  absl::StatusOr<net::ClientCredentials> credentials = net::LoadClientCredentials(security);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "vramscope-agent: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    return 2;
+  }
+  options.uplink.credentials = *std::move(credentials);
   options.all_users = ::geteuid() == 0;
   if (options.ring_dir.empty() && UsesDefaultRingDir()) {
     // The default directory is the agent's to make: a plain LD_PRELOAD run writes there only if
@@ -238,8 +253,9 @@ int Main(int argc, char** argv) {
     if (delivered && counters.batches_rejected == 0) return 0;
     if (!agent.uplink().ever_connected()) {
       Log(LogLevel::kError,
-          absl::StrFormat("cannot reach the collector at %s: %s", options.uplink.collector,
-                          agent.uplink().last_error().ToString()));
+          absl::StrFormat("cannot reach the collector at %s: %s (%s)", options.uplink.collector,
+                          agent.uplink().last_error().ToString(),
+                          net::ConnectHint(options.uplink.credentials)));
       return 3;
     }
     // The collector answered: it is reachable. Rejected batches are its verdict on their

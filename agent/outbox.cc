@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -84,6 +85,23 @@ std::optional<SpoolName> ParseSpoolName(absl::string_view file) {
   name.key.set_start_time_ns(start);
   name.key.set_host(absl::HexStringToBytes(parts[4]));
   return name;
+}
+
+// Creates `dir` mode 0700 (its parents with the usual mode): the spool holds other processes'
+// command lines and allocation sites, and its file names their pids. An existing directory keeps
+// its mode (the operator's choice).
+void CreatePrivateDirectory(const std::filesystem::path& dir, std::error_code* ec) {
+  std::filesystem::path leaf = dir;
+  if (leaf.filename().empty()) leaf = leaf.parent_path();  // "DIR/"
+  if (leaf.has_parent_path()) std::filesystem::create_directories(leaf.parent_path(), *ec);
+  if (*ec) return;
+  if (::mkdir(leaf.c_str(), 0700) != 0 && errno != EEXIST) {
+    *ec = std::error_code(errno, std::generic_category());
+    return;
+  }
+  if (!std::filesystem::is_directory(leaf, *ec) && !*ec) {
+    *ec = std::make_error_code(std::errc::not_a_directory);
+  }
 }
 
 // Writes `bytes` to `path` + ".tmp", then renames it to `path`: a file under its final name is
@@ -257,7 +275,7 @@ Outbox::Outbox(OutboxOptions options) : options_(std::move(options)) {
   if (options_.spool_dir.empty()) return;
   absl::MutexLock lock(&mu_);
   std::error_code ec;
-  std::filesystem::create_directories(options_.spool_dir, ec);
+  CreatePrivateDirectory(options_.spool_dir, &ec);
   if (ec) {
     spool_error_ = absl::StrFormat("cannot create the spool directory %s: %s", options_.spool_dir,
                                    ec.message());
@@ -690,7 +708,7 @@ void Outbox::Reject(const v1::ProcessKey& key, uint64_t sequence, const std::str
     const std::filesystem::path dir = from.parent_path() / std::string(kRejectedDir);
     const std::filesystem::path to = dir / from.filename();
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
+    CreatePrivateDirectory(dir, &ec);
     if (!ec) std::filesystem::rename(from, to, ec);
     if (!ec) {
       std::string error;

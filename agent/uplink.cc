@@ -73,7 +73,7 @@ std::shared_ptr<grpc::Channel> MakeCollectorChannel(const std::string& address,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(initial_ms, 1));
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(initial_ms, 1));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(max_ms, 1));
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return net::MakeChannel(address, options.credentials, args);
 }
 
 Uplink::Uplink(Outbox* outbox, UplinkOptions options)

@@ -360,6 +360,9 @@ std::string ProcessKeyString(const v1::ProcessKey& key) {
 
 struct Collector::Process {
   v1::ProcessKey key;
+  // The identity of the writer that created it ("" when recovered from the data directory):
+  // the quota it counts against. Set once, before the process is shared.
+  std::string writer;
   mutable absl::Mutex mu;
   std::string path ABSL_GUARDED_BY(mu);
   int fd ABSL_GUARDED_BY(mu) = -1;
@@ -641,7 +644,7 @@ size_t Collector::finished_processes() const {
 }
 
 absl::StatusOr<std::shared_ptr<Collector::Process>> Collector::FindOrCreate(
-    const v1::ProcessKey& key, uint64_t sequence, bool takeover) {
+    const v1::ProcessKey& key, uint64_t sequence, bool takeover, absl::string_view writer) {
   const std::string name = ProcessKeyString(key);
   absl::MutexLock lock(&mu_);
   auto it = processes_.find(name);
@@ -654,14 +657,20 @@ absl::StatusOr<std::shared_ptr<Collector::Process>> Collector::FindOrCreate(
         "sequence 1, got %d; resend from sequence 1",
         name, sequence));
   }
-  if (processes_.size() >= options_.max_processes) {
+  // The limit is each writer's own (per token, or per client certificate): one client filling
+  // its quota cannot lock out the others' agents.
+  uint32_t& held = processes_by_writer_[writer];
+  if (held >= options_.max_processes) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "the collector already tracks %d live processes (--max-processes=%d; finished ones do not "
-        "count); process %s refused",
-        processes_.size(), options_.max_processes, name));
+        "%s already has %d live processes at this collector (--max-processes=%d per writer; "
+        "finished ones do not count); process %s refused (other writers are not affected)",
+        writer.empty() ? std::string("this writer") : absl::StrCat("writer \"", writer, "\""), held,
+        options_.max_processes, name));
   }
+  ++held;
   auto created = std::make_shared<Process>();
   created->key = key;
+  created->writer = std::string(writer);
   processes_.emplace(name, created);
   return created;
 }
@@ -680,6 +689,10 @@ void Collector::Retire(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   absl::MutexLock lock(&mu_);
   auto it = processes_.find(name);
   if (it == processes_.end()) return;
+  if (auto held = processes_by_writer_.find(process->writer);
+      held != processes_by_writer_.end() && held->second > 0) {
+    --held->second;
+  }
   finished_.emplace(name, std::move(it->second));
   processes_.erase(it);
 }
@@ -690,11 +703,11 @@ absl::Status Collector::Revive(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS 
   const std::string name = ProcessKeyString(process->key);
   {
     absl::MutexLock lock(&mu_);
-    if (processes_.size() >= options_.max_processes) {
+    if (processes_by_writer_[process->writer] >= options_.max_processes) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "the collector already tracks %d live processes (--max-processes=%d); a batch of the "
-          "finished process %s refused",
-          processes_.size(), options_.max_processes, name));
+          "the writer of process %s already has %d live processes (--max-processes=%d per "
+          "writer); a batch of the finished process refused",
+          name, processes_by_writer_[process->writer], options_.max_processes));
     }
   }
   absl::StatusOr<std::unique_ptr<ProcessStats>> stats = RebuildStats(process->path);
@@ -714,6 +727,7 @@ absl::Status Collector::Revive(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS 
   if (it != finished_.end()) {
     processes_.emplace(name, std::move(it->second));
     finished_.erase(it);
+    ++processes_by_writer_[process->writer];
   }
   return absl::OkStatus();
 }
@@ -727,7 +741,7 @@ uint64_t Collector::StoredSequence(const v1::ProcessKey& key) const {
 }
 
 absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::string_view wire,
-                                           bool takeover) {
+                                           bool takeover, absl::string_view writer) {
   // Bytes from the wire were parsed, which checks every string; a batch built in memory was not.
   absl::Status valid = wire.empty() ? ValidateBatch(batch) : ValidateBatchHeader(batch);
   if (!valid.ok()) return valid;
@@ -736,14 +750,15 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::st
     return StoredSequence(batch.process());
   }
   absl::StatusOr<std::shared_ptr<Process>> found =
-      FindOrCreate(batch.process(), batch.sequence(), takeover);
+      FindOrCreate(batch.process(), batch.sequence(), takeover, writer);
   if (!found.ok()) return found.status();
   Process* process = found->get();
   absl::MutexLock lock(&process->mu);
   return Append(process, batch, wire, takeover);
 }
 
-absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused, bool takeover) {
+absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused, bool takeover,
+                                           absl::string_view writer) {
   batches_refused_.fetch_add(1, std::memory_order_relaxed);
   const v1::ProcessKey& key = refused.process;
   const uint64_t sequence = refused.sequence;
@@ -753,7 +768,7 @@ absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused, bool ta
   // `process`, which would validate: key_usable says what the sender's key was.)
   if (!refused.key_usable || !ValidateProcessKey(key).ok()) return uint64_t{0};
   if (sequence == 0) return StoredSequence(key);
-  absl::StatusOr<std::shared_ptr<Process>> found = FindOrCreate(key, sequence, takeover);
+  absl::StatusOr<std::shared_ptr<Process>> found = FindOrCreate(key, sequence, takeover, writer);
   if (!found.ok()) return found.status();
   Process* process = found->get();
   absl::MutexLock lock(&process->mu);

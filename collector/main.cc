@@ -1,9 +1,11 @@
 // vramscope-collector: receives agents' event batches over gRPC, stores them per process in the
 // data directory, and serves live statistics and reports. Exit codes: 0 after a clean shutdown
-// (SIGINT/SIGTERM), 1 when the data directory or the listening address cannot be used, 2 usage.
+// (SIGINT/SIGTERM), 1 when the data directory or the listening address cannot be used, 2 usage
+// (also: unusable TLS or token files, or a listener beyond loopback without TLS and tokens).
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_format.h>
+#include <absl/strings/str_replace.h>
 #include <absl/synchronization/mutex.h>
 #include <google/protobuf/stubs/logging.h>
 #include <pthread.h>
@@ -36,7 +38,8 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
   --data-dir=DIR             where process logs live (default $HOME/.local/share/vramscope/collector,
                              /var/lib/vramscope/collector for root)
   --max-message-bytes=SIZE   largest gRPC message accepted (default 16M)
-  --max-processes=N          processes tracked at most (default 4096)
+  --max-processes=N          processes tracked at most per writer (token, or client
+                             certificate with mutual TLS and no tokens) (default 4096)
   --max-disk-bytes=SIZE      bytes the logs may occupy; batches beyond are refused with
                              RESOURCE_EXHAUSTED and not acknowledged (default 0 = the disk's limit)
   --fsync=always|never       never (default): a batch is acknowledged once written to its
@@ -55,11 +58,17 @@ and serves live statistics (Watch), reports (GetReport) and ListProcesses over g
   --metrics-retention=DUR    how long a finished process stays in the metrics (default 5m;
                              e.g. 30s, 10m, 1h)
   --metrics-port-file=FILE   write the metrics port actually bound to FILE
-  --version                  the version, then exit
+@SECURITY@  --version                  the version, then exit
   --help                     this text
 
-SIZE takes a K, M, G or T suffix (powers of 1024).
+SIZE takes a K, M, G or T suffix (powers of 1024). Beyond loopback the collector serves only with
+TLS and tokens, or with --insecure. --max-processes is per writer: per token when there are
+tokens, per client certificate with mutual TLS and no tokens.
 )";
+
+std::string UsageText() {
+  return absl::StrReplaceAll(kUsage, {{"@SECURITY@", net::kServerFlagsHelp}});
+}
 
 // The running server, for the signal thread; null while recovering.
 ABSL_CONST_INIT absl::Mutex g_server_mu(absl::kConstInit);
@@ -74,7 +83,7 @@ std::string HistoryKind(const std::string& database) {
 }
 
 int Usage(const std::string& error) {
-  std::fprintf(stderr, "vramscope-collector: %s\n\n%s", error.c_str(), kUsage);
+  std::fprintf(stderr, "vramscope-collector: %s\n\n%s", error.c_str(), UsageText().c_str());
   return 2;
 }
 
@@ -197,15 +206,20 @@ int Main(int argc, char** argv) {
   options.data_dir = DefaultDataDir();
   std::string port_file;
   MetricsFlags metrics;
+  net::ServerSecurity security;
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
+      std::fputs(UsageText().c_str(), stdout);
       return 0;
     }
     if (arg == "--version") {
       std::printf("%s %s\n", "vramscope-collector", VRAMSCOPE_VERSION);
       return 0;
+    }
+    if (arg == "--insecure") {
+      security.insecure = true;
+      continue;
     }
     if (!absl::StartsWith(arg, "--")) return Usage(absl::StrCat("unexpected argument ", arg));
     std::string name;
@@ -251,10 +265,27 @@ int Main(int argc, char** argv) {
       options.database = value;
     } else if (absl::StartsWith(name, "metrics-")) {
       if (int code = metrics.Parse(name, value); code != 0) return code;
+    } else if (net::SetServerFlag(name, value, &security)) {
     } else {
       return Usage(absl::StrCat("unknown flag --", name));
     }
   }
+
+  // Security first: a refused setting is reported before a long recovery, never after it.
+  absl::StatusOr<std::unique_ptr<net::ServerGuard>> guard =
+      net::ServerGuard::Load(security, CollectorMethodRoles());
+  if (!guard.ok()) {
+    Log(LogLevel::kError, guard.status().message());
+    return 2;
+  }
+  std::string listen_warning;
+  if (absl::Status allowed = (*guard)->CheckListen(server_options.listen, &listen_warning);
+      !allowed.ok()) {
+    Log(LogLevel::kError, allowed.message());
+    return 2;
+  }
+  if (!listen_warning.empty()) Log(LogLevel::kWarning, listen_warning);
+  server_options.guard = *std::move(guard);
 
   // A signal that came while the flags were read ends the run here.
   const timespec no_wait{};
@@ -317,13 +348,14 @@ int Main(int argc, char** argv) {
     return fail();
   }
   Log(LogLevel::kInfo,
-      absl::StrFormat("serving on %s (port %d), data in %s, fsync %s, max message %d bytes, "
-                      "max disk %s, run history %s",
-                      server_options.listen, port, options.data_dir,
-                      options.fsync ? "always" : "never", server_options.max_message_bytes,
-                      options.max_disk_bytes == 0 ? std::string("unlimited")
-                                                  : absl::StrCat(options.max_disk_bytes),
-                      HistoryKind(options.database)));
+      absl::StrFormat(
+          "serving on %s (port %d) with %s, data in %s, fsync %s, max message %d bytes, "
+          "max disk %s, run history %s",
+          server_options.listen, port, server_options.guard->Describe(), options.data_dir,
+          options.fsync ? "always" : "never", server_options.max_message_bytes,
+          options.max_disk_bytes == 0 ? std::string("unlimited")
+                                      : absl::StrCat(options.max_disk_bytes),
+          HistoryKind(options.database)));
   (*server)->Wait();
   waiter.join();
   Log(LogLevel::kInfo,

@@ -4,6 +4,7 @@
 #include <google/protobuf/arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "history/history_writer.h"
 #include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/log.h"
+#include "vramscope/utf8.h"
 
 namespace vramscope::collector {
 
@@ -23,6 +25,24 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+net::MethodRoles CollectorMethodRoles() {
+  const std::string service = absl::StrCat("/", v1::Collector::service_full_name(), "/");
+  return {
+      {absl::StrCat(service, "Ingest"), net::Role::kWriter},
+      {absl::StrCat(service, "Watch"), net::Role::kReader},
+      {absl::StrCat(service, "GetReport"), net::Role::kReader},
+      {absl::StrCat(service, "ListProcesses"), net::Role::kReader},
+      {absl::StrCat(service, "ListRuns"), net::Role::kReader},
+      {absl::StrCat(service, "GetRun"), net::Role::kReader},
+  };
+}
+
+namespace {
+std::string MethodName(absl::string_view method) {
+  return absl::StrCat("/", v1::Collector::service_full_name(), "/", method);
+}
+}  // namespace
+
 absl::Duration ClampWatchInterval(uint32_t interval_ms) {
   if (interval_ms == 0) return absl::Seconds(1);
   return std::clamp(absl::Milliseconds(interval_ms), absl::Milliseconds(50), absl::Seconds(60));
@@ -30,16 +50,27 @@ absl::Duration ClampWatchInterval(uint32_t interval_ms) {
 
 namespace {
 
+// A process key for a log line: the host cut to 64 bytes. A refused key may carry a host of
+// megabytes (the limit is the message size), which would otherwise go into the log whole.
+std::string LoggedKey(const v1::ProcessKey& key) {
+  if (key.host().size() <= 64) return ProcessKeyString(key);
+  v1::ProcessKey shown = key;
+  shown.set_host(absl::StrCat(ToValidUtf8(std::string_view(key.host()).substr(0, 64)), "...(",
+                              key.host().size(), " bytes)"));
+  return ProcessKeyString(shown);
+}
+
 // One Ingest stream. gRPC may run OnReadDone and OnWriteDone at the same time on different
 // threads; mu_ orders them. A read is always outstanding while the stream is healthy, and at most
 // one write: acknowledgements produced while a write is in flight wait in pending_, one per
 // process (they are cumulative, so the latest says all).
 class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  IngestReactor(Collector* collector, std::string peer, bool takeover)
+  IngestReactor(Collector* collector, std::string peer, bool takeover, std::string writer)
       : collector_(collector),
         peer_(std::move(peer)),
         takeover_(takeover),
+        writer_(std::move(writer)),
         arena_block_(new char[kArenaBlockBytes]),
         arena_(ArenaOptionsFor(arena_block_.get())) {
     StartRead(&request_);
@@ -99,7 +130,8 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       case IngestMessage::Kind::kMalformed:
         return absl::InvalidArgumentError(message.reason);
       case IngestMessage::Kind::kBatch: {
-        absl::StatusOr<uint64_t> acked = collector_->Ingest(*message.batch, wire_, takeover_);
+        absl::StatusOr<uint64_t> acked =
+            collector_->Ingest(*message.batch, wire_, takeover_, writer_);
         if (!acked.ok()) return acked.status();
         *ack.mutable_process() = message.batch->process();
         ack.set_acked_sequence(*acked);
@@ -108,14 +140,14 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
       case IngestMessage::Kind::kRejected: {
         // One bad batch (one process's hostile strings, a bogus key) is answered on its own;
         // the stream, and every other process's batches on it, go on.
-        absl::StatusOr<uint64_t> acked = collector_->Refuse(message, takeover_);
+        absl::StatusOr<uint64_t> acked = collector_->Refuse(message, takeover_, writer_);
         if (!acked.ok()) return acked.status();
         const uint64_t refused = collector_->batches_refused();
         if (refused <= 10 || refused % 1000 == 0) {
           Log(LogLevel::kWarning,
               absl::StrFormat("Ingest from %s: refused batch %d of process %s (%d events): %s%s",
-                              peer_, message.sequence, ProcessKeyString(message.process),
-                              message.events, message.reason,
+                              peer_, message.sequence, LoggedKey(message.process), message.events,
+                              message.reason,
                               refused == 10 ? " (further refusals are logged every 1000th)" : ""));
         }
         *ack.mutable_process() = message.process;
@@ -178,6 +210,7 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
   Collector* const collector_;
   const std::string peer_;
   const bool takeover_;
+  const std::string writer_;  // the peer's identity: its quota of processes (--max-processes)
   // Touched only by the read path (one read outstanding at a time).
   grpc::ByteBuffer request_;
   std::string wire_;
@@ -192,6 +225,34 @@ class IngestReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grp
 };
 
 class WatchReactor;
+// An Ingest call the guard refused: ends at once with its status.
+class RefusedReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  explicit RefusedReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+// Logs a refused call (without the token: messages never hold it): the first 10, then every
+// 1000th, so a client knocking without a token cannot fill the log.
+grpc::Status Refused(const grpc::ServerContextBase& context, absl::string_view method,
+                     const grpc::Status& status) {
+  static std::atomic<uint64_t> refused{0};
+  const uint64_t n = refused.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (n <= 10 || n % 1000 == 0) {
+    Log(LogLevel::kWarning,
+        absl::StrFormat("%s from %s refused: %s (%d calls refused so far%s)", method,
+                        context.peer(), status.error_message(), n,
+                        n == 10 ? "; further refusals are logged every 1000th" : ""));
+  }
+  return status;
+}
+
+// A Watch call the guard refused: ends at once with its status.
+class RefusedWriteReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedWriteReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
 
 }  // namespace
 
@@ -405,8 +466,8 @@ void WatchHub::Run() {
   }
 }
 
-CollectorService::CollectorService(Collector* collector)
-    : collector_(collector), hub_(std::make_unique<WatchHub>(collector)) {}
+CollectorService::CollectorService(Collector* collector, const net::ServerGuard* guard)
+    : collector_(collector), hub_(std::make_unique<WatchHub>(collector)), guard_(guard) {}
 
 CollectorService::~CollectorService() = default;
 
@@ -414,14 +475,24 @@ size_t CollectorService::watchers() const { return hub_->size(); }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CollectorService::Ingest(
     grpc::CallbackServerContext* context) {
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("Ingest"), &peer);
+      !allowed.ok()) {
+    return new RefusedReactor(Refused(*context, "Ingest", allowed));
+  }
   const auto& metadata = context->client_metadata();
   auto it = metadata.find(kFailoverMetadata);
   const bool takeover = it != metadata.end() && it->second == "1";
-  return new IngestReactor(collector_, context->peer(), takeover);
+  return new IngestReactor(collector_, context->peer(), takeover, std::move(peer.identity));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CollectorService::Watch(
-    grpc::CallbackServerContext*, const grpc::ByteBuffer* request) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("Watch"), &peer);
+      !allowed.ok()) {
+    return new RefusedWriteReactor(Refused(*context, "Watch", allowed));
+  }
   v1::WatchRequest parsed;
   std::vector<grpc::Slice> slices;
   std::string bytes;
@@ -442,8 +513,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CollectorService::Watch(
   return reactor.get();
 }
 
-grpc::Status CollectorService::GetReport(grpc::ServerContext*, const v1::GetReportRequest* request,
+grpc::Status CollectorService::GetReport(grpc::ServerContext* context,
+                                         const v1::GetReportRequest* request,
                                          v1::Report* response) {
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("GetReport"), &peer);
+      !allowed.ok()) {
+    return Refused(*context, "GetReport", allowed);
+  }
   absl::StatusOr<v1::Report> report =
       collector_->GetReport(request->process(), {request->skip().begin(), request->skip().end()});
   if (!report.ok()) return ToGrpcStatus(report.status());
@@ -463,8 +540,14 @@ absl::StatusOr<HistoryStore*> HistoryOf(const Collector& collector) {
 
 }  // namespace
 
-grpc::Status CollectorService::ListRuns(grpc::ServerContext*, const v1::ListRunsRequest* request,
+grpc::Status CollectorService::ListRuns(grpc::ServerContext* context,
+                                        const v1::ListRunsRequest* request,
                                         v1::ListRunsResponse* response) {
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("ListRuns"), &peer);
+      !allowed.ok()) {
+    return Refused(*context, "ListRuns", allowed);
+  }
   absl::StatusOr<HistoryStore*> store = HistoryOf(*collector_);
   if (!store.ok()) return ToGrpcStatus(store.status());
   absl::StatusOr<v1::ListRunsResponse> runs = (*store)->List(*request);
@@ -473,8 +556,13 @@ grpc::Status CollectorService::ListRuns(grpc::ServerContext*, const v1::ListRuns
   return grpc::Status::OK;
 }
 
-grpc::Status CollectorService::GetRun(grpc::ServerContext*, const v1::GetRunRequest* request,
-                                      v1::Report* response) {
+grpc::Status CollectorService::GetRun(grpc::ServerContext* context,
+                                      const v1::GetRunRequest* request, v1::Report* response) {
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("GetRun"), &peer);
+      !allowed.ok()) {
+    return Refused(*context, "GetRun", allowed);
+  }
   absl::StatusOr<HistoryStore*> store = HistoryOf(*collector_);
   if (!store.ok()) return ToGrpcStatus(store.status());
   absl::StatusOr<v1::Report> report = (*store)->Get(request->run_id());
@@ -483,9 +571,14 @@ grpc::Status CollectorService::GetRun(grpc::ServerContext*, const v1::GetRunRequ
   return grpc::Status::OK;
 }
 
-grpc::Status CollectorService::ListProcesses(grpc::ServerContext*,
+grpc::Status CollectorService::ListProcesses(grpc::ServerContext* context,
                                              const v1::ListProcessesRequest* request,
                                              v1::ListProcessesResponse* response) {
+  net::Peer peer;
+  if (grpc::Status allowed = guard_->Authorize(*context, MethodName("ListProcesses"), &peer);
+      !allowed.ok()) {
+    return Refused(*context, "ListProcesses", allowed);
+  }
   *response = collector_->ListProcesses(request->include_finished());
   return grpc::Status::OK;
 }
@@ -494,9 +587,12 @@ void CollectorService::Stop() { hub_->Stop(); }
 
 absl::StatusOr<std::unique_ptr<CollectorServer>> CollectorServer::Start(
     Collector* collector, const ServerOptions& options) {
-  std::unique_ptr<CollectorServer> server(new CollectorServer(collector));
+  std::shared_ptr<const net::ServerGuard> guard = options.guard;
+  if (guard == nullptr) guard = net::ServerGuard::Open(CollectorMethodRoles());
+  if (absl::Status allowed = guard->CheckListen(options.listen); !allowed.ok()) return allowed;
+  std::unique_ptr<CollectorServer> server(new CollectorServer(collector, guard));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  guard->AddTo(&builder, options.listen, &server->port_);
   builder.RegisterService(&server->service_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   server->server_ = builder.BuildAndStart();

@@ -2,6 +2,7 @@
 // batches of 4096 allocation/free events over loopback gRPC to a collector in the same process,
 // which parses, stores (CRC-framed log; fsync per batch or not) and feeds its stats engine.
 // Reported: events/s from the first batch handed to the outbox to the last acknowledgement.
+// secure:1 runs it over TLS with bearer tokens (certificates made with the openssl command).
 //
 // BM_CollectorIngestHistory: the same with every process finishing (a ProcessExit in its last
 // batch), the run history off or in SQLite: what writing history rows costs ingest.
@@ -28,6 +29,7 @@
 
 #include "history/history_writer.h"
 #include "tests/collector/test_util.h"
+#include "tests/net/test_certs.h"
 #include "vramscope/agent/agent.h"
 #include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
@@ -35,6 +37,7 @@
 #include "vramscope/collector/collector.h"
 #include "vramscope/collector/log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/net_security.h"
 #include "vramscope/ring/ring_writer.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 
@@ -89,10 +92,30 @@ void RunCollectorIngest(benchmark::State& state, bool fsync, const std::string& 
   auto core = *collector::Collector::Open(options);
   collector::ServerOptions server_options;
   server_options.listen = "127.0.0.1:0";
+  agent::UplinkOptions uplink_options;
+  // secure:1: TLS (test CA, EC P-256) and writer/reader tokens, as a locked-down deployment.
+  testing::TempDir certs_dir;
+  if (state.range(1) != 0) {
+    testing::TestCerts certs(certs_dir.path());
+    if (!certs.ok()) {
+      state.SkipWithError(certs.error().c_str());
+      return;
+    }
+    net::ServerSecurity security;
+    security.cert_file = certs.server_cert();
+    security.key_file = certs.server_key();
+    security.writer_token_file =
+        certs.WriteSecret("writers", "node-a 0123456789abcdef0123456789abcdef\n");
+    security.reader_token_file = certs.WriteSecret("readers", "fedcba9876543210fedcba9876543210\n");
+    server_options.guard = *net::ServerGuard::Load(security, collector::CollectorMethodRoles());
+    net::ClientSecurity client;
+    client.ca_file = certs.ca();
+    client.token_file = certs.WriteSecret("token", "0123456789abcdef0123456789abcdef\n");
+    uplink_options.credentials = *net::LoadClientCredentials(client);
+  }
   auto server = *collector::CollectorServer::Start(core.get(), server_options);
 
   agent::Outbox outbox(agent::OutboxOptions{});
-  agent::UplinkOptions uplink_options;
   uplink_options.collector = absl::StrCat("127.0.0.1:", server->port());
   agent::Uplink uplink(&outbox, uplink_options);
   uplink.Start();
@@ -205,9 +228,10 @@ BENCHMARK(BM_CollectorIngestHistory)
     ->MinTime(3.0);
 
 BENCHMARK(BM_CollectorIngest)
-    ->ArgName("fsync")
-    ->Arg(0)
-    ->Arg(1)
+    ->ArgNames({"fsync", "secure"})
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({0, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(3.0);

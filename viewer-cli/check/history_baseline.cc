@@ -22,11 +22,14 @@ std::uint64_t Median(std::vector<std::uint64_t> values) {
 }  // namespace
 
 std::optional<bool> ParseHistoryBaselineFlag(ArgReader& args, HistoryBaselineOptions* options) {
-  if (!args.Is("--baseline-from") && !args.Is("--label") && !args.Is("--baseline-runs")) {
+  const bool security = net::IsClientFlag(args.flag());
+  if (!args.Is("--baseline-from") && !args.Is("--label") && !args.Is("--baseline-runs") &&
+      !security) {
     return std::nullopt;
   }
   std::string value;
   if (!args.Value(&value)) return false;
+  if (security) return net::SetClientFlag(args.flag(), value, &options->security);
   if (args.Is("--baseline-from")) {
     options->collector = value;
     if (value.empty()) std::fprintf(stderr, "vramscope check: --baseline-from needs HOST:PORT\n");
@@ -66,7 +69,9 @@ v1::Report MedianBaseline(const v1::Report& latest, const std::vector<v1::RunSum
 }
 
 absl::StatusOr<std::vector<v1::Report>> BaselineFromHistory(const HistoryBaselineOptions& options) {
-  const CollectorQuery query{.address = options.collector};
+  absl::StatusOr<net::ClientCredentials> credentials = net::LoadClientCredentials(options.security);
+  if (!credentials.ok()) return absl::InvalidArgumentError(credentials.status().message());
+  const CollectorQuery query{.address = options.collector, .credentials = *std::move(credentials)};
   v1::ListRunsRequest request;
   for (const auto& [key, value] : options.labels) (*request.mutable_labels())[key] = value;
   request.set_passing_only(true);

@@ -18,18 +18,21 @@
 #include "args.h"
 #include "client/collector_call.h"
 #include "run/labels_arg.h"
+#include "vramscope/net_security.h"
 #include "vramscope/v1/collector.pb.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
 
 struct HistoryBaselineOptions {
-  std::string collector;  // --baseline-from; empty: not used
-  Labels labels;          // --label (at least one with --baseline-from)
-  int runs = 5;           // --baseline-runs
+  std::string collector;         // --baseline-from; empty: not used
+  Labels labels;                 // --label (at least one with --baseline-from)
+  int runs = 5;                  // --baseline-runs
+  net::ClientSecurity security;  // --tls-ca, --tls-cert, --tls-key, --token-file, ...
 };
 
-// One of --baseline-from, --label, --baseline-runs: true when taken, false after printing a
+// One of --baseline-from, --label, --baseline-runs or a client security flag (--tls-ca, ...,
+// vramscope/net_security.h): true when taken, false after printing a
 // usage error; nullopt when `args` holds another flag.
 std::optional<bool> ParseHistoryBaselineFlag(ArgReader& args, HistoryBaselineOptions* options);
 

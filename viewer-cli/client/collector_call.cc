@@ -8,8 +8,7 @@
 namespace vramscope::cli {
 
 std::unique_ptr<v1::Collector::Stub> CollectorStub(const CollectorQuery& query) {
-  return v1::Collector::NewStub(
-      grpc::CreateChannel(query.address, grpc::InsecureChannelCredentials()));
+  return v1::Collector::NewStub(net::MakeChannel(query.address, query.credentials));
 }
 
 void SetCallDeadline(grpc::ClientContext* context, const CollectorQuery& query) {
@@ -29,10 +28,15 @@ absl::Status FromCollectorCall(const grpc::Status& status, const CollectorQuery&
     return absl::FailedPreconditionError(
         absl::StrCat("the collector at ", query.address, ": ", status.error_message()));
   }
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+      status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    return absl::UnavailableError(absl::StrFormat("the collector at %s refused %s: %s",
+                                                  query.address, call, status.error_message()));
+  }
   return absl::UnavailableError(absl::StrFormat(
       "cannot reach the collector at %s (%s: %s); is vramscope-collector running there? "
-      "(its --listen address, HOST:PORT)",
-      query.address, call, status.error_message()));
+      "(its --listen address, HOST:PORT; %s)",
+      query.address, call, status.error_message(), net::ConnectHint(query.credentials)));
 }
 
 absl::StatusOr<v1::ListRunsResponse> ListCollectorRuns(const CollectorQuery& query,

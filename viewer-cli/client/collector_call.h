@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "vramscope/net_security.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 #include "vramscope/v1/report.pb.h"
 
@@ -28,6 +29,7 @@ struct CollectorQuery {
   // that cannot be reached, unless none can.
   std::string address;
   absl::Duration timeout = absl::Seconds(10);  // per call
+  net::ClientCredentials credentials;          // TLS and token; default plaintext, none
 };
 
 std::unique_ptr<v1::Collector::Stub> CollectorStub(const CollectorQuery& query);

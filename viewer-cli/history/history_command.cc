@@ -13,6 +13,7 @@
 #include "command.h"
 #include "history/history_format.h"
 #include "run/labels_arg.h"
+#include "vramscope/net_security.h"
 
 namespace vramscope::cli {
 namespace {
@@ -21,6 +22,7 @@ enum class Format { kText, kCsv, kJson };
 
 struct HistoryOptions {
   std::string collector;
+  net::ClientSecurity security;
   Labels labels;
   std::uint64_t since_ns = 0;  // a duration back from now; 0: all
   std::uint32_t limit = 1000;
@@ -28,7 +30,8 @@ struct HistoryOptions {
 };
 
 void PrintHistoryUsage(std::FILE* out) {
-  std::fputs(
+  std::fprintf(
+      out,
       "usage: vramscope history --collector ADDR [--label KEY=VALUE]... [--since AGE]\n"
       "                         [--format text|csv|json] [--limit N]\n"
       "\n"
@@ -41,8 +44,9 @@ void PrintHistoryUsage(std::FILE* out) {
       "  --since AGE        only runs started within AGE: 45s, 30m, 12h, 7d, 2w\n"
       "  --format FORMAT    text (default), csv or json\n"
       "  --limit N          the N most recent runs at most (default 1000)\n"
+      "%s"
       "exit status: 0; 2 usage errors or a collector without history; 3 collector unreachable\n",
-      out);
+      net::kClientFlagsHelp);
 }
 
 std::optional<HistoryOptions> ParseArgs(int argc, char** argv, bool* help) {
@@ -55,7 +59,7 @@ std::optional<HistoryOptions> ParseArgs(int argc, char** argv, bool* help) {
       return std::nullopt;
     }
     const bool known = args.Is("--collector") || args.Is("--label") || args.Is("--since") ||
-                       args.Is("--format") || args.Is("--limit");
+                       args.Is("--format") || args.Is("--limit") || net::IsClientFlag(args.flag());
     if (!known) {
       std::fprintf(stderr, "vramscope history: unknown option '%s'\n",
                    std::string(args.arg()).c_str());
@@ -65,6 +69,7 @@ std::optional<HistoryOptions> ParseArgs(int argc, char** argv, bool* help) {
     std::string problem;
     if (args.Is("--collector")) {
       options.collector = value;
+    } else if (net::SetClientFlag(args.flag(), value, &options.security)) {
     } else if (args.Is("--label")) {
       if (absl::Status s = AddLabelArg(value, &options.labels); !s.ok())
         problem = std::string(s.message());
@@ -144,8 +149,15 @@ int RunHistory(int argc, char** argv) {
   for (const auto& [key, value] : options->labels) (*request.mutable_labels())[key] = value;
   request.set_since_time_ns(options->since_ns);
   request.set_limit(options->limit);
-  const absl::StatusOr<v1::ListRunsResponse> runs =
-      ListCollectorRuns({.address = options->collector}, request);
+  absl::StatusOr<net::ClientCredentials> credentials =
+      net::LoadClientCredentials(options->security);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "vramscope history: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    return kExitUsage;
+  }
+  const absl::StatusOr<v1::ListRunsResponse> runs = ListCollectorRuns(
+      {.address = options->collector, .credentials = *std::move(credentials)}, request);
   if (!runs.ok()) {
     std::fprintf(stderr, "vramscope history: %s\n", std::string(runs.status().message()).c_str());
     return absl::IsUnavailable(runs.status()) ? kExitUnreachable : kExitUsage;

@@ -18,6 +18,7 @@
 #include "report/collector_source.h"
 #include "report/report_html.h"
 #include "run/report_text.h"
+#include "vramscope/net_security.h"
 
 namespace vramscope::cli {
 namespace {
@@ -32,6 +33,7 @@ struct ReportOptions {
   std::optional<std::int64_t> run;  // --run: a run from the collector's history
   Format format = Format::kText;
   std::string output;  // empty: stdout
+  net::ClientSecurity security;
 };
 
 void PrintReportUsage(std::FILE* out) {
@@ -65,9 +67,12 @@ void PrintReportUsage(std::FILE* out) {
       "  --run ID          with --collector: a run from its history (`vramscope history`\n"
       "                    lists them with their ids), finished at any time\n"
       "  -h, --help        this text\n"
+      "with --collector, how to reach it:\n"
+      "%s"
       "\n"
       "exit status: 0 ok, 2 usage error, input missing or not a report, no such process at the\n"
-      "collector, or an output that cannot be written; 3 the collector cannot be reached.\n");
+      "collector, or an output that cannot be written; 3 the collector cannot be reached.\n",
+      net::kClientFlagsHelp);
 }
 
 // Which options go together. False after printing why.
@@ -142,6 +147,9 @@ std::optional<ReportOptions> ParseArgs(int argc, char** argv, bool* help) {
         return std::nullopt;
       }
       options.collector = value;
+    } else if (net::IsClientFlag(flag)) {
+      if (!take()) return std::nullopt;
+      net::SetClientFlag(flag, value, &options.security);
     } else if (flag == "--pid") {
       if (!take()) return std::nullopt;
       std::uint32_t pid = 0;
@@ -190,9 +198,7 @@ std::string Render(const std::vector<v1::Report>& reports, Format format) {
   return out;
 }
 
-int ListProcesses(const ReportOptions& options) {
-  CollectorQuery query;
-  query.address = options.collector;
+int ListProcesses(const ReportOptions& options, const CollectorQuery& query) {
   const absl::StatusOr<v1::ListProcessesResponse> list = ListCollectorProcesses(query);
   if (!list.ok()) {
     std::fprintf(stderr, "vramscope report: %s\n", std::string(list.status().message()).c_str());
@@ -223,7 +229,21 @@ int RunReport(int argc, char** argv) {
     return kExitUsage;
   }
   const ReportOptions& options = *parsed;
-  if (!options.collector.empty() && !options.pid && !options.run) return ListProcesses(options);
+  CollectorQuery query;
+  query.address = options.collector;
+  if (!options.collector.empty()) {
+    absl::StatusOr<net::ClientCredentials> credentials =
+        net::LoadClientCredentials(options.security);
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "vramscope report: %s\n",
+                   std::string(credentials.status().message()).c_str());
+      return kExitUsage;
+    }
+    query.credentials = *std::move(credentials);
+  }
+  if (!options.collector.empty() && !options.pid && !options.run) {
+    return ListProcesses(options, query);
+  }
 
   std::vector<v1::Report> reports;
   if (!options.file.empty()) {
@@ -234,8 +254,6 @@ int RunReport(int argc, char** argv) {
     }
     reports = std::move(*read);
   } else {
-    CollectorQuery query;
-    query.address = options.collector;
     absl::StatusOr<v1::Report> fetched =
         options.run ? FetchCollectorRun(query, *options.run)
                     : FetchCollectorReport(query, *options.pid, options.host);

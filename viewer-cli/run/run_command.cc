@@ -35,6 +35,7 @@
 #include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
+#include "vramscope/net_security.h"
 
 namespace vramscope::cli {
 namespace {
@@ -48,6 +49,7 @@ struct RunOptions {
   std::string trace_path;
   std::optional<std::uint64_t> max_peak;
   std::string collector;
+  net::ClientSecurity security;  // how to reach the collector
   bool live = false;
   bool cupti = true;
   bool stacks = true;       // VRAMSCOPE_STACKS=1 for CMD unless --no-stacks
@@ -87,7 +89,9 @@ void PrintRunUsage(std::FILE* out) {
       "                    while CMD runs, as vramscope-agent does (batches, sequence numbers,\n"
       "                    resend after a reconnect); after the report, wait up to 10 s for the\n"
       "                    collector to acknowledge everything. If it does not, a warning says\n"
-      "                    so; the local report and files are complete either way\n"
+      "                    so; the local report and files are complete either way. How to\n"
+      "                    reach it (TLS, token; as vramscope-agent):\n"
+      "%s"
       "  --live            show the live dashboard (as `vramscope top`) while CMD runs; on a\n"
       "                    terminal CMD reads /dev/null and its output is held back and\n"
       "                    printed when it exits; otherwise one plain line per process and\n"
@@ -122,7 +126,8 @@ void PrintRunUsage(std::FILE* out) {
       "succeeded: 1 if --max-peak was exceeded, else 2 if an output file could not be written,\n"
       "else 3 if --collector was given and the collector did not acknowledge every event\n"
       "within the 10 s (unreachable, refused, or events dropped beyond the 256 MiB kept in\n"
-      "memory for it); 2 for usage errors.\n");
+      "memory for it); 2 for usage errors.\n",
+      net::kClientFlagsHelp);
 }
 
 // One --label; false after printing why.
@@ -209,6 +214,11 @@ std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
         std::fprintf(stderr, "vramscope run: --collector needs HOST:PORT (e.g. 127.0.0.1:7411)\n");
         return std::nullopt;
       }
+    } else if (const std::string_view name = arg.substr(0, arg.find('='));
+               net::IsClientFlag(name)) {
+      std::string flag_value;
+      if (!value(name, &flag_value)) return std::nullopt;
+      net::SetClientFlag(name, flag_value, &options.security);
     } else if (arg == "--live") {
       options.live = true;
     } else if (arg == "--no-cupti") {
@@ -502,6 +512,12 @@ int RunRun(int argc, char** argv) {
     std::fprintf(stderr, "vramscope run: --live is not available in this build\n");
     return kExitUsage;
   }
+  absl::StatusOr<net::ClientCredentials> credentials = net::LoadClientCredentials(options.security);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "vramscope run: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    return kExitUsage;
+  }
   const std::string shim = FindShim();
   if (shim.empty()) return kExitUsage;
   const std::string ring_dir = MakeRingDir();
@@ -551,6 +567,7 @@ int RunRun(int argc, char** argv) {
   if (outbox != nullptr) {
     agent::UplinkOptions uplink_options;
     uplink_options.collector = options.collector;
+    uplink_options.credentials = *credentials;
     // A collector that comes up late is found within a second, well inside kCollectorWait.
     uplink_options.max_backoff = absl::Seconds(1);
     uplink = std::make_unique<agent::Uplink>(outbox.get(), uplink_options);

@@ -17,6 +17,7 @@
 #include "top/nvml.h"
 #include "top/top_model.h"
 #include "top/watch_source.h"
+#include "vramscope/net_security.h"
 
 namespace vramscope::cli {
 namespace {
@@ -33,6 +34,7 @@ struct TopOptions {
   std::string filter;
   bool plain = false;
   bool once = false;
+  net::ClientSecurity security;
   bool gpus = true;  // NVML's view of this machine's GPUs (--no-gpus: off)
 };
 
@@ -89,12 +91,13 @@ void PrintTopUsage(std::FILE* out) {
       "                       interval, key=value with bytes as integers, the command last\n"
       "  --once               print one snapshot in plain lines and exit\n"
       "  --no-gpus            leave NVML alone: no GPU lines, no untraced row\n"
+      "%s"
       "  -h, --help           this text\n"
       "\n"
       "`vramscope run --live -- CMD` shows the same dashboard for CMD with no collector.\n"
       "exit status: 0 ok; 2 usage; 3 the collector cannot be reached (in plain mode also when\n"
       "the stream to it breaks; the dashboard shows \"reconnecting\" and keeps trying).\n",
-      kDefaultCollector);
+      kDefaultCollector, net::kClientFlagsHelp);
 }
 
 std::optional<absl::Duration> ParseInterval(const std::string& text) {
@@ -139,6 +142,9 @@ std::optional<TopOptions> ParseTopArgs(int argc, char** argv, bool* help) {
         return std::nullopt;
       }
       options.interval = *interval;
+    } else if (net::IsClientFlag(name)) {
+      if (!take()) return std::nullopt;
+      net::SetClientFlag(name, value, &options.security);
     } else if (name == "--filter") {
       if (!take()) return std::nullopt;
       options.filter = value;
@@ -302,8 +308,15 @@ int RunTop(int argc, char** argv) {
     return kExitUsage;
   }
   const TopOptions& options = *parsed;
+  absl::StatusOr<net::ClientCredentials> credentials = net::LoadClientCredentials(options.security);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "vramscope top: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    return kExitUsage;
+  }
   top::WatchSourceOptions source_options;
   source_options.address = options.collector;
+  source_options.credentials = *std::move(credentials);
   source_options.interval = options.interval;
   top::WatchSource source(source_options);
   if (absl::Status status = source.Connect(); !status.ok()) {

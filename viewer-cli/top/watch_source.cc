@@ -68,7 +68,7 @@ WatchSource::WatchSource(WatchSourceOptions options) : options_(std::move(option
   targets_.resize(addresses.size());
   for (size_t i = 0; i < addresses.size(); ++i) {
     targets_[i].address = addresses[i];
-    targets_[i].channel = grpc::CreateChannel(addresses[i], grpc::InsecureChannelCredentials());
+    targets_[i].channel = net::MakeChannel(addresses[i], options_.credentials);
     targets_[i].stub = v1::Collector::NewStub(targets_[i].channel);
   }
 }
@@ -100,7 +100,8 @@ absl::Status WatchSource::Connect() {
     return absl::UnavailableError(
         absl::StrCat("cannot reach the collector at ", options_.address, " within ",
                      absl::FormatDuration(options_.connect_timeout),
-                     "; start vramscope-collector there or check --collector HOST:PORT"));
+                     "; start vramscope-collector there or check --collector HOST:PORT (",
+                     net::ConnectHint(options_.credentials), ")"));
   }
   for (size_t i = 0; i < targets_.size(); ++i) threads_.emplace_back([this, i] { Loop(i); });
   return absl::OkStatus();

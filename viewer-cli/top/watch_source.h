@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "vramscope/net_security.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 #include "vramscope/v1/collector.pb.h"
 #include "vramscope/v1/report.pb.h"
@@ -33,6 +34,7 @@ struct WatchSourceOptions {
   absl::Duration interval = absl::Seconds(1);
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration report_interval = absl::Seconds(2);
+  net::ClientCredentials credentials;  // TLS and token; default plaintext, none
 };
 
 // Several collectors' updates into one: a process held by several (its agent failed over) appears

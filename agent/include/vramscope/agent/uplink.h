@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "vramscope/agent/outbox.h"
+#include "vramscope/net_security.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 
 namespace vramscope::agent {
@@ -47,6 +48,7 @@ struct UplinkOptions {
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(10);
   int max_message_bytes = 16 << 20;
+  net::ClientCredentials credentials;  // TLS and token (net::LoadClientCredentials); default none
 };
 
 // The order in which `host` tries `collectors` (rendezvous hashing: each address scored by a hash

@@ -57,8 +57,9 @@ struct CollectorOptions {
   std::string data_dir;
   // Bytes all process logs together may occupy; 0 = no limit but the disk's.
   uint64_t max_disk_bytes = 0;
-  // Live processes the collector tracks (recovered ones included; finished ones leave the live
-  // table and do not count).
+  // Live processes each writer identity (token, client certificate, or "" for an
+  // unauthenticated one) may have the collector track; finished ones leave the live table and
+  // do not count, nor do ones recovered from the data directory.
   uint32_t max_processes = 4096;
   // fdatasync each record before acknowledging it. Off (the default), an acknowledged batch is in
   // the process's log file: it survives a collector crash, kill or restart (the page cache
@@ -136,9 +137,10 @@ class Collector {
   // A batch failing ValidateBatch (vramscope/collector/batch_check.h; with `wire`, only
   // ValidateBatchHeader, as parsing checked the rest) is INVALID_ARGUMENT and stores nothing.
   // With `takeover` (the agent sends to several collectors), an unknown process may start past
-  // sequence 1 and a known one continue past a gap, instead of FAILED_PRECONDITION.
+  // sequence 1 and a known one continue past a gap, instead of FAILED_PRECONDITION. `writer`
+  // names who sent it (net::Peer::identity): a new process counts against its quota.
   absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {},
-                                  bool takeover = false);
+                                  bool takeover = false, absl::string_view writer = {});
   // CheckIngestMessage refused a batch (`refused.kind` is kRejected): batch `refused.sequence` of
   // `refused.process`, holding `refused.events` events. If the key can be filed
   // (`refused.key_usable`: the key as sent, not only its escaped form in `refused.process`) and
@@ -146,7 +148,8 @@ class Collector {
   // DropEvent for the events is stored in its place, so the process's later batches follow
   // without a gap. A duplicate or sequence 0 stores nothing; a gap is FAILED_PRECONDITION as for
   // Ingest. Returns the sequence to acknowledge (0 for a key that cannot be filed).
-  absl::StatusOr<uint64_t> Refuse(const IngestMessage& refused, bool takeover = false);
+  absl::StatusOr<uint64_t> Refuse(const IngestMessage& refused, bool takeover = false,
+                                  absl::string_view writer = {});
   // The highest contiguous sequence stored for `key` (0 if unknown).
   uint64_t StoredSequence(const v1::ProcessKey& key) const;
 
@@ -177,10 +180,11 @@ class Collector {
   explicit Collector(CollectorOptions options);
   absl::Status Load(LoadReport* report);
   void LoadFile(const std::string& path, LoadReport* report);
-  // The process of `key`, created when `sequence` is 1 (else a gap) and there is room.
-  // A finished process found is returned as it is (Append revives it when needed).
+  // The process of `key`, created when `sequence` is 1 (else a gap) and `writer` is under its
+  // quota. A finished process found is returned as it is (Append revives it when needed).
   absl::StatusOr<std::shared_ptr<Process>> FindOrCreate(const v1::ProcessKey& key,
-                                                        uint64_t sequence, bool takeover);
+                                                        uint64_t sequence, bool takeover,
+                                                        absl::string_view writer);
   std::shared_ptr<Process> Find(const v1::ProcessKey& key) const;
   // Stores `batch` (the next sequence of `process`, whose lock the caller holds) or answers a
   // duplicate; a gap is FAILED_PRECONDITION unless `takeover`.
@@ -208,6 +212,8 @@ class Collector {
   // of the two at most. Shared: callers keep a process after dropping mu_ while it moves.
   absl::flat_hash_map<std::string, std::shared_ptr<Process>> processes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Process>> finished_ ABSL_GUARDED_BY(mu_);
+  // Live processes held per writer identity (Process::writer), for --max-processes.
+  absl::flat_hash_map<std::string, uint32_t> processes_by_writer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vramscope::collector

@@ -24,11 +24,16 @@
 #include <unordered_map>
 
 #include "vramscope/collector/collector.h"
+#include "vramscope/net_security.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 
 namespace vramscope::collector {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Who may call what: Ingest needs a writer token, every read RPC a reader token. A method missing
+// here is refused to everyone (net::ServerGuard's default deny): a new RPC must be added.
+net::MethodRoles CollectorMethodRoles();
 
 // The Watch interval the collector uses for a requested one (0 = 1 s), clamped to [50 ms, 60 s].
 absl::Duration ClampWatchInterval(uint32_t interval_ms);
@@ -55,7 +60,8 @@ class CollectorService final
     : public v1::Collector::WithRawCallbackMethod_Watch<
           v1::Collector::WithRawCallbackMethod_Ingest<v1::Collector::Service>> {
  public:
-  explicit CollectorService(Collector* collector);
+  // `guard` (not owned, must outlive this) authorizes every call.
+  CollectorService(Collector* collector, const net::ServerGuard* guard);
   ~CollectorService() override;
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Ingest(
@@ -80,11 +86,15 @@ class CollectorService final
  private:
   Collector* const collector_;
   std::unique_ptr<WatchHub> hub_;
+  const net::ServerGuard* const guard_;
 };
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:7411";  // "127.0.0.1:0" picks a free port
   int max_message_bytes = 16 << 20;       // gRPC's receive limit for one message
+  // TLS, tokens and the listen check (net::ServerGuard::Load); null: plaintext, no tokens,
+  // loopback only.
+  std::shared_ptr<const net::ServerGuard> guard;
 };
 
 class CollectorServer {
@@ -99,7 +109,9 @@ class CollectorServer {
   void Wait();
 
  private:
-  explicit CollectorServer(Collector* collector) : service_(collector) {}
+  explicit CollectorServer(Collector* collector, std::shared_ptr<const net::ServerGuard> guard)
+      : guard_(std::move(guard)), service_(collector, guard_.get()) {}
+  std::shared_ptr<const net::ServerGuard> guard_;
   CollectorService service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
