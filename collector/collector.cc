@@ -702,6 +702,8 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
       device.clear_timeline();
       device.clear_top_sites();
       device.clear_leaks();
+      device.clear_allocations();
+      device.clear_allocation_sites();
       *stats->add_devices() = std::move(device);
     }
   }
