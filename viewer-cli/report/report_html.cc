@@ -99,8 +99,17 @@ bool RuntimeFrame(std::string_view frame) {
   return false;
 }
 
-// "PATH+0xOFFSET" as "BASENAME+0xOFFSET"; a symbolised frame as it is.
+// "PATH+0xOFFSET" as "BASENAME+0xOFFSET"; a symbolised "FUNCTION (PATH:LINE)" as "FUNCTION
+// (BASENAME:LINE)".
 std::string ShortFrame(std::string_view frame) {
+  const std::size_t open = frame.rfind(" (");
+  if (open != std::string_view::npos && frame.back() == ')') {
+    const std::size_t slash = frame.rfind('/');
+    if (slash != std::string_view::npos && slash > open) {
+      return std::string(frame.substr(0, open + 2)) + std::string(frame.substr(slash + 1));
+    }
+    return std::string(frame);
+  }
   const std::size_t plus = frame.rfind("+0x");
   if (plus == std::string_view::npos || frame.find(' ') != std::string_view::npos) {
     return std::string(frame);
@@ -251,7 +260,8 @@ svg path.reserved_bytes, .swatch.reserved_bytes { stroke: var(--res); background
 svg rect.nvtx-range { fill: var(--nvtx); fill-opacity: .10; stroke: var(--nvtx);
                       stroke-opacity: .35; stroke-width: .5; }
 svg text.nvtx-label { fill: #6a3d9a; font-size: 10px; pointer-events: none; }
-svg path.alloc-band { stroke: #fff; stroke-width: .3; fill-opacity: .85; }
+svg path.alloc-band { stroke: #fff; stroke-width: .3; fill-opacity: .85;
+                      vector-effect: non-scaling-stroke; }
 svg path.alloc-band.hover { fill-opacity: 1; stroke: #000; stroke-width: 1; }
 svg path.timeline-requested { fill: none; stroke: #000; stroke-width: 1; stroke-dasharray: 4 2;
                               pointer-events: none; }
@@ -333,7 +343,8 @@ constexpr char kScript[] = R"js(
         .attr({x: L, y: T, width: W - L - R, height: H - B - T});
     var cursor = svg.append('line').attr('class', 'cursor')
         .attr({y1: T, y2: H - B}).style('display', 'none');
-    var c = {svg: svg, body: body, x: x, y: y, H: H, draws: [], readout: null};
+    var c = {svg: svg, body: body, x: x, x0: x.copy(), y: y, H: H, draws: [], readout: null,
+             view: {s: 1, tx: 0}};
     function drawAll() {
       var d = x.domain();
       setAxis(xAxis, x, roundTicks(d[0], d[1], pick(TIME_UNITS, d[1] - d[0]), 8), 'bottom',
@@ -345,6 +356,7 @@ constexpr char kScript[] = R"js(
       var s = zoom.scale(), tx = zoom.translate()[0];
       tx = Math.min(L * (1 - s), Math.max((W - R) * (1 - s), tx));  // stay within the run
       zoom.translate([tx, 0]);
+      c.view = {s: s, tx: tx};
       drawAll();
       svg.attr('data-zoom', s.toFixed(3));
     });
@@ -417,29 +429,49 @@ constexpr char kScript[] = R"js(
 
   // memory_viz's active allocations: one band per listed allocation, stacked in the order the
   // live ones were made; a free moves the ones above it down.
+  // At most MAX_BANDS bands are drawn (the largest; the others are in the gap under the dashed
+  // total), and a band's offset changes at most once per 1/BUCKETS of the run: a free low in a
+  // big stack moves every band above it, which would otherwise make O(bands x frees) points.
+  var MAX_BANDS = 2000, BUCKETS = 1000;
   function allocationPlot(plot) {
     var A = plot.allocs, n = A.length, tmax = plot.tmax;
+    var drawn = A.map(function (a, i) { return i; });
+    if (n > MAX_BANDS) {
+      drawn.sort(function (p, q) { return A[q][2] - A[p][2] || p - q; });
+      drawn = drawn.slice(0, MAX_BANDS).sort(function (p, q) { return p - q; });
+    }
     var events = [];
-    A.forEach(function (a, i) {
+    drawn.forEach(function (i) {
+      var a = A[i];
       events.push([a[0], 1, i]);
       if (a[1] >= 0) events.push([a[1], 0, i]);
     });
     events.sort(function (p, q) { return p[0] - q[0] || p[1] - q[1] || p[2] - q[2]; });
-    var stack = [], offset = new Array(n), pts = [], total = 0, totals = [[0, 0]], ymax = 1;
-    for (var i = 0; i < n; i++) pts.push([]);
+    var bucket = tmax / BUCKETS;
+    var stack = [], offset = {}, pts = {}, gone = {}, total = 0, totals = [[0, 0]], ymax = 1;
     events.forEach(function (e) {
       var t = e[0], k = e[2], size = A[k][2];
       if (e[1] === 1) {
         offset[k] = total;
-        pts[k].push([t, total]);
+        pts[k] = [[t, total]];
+        if (gone[k]) return;  // freed at (or, in a bad report, before) its allocation's time
         stack.push(k);
         total += size;
       } else {
         var p = stack.indexOf(k);
+        if (p < 0) {
+          gone[k] = true;
+          return;
+        }
         stack.splice(p, 1);
         for (var j = p; j < stack.length; j++) {
-          offset[stack[j]] -= size;
-          pts[stack[j]].push([t, offset[stack[j]]]);
+          var q = stack[j], list = pts[q], last = list[list.length - 1];
+          offset[q] -= size;
+          if (list.length > 1 && Math.floor(last[0] / bucket) === Math.floor(t / bucket)) {
+            last[1] = offset[q];
+          } else {
+            list.push([t, offset[q]]);
+          }
         }
         total -= size;
       }
@@ -448,30 +480,35 @@ constexpr char kScript[] = R"js(
     });
     plot.points.forEach(function (p) { ymax = Math.max(ymax, p[1]); });
     var c = chart(plot.alloc, 360, tmax, ymax, 'readout-' + plot.alloc);
-    var x = c.x, y = c.y;
+    var x = c.x0, y = c.y;
+    c.svg.attr('data-drawn', drawn.length);
     var color = d3.scale.category20();
-    var bands = c.body.selectAll('path.alloc-band').data(A).enter().append('path')
+    // Drawn once at the unzoomed scale; zooming transforms the group.
+    var group = c.body.append('g').attr('class', 'bands');
+    var bands = group.selectAll('path.alloc-band').data(drawn).enter().append('path')
         .attr('class', 'alloc-band')
-        .attr('data-index', function (a, i) { return i; })
-        .style('fill', function (a) { return a[5] < 0 ? '#9a9a9a' : color(a[5]); });
+        .attr('data-index', function (i) { return i; })
+        .style('fill', function (i) { return A[i][5] < 0 ? '#9a9a9a' : color(A[i][5]); })
+        .attr('d', function (k) {
+          var a = A[k], p = pts[k], size = gone[k] ? 0 : a[2], d = '', j;
+          var end = a[1] >= 0 ? Math.max(a[0], a[1]) : tmax;
+          for (j = 0; j < p.length; j++) {
+            d += (j === 0 ? 'M' + x(p[j][0]).toFixed(1) + ',' : 'H' + x(p[j][0]).toFixed(1) + 'V') +
+                 y(p[j][1] + size).toFixed(1);
+          }
+          d += 'H' + x(end).toFixed(1) + 'V' + y(p[p.length - 1][1]).toFixed(1);
+          for (j = p.length - 1; j > 0; j--) {
+            d += 'H' + x(p[j][0]).toFixed(1) + 'V' + y(p[j - 1][1]).toFixed(1);
+          }
+          return d + 'H' + x(p[0][0]).toFixed(1) + 'Z';
+        });
     var requested = c.body.append('path').attr('class', 'timeline-requested');
     var peak = c.body.append('line').attr('class', 'peak-marker')
         .style('display', plot.peak >= 0 ? null : 'none');
     c.draws.push(function () {
-      bands.attr('d', function (a, k) {
-        var p = pts[k], size = a[2], end = a[1] >= 0 ? a[1] : tmax, d = '', j;
-        for (j = 0; j < p.length; j++) {
-          d += (j === 0 ? 'M' + x(p[j][0]).toFixed(1) + ',' : 'H' + x(p[j][0]).toFixed(1) + 'V') +
-               y(p[j][1] + size).toFixed(1);
-        }
-        d += 'H' + x(end).toFixed(1) + 'V' + y(p[p.length - 1][1]).toFixed(1);
-        for (j = p.length - 1; j > 0; j--) {
-          d += 'H' + x(p[j][0]).toFixed(1) + 'V' + y(p[j - 1][1]).toFixed(1);
-        }
-        return d + 'H' + x(p[0][0]).toFixed(1) + 'Z';
-      });
-      requested.attr('d', stepPath(plot.points, 1, x, y));
-      peak.attr({x1: x(plot.peak), x2: x(plot.peak), y1: y.range()[1], y2: y.range()[0]});
+      group.attr('transform', 'translate(' + c.view.tx + ',0) scale(' + c.view.s + ',1)');
+      requested.attr('d', stepPath(plot.points, 1, c.x, y));
+      peak.attr({x1: c.x(plot.peak), x2: c.x(plot.peak), y1: y.range()[1], y2: y.range()[0]});
     });
     c.readout = function (t) {
       var i = at(totals, t), j = at(plot.points, t);
@@ -494,8 +531,8 @@ constexpr char kScript[] = R"js(
         a[9] ? 'live at the peak' : 'not live at the peak'
       ];
     }
-    bands.on('mousemove', function (a, k) {
-      var lines = describe(a);
+    bands.on('mousemove', function (k) {
+      var lines = describe(A[k]);
       tip.textContent = '';
       lines.forEach(function (line) {
         var div = document.createElement('div');
@@ -505,13 +542,17 @@ constexpr char kScript[] = R"js(
       tip.setAttribute('data-band', plot.alloc + ':' + k);
       tip.hidden = false;
       var ev = d3.event;
-      tip.style.left = (ev.clientX + 14) + 'px';
-      tip.style.top = (ev.clientY + 14) + 'px';
+      // Beside the cursor, kept inside the window.
+      tip.style.left = Math.max(0, Math.min(ev.clientX + 14,
+                                            window.innerWidth - tip.offsetWidth - 8)) + 'px';
+      tip.style.top = Math.max(0, Math.min(ev.clientY + 14,
+                                           window.innerHeight - tip.offsetHeight - 8)) + 'px';
       d3.select(this).classed('hover', true);
     }).on('mouseout', function () {
       tip.hidden = true;
       d3.select(this).classed('hover', false);
-    }).on('click', function (a, k) {
+    }).on('click', function (k) {
+      var a = A[k];
       var panel = document.getElementById('stack-' + plot.alloc);
       var s = site(a);
       panel.textContent = '';
@@ -1127,7 +1168,9 @@ void Page::Allocations(const v1::DeviceReport& device, int r, int d) {
       "limit, and the largest others; ",
       device.allocations_omitted(),
       " not listed, which only "
-      "the dashed total of requested bytes includes). Hover a band for its size, site, NVTX range "
+      "the dashed total of requested bytes includes; at most 2000 bands are drawn, the largest, "
+      "and a band moves at most once per 1/1000 of the run). Hover a band for its size, site, NVTX "
+      "range "
       "and age; click it for its stack.</p>\n<figure class=\"alloc-plot\">\n<svg "
       "class=\"alloc-plot\" "
       "id=\"",
