@@ -689,7 +689,7 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
   for (Process* process : Matching(keys)) {
     absl::MutexLock lock(&process->mu);
     if (process->acked == 0) continue;
-    v1::Report report = process->stats.Report();
+    v1::Report report = process->stats.LiveReport();
     v1::ProcessStats* stats = update.add_processes();
     *stats->mutable_process() = process->key;
     *stats->mutable_command_line() = report.command_line();
@@ -702,8 +702,7 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
       device.clear_timeline();
       device.clear_top_sites();
       device.clear_leaks();
-      device.clear_allocations();
-      device.clear_allocation_sites();
+      device.clear_allocation_sites();  // the leaks' sites
       *stats->add_devices() = std::move(device);
     }
   }

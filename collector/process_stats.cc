@@ -34,5 +34,8 @@ uint64_t ProcessStats::PeakReservedBytes() const {
 }
 
 v1::Report ProcessStats::Report() const { return engine_->Report(); }
+v1::Report ProcessStats::LiveReport() const {
+  return engine_->Report(ReportAllocations::kLeaveOut);
+}
 
 }  // namespace vramscope::collector

@@ -728,7 +728,7 @@ void FillFragmentation(bool has_state, const v1::PoolStateEvent& state, std::uin
 
 }  // namespace
 
-v1::Report ProcessStatsEngine::Report() const {
+v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
   v1::Report report;
   v1::ProcessKey* key = report.mutable_process();
   if (has_key_) *key = key_;
@@ -889,7 +889,7 @@ v1::Report ProcessStatsEngine::Report() const {
       shown->set_thread_id(instance.thread_id);
     }
     out->set_nvtx_instances_dropped(instances_dropped);
-    ReportAllocations(*d, out);
+    if (allocations == ReportAllocations::kInclude) ListAllocations(*d, out);
     out->set_dropped_records(dropped);
     if (d->has_cupti) {
       v1::CuptiStats* cupti = out->mutable_cupti();
@@ -964,7 +964,7 @@ void ProcessStatsEngine::AddAllocationSite(std::uint64_t site, v1::DeviceReport*
                                                     : std::string(kUnresolvedLibrary));
 }
 
-void ProcessStatsEngine::ReportAllocations(const Device& d, v1::DeviceReport* out) const {
+void ProcessStatsEngine::ListAllocations(const Device& d, v1::DeviceReport* out) const {
   struct Item {
     std::uint64_t address;
     const Live* live;

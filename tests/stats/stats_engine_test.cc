@@ -487,6 +487,18 @@ TEST(StatsEngineTest, AllocationsLiveAtThePeakAndTheLargestOthers) {
   EXPECT_EQ(b.allocations_omitted(), 2u);
 }
 
+TEST(StatsEngineTest, LiveReportsLeaveTheAllocationsOut) {
+  EventStream s;
+  s.Alloc(0x1, 100, 100).Alloc(0x2, 50, 50).Free(0x1);
+  ProcessStatsEngine stats;
+  for (const v1::Event& e : s.events()) stats.Add(e);
+  EXPECT_EQ(stats.Report().devices(0).allocations_size(), 2);
+  const v1::DeviceReport live = stats.Report(ReportAllocations::kLeaveOut).devices(0);
+  EXPECT_EQ(live.allocations_size(), 0);
+  EXPECT_EQ(live.peak_live_count(), 0u);
+  EXPECT_EQ(live.peak_allocated_bytes(), 150u);
+}
+
 TEST(StatsEngineTest, ANewPeakReplacesTheStateAtTheOldOne) {
   EventStream s;
   s.Alloc(0x1, 100, 100).Alloc(0x2, 50, 50);  // peak 150
