@@ -223,6 +223,37 @@ TEST_F(ReportChromiumTest, OneBandPerAllocationAndTheHoverTextIsRight) {
   EXPECT_EQ(tip, want);
 }
 
+// A free moves the bands above it down, also after an allocation freed at its own time (a free
+// sorted before its allocation must not take another band off the stack).
+TEST_F(ReportChromiumTest, AFreeMovesTheBandsAboveItDown) {
+  v1::Report report;
+  report.mutable_process()->set_pid(7);
+  v1::DeviceReport* device = report.add_devices();
+  auto add = [&](std::uint64_t bytes, std::uint64_t alloc_ms, std::uint64_t free_ms) {
+    v1::AllocationRecord* a = device->add_allocations();
+    a->set_address(0x1000 * (device->allocations_size()));
+    a->set_requested_bytes(bytes);
+    a->set_allocated_bytes(bytes);
+    a->set_kind(v1::ALLOCATION_KIND_POOLED);
+    a->set_alloc_time_ns(alloc_ms * 1'000'000);
+    a->set_free_time_ns(free_ms * 1'000'000);
+  };
+  add(100 << 20, 1, 4);  // C: freed at 4 ms, under D
+  add(10 << 20, 2, 2);   // A: freed at once
+  add(50 << 20, 3, 0);   // D: moves down at 4 ms
+  for (int i = 0; i < 6; ++i) {
+    v1::TimelinePoint* point = device->add_timeline();
+    point->set_time_ns((i + 1) * 1'000'000);
+  }
+  const std::string dom = RenderedDom({report});
+  EXPECT_EQ(console_, "");
+  const std::vector<std::string> bands = Elements(dom, "<path class=\"alloc-band\"");
+  ASSERT_EQ(bands.size(), 3u);
+  auto moves = [](const std::string& band) { return std::count(band.begin(), band.end(), 'V'); };
+  EXPECT_EQ(moves(bands[0]), 1) << bands[0];  // one rectangle
+  EXPECT_EQ(moves(bands[2]), 3) << bands[2];  // a step down at 4 ms
+}
+
 TEST_F(ReportChromiumTest, ClickShowsTheStack) {
   const std::string dom = RenderedDom({SampleReport()}, "#click=alloc-0-0:0");
   EXPECT_EQ(console_, "");
