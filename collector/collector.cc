@@ -301,7 +301,7 @@ void FillSummary(const v1::ProcessKey& key, const ProcessStats& stats,
 
 void FillLiveStats(const v1::ProcessKey& key, const ProcessStats& stats,
                    const std::vector<v1::SequenceRange>& held, v1::ProcessStats* out) {
-  v1::Report report = stats.Report();
+  v1::Report report = stats.LiveReport();
   *out->mutable_process() = key;
   *out->mutable_command_line() = report.command_line();
   *out->mutable_labels() = report.labels();
@@ -314,6 +314,7 @@ void FillLiveStats(const v1::ProcessKey& key, const ProcessStats& stats,
     device.clear_timeline();
     device.clear_top_sites();
     device.clear_leaks();
+    device.clear_allocation_sites();  // the leaks' sites
     *out->add_devices() = std::move(device);
   }
   out->mutable_held()->Assign(held.begin(), held.end());

@@ -38,5 +38,8 @@ std::vector<DeviceGauges> ProcessStats::Gauges() const { return engine_->Gauges(
 uint64_t ProcessStats::LastEventWallNs() const { return engine_->LastEventWallNs(); }
 
 v1::Report ProcessStats::Report() const { return engine_->Report(); }
+v1::Report ProcessStats::LiveReport() const {
+  return engine_->Report(ReportAllocations::kLeaveOut);
+}
 
 }  // namespace vramscope::collector

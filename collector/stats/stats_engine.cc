@@ -76,6 +76,9 @@ std::string_view FrameModule(std::string_view frame) {
   return frame.substr(0, plus);
 }
 
+// Min-heap order for Device::largest: the smallest request on top.
+bool LargerRequest(const std::uint64_t a, const std::uint64_t b) { return a > b; }
+
 }  // namespace
 
 std::string CallingLibrary(absl::Span<const std::string> frames) {
@@ -151,6 +154,14 @@ struct ProcessStatsEngine::Device {
   std::vector<LibraryBytes> libraries;
   bool any_site = false;  // an allocation of a counted kind had a site
   std::uint64_t no_site_live = 0, no_site_peak = 0;
+  // DeviceReport.allocations: allocations of counted kinds seen; the event number and time of
+  // the last new peak of allocated bytes; what was live then and freed since (cleared at a new
+  // peak); the largest freed allocations, a min-heap by requested bytes (LargerRequest).
+  std::uint64_t counted_allocs = 0;
+  bool has_peak = false;
+  std::uint64_t peak_seq = 0, peak_time_ns = 0;
+  std::vector<Freed> freed_since_peak;
+  std::vector<Freed> largest;
 
   explicit Device(std::size_t max_points) : timeline(max_points) {}
 };
@@ -414,8 +425,9 @@ void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
     --DeviceFor(old_device).free_count;  // not a real free
     it = live_.try_emplace(alloc.address()).first;
   }
-  it->second =
-      Live{alloc.requested_bytes(), alloc.allocated_bytes(), nullptr, t, event.device(), kind};
+  it->second = Live{
+      alloc.requested_bytes(), alloc.allocated_bytes(), nullptr, t, event.device(), kind, events_,
+      event.thread_id()};
   Device& d = DeviceFor(event.device());  // OnFree may have moved the cached device
   const int k = KindIndex(kind);
   d.kind_current[k] = Plus(d.kind_current[k], alloc.allocated_bytes());
@@ -424,6 +436,15 @@ void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
     d.cur_requested = Plus(d.cur_requested, alloc.requested_bytes());
     d.peak_requested = std::max(d.peak_requested, d.cur_requested);
     d.cur_allocated = Plus(d.cur_allocated, alloc.allocated_bytes());
+    ++d.counted_allocs;
+    if (d.cur_allocated > d.peak_allocated) {
+      // A new peak: what is live now is the state at the peak; frees kept for the old one go.
+      d.has_peak = true;
+      d.peak_seq = events_;
+      d.peak_time_ns = t;
+      for (const Freed& freed : d.freed_since_peak) OfferLargest(d, freed);
+      d.freed_since_peak.clear();
+    }
     AllocatedRose(d);
     if (KindCountsReserved(kind)) {
       OnReserve(d, alloc.allocated_bytes(), t);  // samples the timeline
@@ -443,6 +464,7 @@ void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
       for (auto open = open_ranges_.rbegin(); open != open_ranges_.rend(); ++open) {
         if (open->range_id == range) {
           ranges_[open->agg].At(d.slot).alloc_count++;
+          it->second.range_agg = static_cast<std::int32_t>(open->agg);
           break;
         }
       }
@@ -512,12 +534,41 @@ void ProcessStatsEngine::OnFree(const v1::Event& event) {
   const bool counts = KindCountsBytes(live.kind);
   SiteFree(d, live.site, live.requested, counts);
   if (!counts) return;
+  KeepFreed(d, event.free().address(), live, event.time_ns());
   d.cur_requested = SubtractSaturating(d.cur_requested, live.requested);
   d.cur_allocated = SubtractSaturating(d.cur_allocated, live.allocated);
   if (KindCountsReserved(live.kind)) {
     OnRelease(d, live.allocated, event.time_ns());
   } else {
     Sample(d, event.time_ns());
+  }
+}
+
+void ProcessStatsEngine::KeepFreed(Device& d, std::uint64_t address, const Live& live,
+                                   std::uint64_t free_ns) {
+  const Freed freed{address, live, free_ns};
+  // Made before the peak and live until now: part of the state at the peak, listed apart; it
+  // competes for the largest others only once a new peak leaves it behind.
+  if (d.has_peak && live.seq <= d.peak_seq) {
+    d.freed_since_peak.push_back(freed);
+  } else {
+    OfferLargest(d, freed);
+  }
+}
+
+void ProcessStatsEngine::OfferLargest(Device& d, const Freed& freed) const {
+  const std::size_t cap = options_.max_allocations;
+  if (cap == 0) return;
+  auto order = [](const Freed& a, const Freed& b) {
+    return LargerRequest(a.live.requested, b.live.requested);
+  };
+  if (d.largest.size() < cap) {
+    d.largest.push_back(freed);
+    std::push_heap(d.largest.begin(), d.largest.end(), order);
+  } else if (freed.live.requested > d.largest.front().live.requested) {
+    std::pop_heap(d.largest.begin(), d.largest.end(), order);
+    d.largest.back() = freed;
+    std::push_heap(d.largest.begin(), d.largest.end(), order);
   }
 }
 
@@ -735,7 +786,7 @@ std::uint64_t ProcessStatsEngine::LastEventWallNs() const {
   return AddClamped(key_.start_time_ns(), SubtractSaturating(last_time_ns_, origin));
 }
 
-v1::Report ProcessStatsEngine::Report() const {
+v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
   v1::Report report;
   v1::ProcessKey* key = report.mutable_process();
   if (has_key_) *key = key_;
@@ -884,6 +935,7 @@ v1::Report ProcessStatsEngine::Report() const {
       shown->set_thread_id(instance.thread_id);
     }
     out->set_nvtx_instances_dropped(instances_dropped);
+    if (allocations == ReportAllocations::kInclude) ListAllocations(*d, out);
     out->set_dropped_records(dropped);
     if (d->has_cupti) {
       v1::CuptiStats* cupti = out->mutable_cupti();
@@ -932,7 +984,95 @@ v1::Report ProcessStatsEngine::Report() const {
       }
     }
   }
+  // The frames of every site the allocations and leaks name.
+  for (v1::DeviceReport& device : *report.mutable_devices()) {
+    std::vector<std::uint64_t> sites;
+    for (const v1::AllocationRecord& a : device.allocations()) sites.push_back(a.site());
+    for (const v1::Leak& leak : device.leaks()) sites.push_back(leak.site());
+    std::sort(sites.begin(), sites.end());
+    sites.erase(std::unique(sites.begin(), sites.end()), sites.end());
+    for (const std::uint64_t site : sites) {
+      if (site != 0) AddAllocationSite(site, &device);
+    }
+  }
   return report;
+}
+
+void ProcessStatsEngine::AddAllocationSite(std::uint64_t site, v1::DeviceReport* out) const {
+  v1::AllocationSite* entry = out->add_allocation_sites();
+  entry->set_site(site);
+  auto frames = site_frames_.find(site);
+  if (frames != site_frames_.end()) {
+    for (const std::string& frame : frames->second) entry->add_frames(frame);
+  }
+  auto library = site_library_.find(site);
+  entry->set_library(library != site_library_.end() ? library_names_[library->second]
+                                                    : std::string(kUnresolvedLibrary));
+}
+
+void ProcessStatsEngine::ListAllocations(const Device& d, v1::DeviceReport* out) const {
+  struct Item {
+    std::uint64_t address;
+    const Live* live;
+    std::uint64_t free_ns;  // 0: still live
+    bool at_peak;
+  };
+  auto larger = [](const Item& a, const Item& b) {
+    if (a.live->requested != b.live->requested) return a.live->requested > b.live->requested;
+    return a.live->seq < b.live->seq;
+  };
+  // The state at the peak: made before it and live now, or freed since.
+  std::vector<Item> peak;
+  std::vector<Item> others;
+  for (const auto& [address, live] : live_) {
+    if (live.device != d.id || !KindCountsBytes(live.kind)) continue;
+    const bool at_peak = d.has_peak && live.seq <= d.peak_seq;
+    (at_peak ? peak : others).push_back({address, &live, 0, at_peak});
+  }
+  for (const Freed& freed : d.freed_since_peak) {
+    peak.push_back({freed.address, &freed.live, freed.free_ns, true});
+  }
+  std::sort(peak.begin(), peak.end(), larger);
+  out->set_peak_time_ns(d.has_peak ? d.peak_time_ns : 0);
+  out->set_peak_live_count(peak.size());
+  std::uint64_t omitted_bytes = 0;
+  for (std::size_t i = options_.max_peak_allocations; i < peak.size(); ++i) {
+    omitted_bytes = AddClamped(omitted_bytes, peak[i].live->requested);
+  }
+  if (peak.size() > options_.max_peak_allocations) {
+    out->set_peak_live_omitted(peak.size() - options_.max_peak_allocations);
+    peak.resize(options_.max_peak_allocations);
+  }
+  out->set_peak_live_omitted_bytes(omitted_bytes);
+  // The largest others: freed ones from the heap (which holds none live at the peak) and the
+  // live ones made after the peak.
+  for (const Freed& freed : d.largest) {
+    others.push_back({freed.address, &freed.live, freed.free_ns, false});
+  }
+  std::sort(others.begin(), others.end(), larger);
+  if (others.size() > options_.max_allocations) others.resize(options_.max_allocations);
+  std::vector<Item> listed = std::move(peak);
+  listed.insert(listed.end(), others.begin(), others.end());
+  std::sort(listed.begin(), listed.end(),
+            [](const Item& a, const Item& b) { return a.live->seq < b.live->seq; });
+  for (const Item& item : listed) {
+    v1::AllocationRecord* a = out->add_allocations();
+    a->set_address(item.address);
+    a->set_requested_bytes(item.live->requested);
+    a->set_allocated_bytes(item.live->allocated);
+    a->set_kind(item.live->kind);
+    a->set_site(item.live->site != nullptr ? item.live->site->id : 0);
+    a->set_alloc_time_ns(item.live->time_ns);
+    a->set_free_time_ns(item.free_ns);
+    a->set_live_at_peak(item.at_peak);
+    if (item.live->range_agg >= 0) {
+      const RangeAgg& range = ranges_[static_cast<std::size_t>(item.live->range_agg)];
+      a->set_nvtx_name(range.name);
+      a->set_nvtx_domain(range.domain);
+    }
+    a->set_thread_id(item.live->thread_id);
+  }
+  out->set_allocations_omitted(SubtractSaturating(d.counted_allocs, listed.size()));
 }
 
 ProcessStatsEngine& StatsEngine::Process(const v1::ProcessKey& key) {

@@ -17,6 +17,12 @@
 //     live allocations at exit (leaks, once a ProcessExit was seen); a timeline of at most
 //     max_timeline_points points that keeps maxima; the NVTX range instances (start, end,
 //     depth, thread; the first max_nvtx_instances per process) for shading on a plot.
+//   - individual allocations (DeviceReport.allocations): every allocation live at the moment of
+//     peak allocated bytes (largest first, at most max_peak_allocations) and the largest others
+//     (max_allocations), with their NVTX range and the frames of their sites. The live set at
+//     the peak is kept without copying: an allocation made before the peak (by event sequence)
+//     and still live was live then, and those freed since the peak are kept aside until a new
+//     peak clears them; the largest freed ones sit in a bounded min-heap per device.
 //   - per calling library (sites recorded with VRAMSCOPE_STACKS), each library's own peak of live
 //     requested bytes; the rule and the special keys are on
 //     DeviceReport.peak_requested_bytes_by_library (report.proto) and in CallingLibrary below.
@@ -25,10 +31,15 @@
 //     operations and CUPTI's own dropped records; a release without bytes takes them from its
 //     allocation (by address).
 //
-// Costs: Add is O(1) for allocation events (a flat_hash_map insert or erase, no allocation
-// otherwise; a site's library index is cached on the site, which a live allocation points at, so
-// no string work, and a free does no site lookup); a SiteDefinition costs O(frames + devices);
-// an NVTX pop costs O(open ranges). Report() is O(live allocations + sites + ranges).
+// Costs: Add is O(1) for allocation events (O(log max_allocations) for a free larger than the
+// heap's smallest; a new peak clears the frees kept since the last one, amortised O(1)) (a
+// flat_hash_map insert or erase, no allocation otherwise; a site's library index is cached on the
+// site, which a live allocation points at, so no string work, and a free does no site lookup); a
+// SiteDefinition costs O(frames + devices); an NVTX pop costs O(open ranges). Report() is O(live
+// allocations + sites + ranges), plus sorting the allocation list (O(n log n), n = live + the
+// max_allocations kept per device) unless ReportAllocations::kLeaveOut: stats_bench BM_Report on
+// its 1M-event workload, 0.18-0.31 ms CPU before the list, 0.80-1.23 ms with it (BM_Ingest within
+// the loaded machine's noise: 14-25 M events/s either way).
 //
 // Thread safety: none; one thread per instance (StatsEngine below is not thread-safe either).
 // Error convention: events are trusted to be well-formed protos but not consistent: frees of
@@ -58,11 +69,18 @@ namespace vramscope::collector {
 struct StatsOptions {
   std::size_t max_timeline_points = 2000;
   std::size_t max_top_sites = 10;
-  std::size_t max_leaks = 100;            // largest first
-  std::size_t max_nvtx_ranges = 100;      // per device, by peak allocated
-  std::size_t max_ooms = 100;             // first ones
-  std::size_t max_nvtx_instances = 1000;  // per process, first closed (then open) ones
+  std::size_t max_leaks = 100;              // largest first
+  std::size_t max_nvtx_ranges = 100;        // per device, by peak allocated
+  std::size_t max_ooms = 100;               // first ones
+  std::size_t max_nvtx_instances = 1000;    // per process, first closed (then open) ones
+  std::size_t max_peak_allocations = 5000;  // per device: live at the peak, largest first
+  std::size_t max_allocations = 2000;       // per device: the largest others
 };
+
+// Whether Report() lists individual allocations (DeviceReport.allocations and the fields after
+// it): live updates (the collector's Watch) leave them out, which keeps Report() at
+// O(devices + sites + ranges + leaks) instead of adding O(live + max_allocations) per device.
+enum class ReportAllocations { kInclude, kLeaveOut };
 
 // The accounting rule on the proto enum (mirrors vramscope_ring_alloc_kind_counts_*).
 bool KindCountsBytes(v1::AllocationKind kind);
@@ -109,7 +127,7 @@ class ProcessStatsEngine {
   // The ring's exact counters for one device; the latest call wins.
   void AddCounters(const v1::DeviceCounters& counters);
 
-  v1::Report Report() const;
+  v1::Report Report(ReportAllocations allocations = ReportAllocations::kInclude) const;
   // Per device, by ordinal: the figures Report() gives for them, without building a report.
   std::vector<DeviceGauges> Gauges() const;
   // Wall-clock time (ns) of the latest event, as Report.end_time_ns; 0 when the process key
@@ -128,6 +146,15 @@ class ProcessStatsEngine {
     std::uint64_t time_ns;
     std::uint32_t device;
     v1::AllocationKind kind;
+    std::uint64_t seq = 0;  // the event's number (events_), for "made before the peak"
+    std::uint32_t thread_id = 0;
+    std::int32_t range_agg = -1;  // innermost NVTX range (index into ranges_), -1 = none
+  };
+  // A freed allocation kept for DeviceReport.allocations.
+  struct Freed {
+    std::uint64_t address;
+    Live live;
+    std::uint64_t free_ns;
   };
   struct RangeAgg;
   struct OpenRange {
@@ -160,6 +187,14 @@ class ProcessStatsEngine {
   void AddLibraryBytes(Device& device, std::uint32_t library, std::uint64_t bytes);
   void OnAlloc(const v1::Event& event, Device& device);
   void OnFree(const v1::Event& event);
+  // Keeps a freed allocation for DeviceReport.allocations (live at the peak, or among the
+  // largest).
+  void KeepFreed(Device& device, std::uint64_t address, const Live& live, std::uint64_t free_ns);
+  // Fills DeviceReport.allocations and the fields after it for `device`.
+  // Offers a freed allocation not live at the current peak to Device::largest.
+  void OfferLargest(Device& device, const Freed& freed) const;
+  void ListAllocations(const Device& device, v1::DeviceReport* out) const;
+  void AddAllocationSite(std::uint64_t site, v1::DeviceReport* out) const;
   void OnReserve(Device& device, std::uint64_t bytes, std::uint64_t time_ns);
   void OnRelease(Device& device, std::uint64_t bytes, std::uint64_t time_ns);
   void OnPoolState(const v1::PoolStateEvent& state, Device& device);

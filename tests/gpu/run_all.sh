@@ -598,6 +598,34 @@ for r in $torch_ranges; do
 done
 row "torch NVTX ranges (6 steps)" "-" "$torch_ranges" "$verdict"
 
+# The HTML report of a GPT-2 step with NVTX ranges and sites (--stacks): allocations listed, live
+# at the peak; with chromium on the machine, one band per listed allocation (at most 2000 drawn),
+# no script error, and $logs/report.png, the screenshot for docs/report.png.
+PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.html "${vsrun[@]}" --stacks --json "$logs/torch.html.json" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 3 --nvtx
+st=$?
+env LD_LIBRARY_PATH="$bundle_libs" "$bin/vramscope" report "$logs/torch.html.json" --format html -o "$logs/report.html" 2>>"$logs/torch.html.err"
+html_st=$?
+read -r n_alloc n_peak <<<"$("$python" - "$logs/torch.html.json" <<'PY' 2>/dev/null
+import json, sys
+d = json.load(open(sys.argv[1]))["devices"][0]
+print(len(d.get("allocations", [])), d.get("peak_live_count", 0))
+PY
+)"
+bands=-
+if command -v chromium >/dev/null; then
+  timeout 120 chromium --headless --no-sandbox --disable-gpu --user-data-dir="$logs/chromium" --dump-dom "file://$logs/report.html" >"$logs/report.dom" 2>/dev/null
+  bands=$(grep -o '<path class="alloc-band' "$logs/report.dom" | wc -l)
+  timeout 120 chromium --headless --no-sandbox --disable-gpu --user-data-dir="$logs/chromium" --hide-scrollbars --window-size=1100,1450 --screenshot="$logs/report.png" "file://$logs/report.html#hover=alloc-0-0:0" >/dev/null 2>&1
+fi
+echo "HTML report: ${n_alloc:-?} allocations listed, ${n_peak:-?} live at the peak, bands drawn: $bands ($logs/report.html)"
+verdict="ok"
+if [ $st -ne 0 ] || [ $html_st -ne 0 ]; then verdict="FAIL status $st/$html_st"
+elif [ "${n_alloc:-0}" -le 0 ] || [ "${n_peak:-0}" -le 0 ]; then verdict="FAIL no allocations listed"
+elif [ "$bands" != - ] && [ "$bands" != "$(( n_alloc < 2000 ? n_alloc : 2000 ))" ]; then verdict="FAIL $bands bands for $n_alloc allocations"
+elif [ "$bands" != - ] && grep -q 'class="script-error"' "$logs/report.dom"; then verdict="FAIL script error"
+fi
+row "HTML report (GPT-2, NVTX, sites)" "-" "${n_alloc:-?} allocs, $bands bands" "$verdict"
+
 fi  # section
 if want 10; then
 echo "== 10. CUDA arrays and graph memory nodes: the shim's array= and graph= against the driver"

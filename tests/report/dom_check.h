@@ -201,9 +201,10 @@ inline absl::Status CheckCell(const std::vector<v1::Report>& reports, const DomC
 }
 
 // The paths the page must show: every value in the report except the plotted series (timeline,
-// nvtx_instances), what the headings carry (device ordinal), the process key's start time (the
-// report's own start time is shown), exit_code of a process still running, and the CUPTI view
-// of a device that has none.
+// nvtx_instances, allocation_sites; of the allocations only those live at the peak, in its
+// table, without their NVTX domain and thread), what the headings carry (device ordinal), the
+// process key's start time (the report's own start time is shown), exit_code of a process still
+// running, and the CUPTI view of a device that has none.
 inline void AddExpectedPaths(const google::protobuf::Message& message, const std::string& prefix,
                              bool finished, std::set<std::string>* paths) {
   namespace pb = google::protobuf;
@@ -215,7 +216,21 @@ inline void AddExpectedPaths(const google::protobuf::Message& message, const std
     const std::string& name = type->name();
     if (name == "DeviceReport" &&
         (field->name() == "timeline" || field->name() == "nvtx_instances" ||
+         field->name() == "allocation_sites" ||
          (field->name() == "cupti" && !reflection->HasField(message, field)))) {
+      continue;
+    }
+    if (name == "DeviceReport" && field->name() == "allocations") {
+      // The peak table's rows: those live at the peak (fewer than 100 in the samples).
+      for (int k = 0; k < reflection->FieldSize(message, field); ++k) {
+        const auto& a = static_cast<const v1::AllocationRecord&>(
+            reflection->GetRepeatedMessage(message, field, k));
+        if (!a.live_at_peak()) continue;
+        for (const char* shown : {"address", "requested_bytes", "allocated_bytes", "kind", "site",
+                                  "nvtx_name", "alloc_time_ns", "free_time_ns"}) {
+          paths->insert(absl::StrCat(path, ".", k, ".", shown));
+        }
+      }
       continue;
     }
     if (name == "DeviceInfo" && field->name() == "ordinal") continue;

@@ -3,13 +3,17 @@
 // series with one point per timeline point, one shaded rect per NVTX range instance), every
 // figure in the rendered tables equals the JSON report's, and a hostile NVTX name stayed text.
 // Chromium missing is a failure, not a skip: CI installs it.
+#include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_split.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -70,8 +74,10 @@ class ReportChromiumTest : public ::testing::Test {
   }
 
   // Writes the reports as JSON, has `vramscope report` make the page, and returns Chromium's
-  // DOM after the page's script ran.
-  std::string RenderedDom(const std::vector<v1::Report>& reports) {
+  // DOM after the page's script ran, the page opened with `fragment` (e.g. "#hover=..."). What
+  // the page wrote to the console (errors, refused fetches) is in console_.
+  std::string RenderedDom(const std::vector<v1::Report>& reports,
+                          const std::string& fragment = "") {
     const std::string json = dir_.path() + "/report.json";
     const std::string html = dir_.path() + "/report.html";
     WriteFile(json, cli::FormatReportsJson(reports));
@@ -80,17 +86,23 @@ class ReportChromiumTest : public ::testing::Test {
     EXPECT_EQ(made.code, 0) << made.err;
     page_ = testing::ReadFile(html);
     // As root Chromium needs --no-sandbox; a profile of its own keeps runs apart.
-    const ExeResult dump = testing::RunExe(
-        {"timeout", "120", chromium_, "--headless", "--no-sandbox", "--disable-gpu",
-         "--user-data-dir=" + dir_.path() + "/profile", "--dump-dom", "file://" + html},
-        dir_.path());
+    const ExeResult dump =
+        testing::RunExe({"timeout", "120", chromium_, "--headless", "--no-sandbox", "--disable-gpu",
+                         "--user-data-dir=" + dir_.path() + "/profile", "--enable-logging=stderr",
+                         "--v=0", "--dump-dom", "file://" + html + fragment},
+                        dir_.path());
     EXPECT_EQ(dump.code, 0) << dump.err;
+    console_.clear();
+    for (absl::string_view line : absl::StrSplit(dump.err, '\n')) {
+      if (absl::StrContains(line, ":CONSOLE")) absl::StrAppend(&console_, line, "\n");
+    }
     return dump.out;
   }
 
   std::string exe_;
   std::string chromium_;
   std::string page_;
+  std::string console_;
   TempDir dir_;
 };
 
@@ -156,6 +168,135 @@ TEST_F(ReportChromiumTest, PlotsAreDrawnAndEveryTableFigureEqualsTheJson) {
     if (text.rfind(hostile_label, 0) == 0) ++hostile_titles;
   }
   EXPECT_EQ(hostile_titles, 4u);  // two instances on each of the two devices
+}
+
+// The text of the element with id `id` (its child divs or list items, one line each).
+std::vector<std::string> Lines(const std::string& dom, const std::string& id,
+                               const std::string& item) {
+  std::vector<std::string> lines;
+  const std::size_t at = dom.find("id=\"" + id + "\"");
+  if (at == std::string::npos) return lines;
+  const std::size_t end = dom.find("</div></div>", at) != std::string::npos && item == "div"
+                              ? dom.find("</div></div>", at)
+                              : dom.find("</ol>", at);
+  const std::string open = "<" + item + ">", close = "</" + item + ">";
+  for (std::size_t p = dom.find(open, at); p != std::string::npos && p < end;
+       p = dom.find(open, p + 1)) {
+    const std::size_t q = dom.find(close, p);
+    lines.push_back(testing::HtmlDecode(dom.substr(p + open.size(), q - p - open.size())));
+  }
+  return lines;
+}
+
+TEST_F(ReportChromiumTest, OneBandPerAllocationAndTheHoverTextIsRight) {
+  const std::vector<v1::Report> reports = {SampleReport()};
+  const std::string dom = RenderedDom(reports, "#hover=alloc-0-0:1");
+  EXPECT_EQ(console_, "") << "the page logged to the console";
+  EXPECT_EQ(dom.find("class=\"script-error\""), std::string::npos) << dom;
+  EXPECT_NE(dom.find("<body data-rendered=\"true\""), std::string::npos);
+  EXPECT_EQ(dom.find("<img"), std::string::npos);
+  for (int d = 0; d < 2; ++d) {
+    const std::string id = absl::StrCat("id=\"alloc-0-", d, "\"");
+    const std::size_t begin = dom.find(id);
+    ASSERT_NE(begin, std::string::npos) << id;
+    const std::string svg = dom.substr(begin, dom.find("</svg>", begin) - begin);
+    EXPECT_NE(svg.find("data-rendered=\"true\""), std::string::npos);
+    const std::vector<std::string> bands = Elements(svg, "<path class=\"alloc-band");
+    ASSERT_EQ(static_cast<int>(bands.size()), reports[0].devices(d).allocations_size());
+    for (std::size_t i = 0; i < bands.size(); ++i) {
+      EXPECT_NE(bands[i].find(absl::StrCat("data-index=\"", i, "\"")), std::string::npos);
+      EXPECT_NE(bands[i].find(" d=\"M"), std::string::npos) << bands[i];
+      EXPECT_EQ(bands[i].find("NaN"), std::string::npos) << bands[i];
+    }
+  }
+  // Band 1 of device 0: 1000000 bytes requested from site 0xabc (libc10_cuda.so), in the
+  // hostile range, from 2.5 to 2.9 ms (the plot starts at 1 ms).
+  EXPECT_NE(dom.find("data-band=\"alloc-0-0:1\""), std::string::npos);
+  const std::vector<std::string> tip = Lines(dom, "vramscope-tooltip", "div");
+  const std::vector<std::string> want = {
+      "0x7f0000100000: 976.56 KiB requested, 1.00 MiB allocated, pooled",
+      "site: libc10_cuda.so+0x2200 (libc10_cuda.so)",
+      absl::StrCat("NVTX range: evil\"domain:", kHostileName),
+      "allocated at +1.500 ms, freed at +1.900 ms, age 400.000 us",
+      "not live at the peak",
+  };
+  EXPECT_EQ(tip, want);
+}
+
+// A free moves the bands above it down, also after an allocation freed at its own time (a free
+// sorted before its allocation must not take another band off the stack).
+TEST_F(ReportChromiumTest, AFreeMovesTheBandsAboveItDown) {
+  v1::Report report;
+  report.mutable_process()->set_pid(7);
+  v1::DeviceReport* device = report.add_devices();
+  auto add = [&](std::uint64_t bytes, std::uint64_t alloc_ms, std::uint64_t free_ms) {
+    v1::AllocationRecord* a = device->add_allocations();
+    a->set_address(0x1000 * (device->allocations_size()));
+    a->set_requested_bytes(bytes);
+    a->set_allocated_bytes(bytes);
+    a->set_kind(v1::ALLOCATION_KIND_POOLED);
+    a->set_alloc_time_ns(alloc_ms * 1'000'000);
+    a->set_free_time_ns(free_ms * 1'000'000);
+  };
+  add(100 << 20, 1, 4);  // C: freed at 4 ms, under D
+  add(10 << 20, 2, 2);   // A: freed at once
+  add(50 << 20, 3, 0);   // D: moves down at 4 ms
+  for (int i = 0; i < 6; ++i) {
+    v1::TimelinePoint* point = device->add_timeline();
+    point->set_time_ns((i + 1) * 1'000'000);
+  }
+  const std::string dom = RenderedDom({report});
+  EXPECT_EQ(console_, "");
+  const std::vector<std::string> bands = Elements(dom, "<path class=\"alloc-band\"");
+  ASSERT_EQ(bands.size(), 3u);
+  auto moves = [](const std::string& band) { return std::count(band.begin(), band.end(), 'V'); };
+  EXPECT_EQ(moves(bands[0]), 1) << bands[0];  // one rectangle
+  EXPECT_EQ(moves(bands[2]), 3) << bands[2];  // a step down at 4 ms
+}
+
+TEST_F(ReportChromiumTest, ClickShowsTheStack) {
+  const std::string dom = RenderedDom({SampleReport()}, "#click=alloc-0-0:0");
+  EXPECT_EQ(console_, "");
+  const std::vector<std::string> frames = Lines(dom, "stack-alloc-0-0", "li");
+  const std::vector<std::string> want = {"train_step (model.py:42) <lambda>", "main & co"};
+  EXPECT_EQ(frames, want);
+  EXPECT_NE(dom.find("Stack of 0x7f0000000000 (1.00 MiB, site 0xdeadbeefcafe, python3.12)"),
+            std::string::npos);
+}
+
+// Every axis tick of the byte axes is a round value of one unit: a multiple of a step of 1, 2
+// or 5 x 10^k of it, and the label says that value; double-click zooms the time axis 2x.
+TEST_F(ReportChromiumTest, RoundTicksAndZoom) {
+  const std::string dom = RenderedDom({SampleReport()}, "#zoom=plot-0-0");
+  EXPECT_EQ(console_, "");
+  EXPECT_NE(dom.find("id=\"plot-0-0\""), std::string::npos);
+  const std::size_t plot = dom.find("id=\"plot-0-0\"");
+  EXPECT_NE(dom.substr(plot, dom.find('>', plot) - plot).find("data-zoom=\"2.000\""),
+            std::string::npos);
+  const std::map<std::string, double> units = {
+      {"B", 1}, {"KiB", 1024}, {"MiB", 1048576}, {"GiB", 1073741824}};
+  int checked = 0;
+  for (const std::string& tick : Elements(dom, "<g class=\"tick\"")) {
+    const std::size_t at = dom.find(tick);
+    const std::size_t text = dom.find("<text", at);
+    const std::size_t open = dom.find('>', text) + 1;
+    const std::string label = dom.substr(open, dom.find("</text>", open) - open);
+    double value = 0;
+    ASSERT_TRUE(absl::SimpleAtod(testing::Attribute(tick, "data-value"), &value)) << tick;
+    if (label.rfind("+", 0) == 0) continue;  // the time axis
+    const std::vector<std::string> parts = absl::StrSplit(label, ' ');
+    ASSERT_EQ(parts.size(), 2u) << label;
+    ASSERT_TRUE(units.count(parts[1])) << label;
+    double shown = 0;
+    ASSERT_TRUE(absl::SimpleAtod(parts[0], &shown)) << label;
+    const double scaled = value / units.at(parts[1]);
+    EXPECT_NEAR(shown, scaled, 1e-9 * std::max(1.0, scaled)) << label;
+    // Round: at most two significant digits after the leading one (0.5, 1.5, 2, 2.5, 10, 15).
+    const double mantissa = scaled / std::pow(10, std::floor(std::log10(std::max(scaled, 1e-9))));
+    EXPECT_NEAR(mantissa * 2, std::round(mantissa * 2), 1e-9) << label;
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);  // 2 plots per device, 2 devices, several ticks each
 }
 
 }  // namespace

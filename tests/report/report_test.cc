@@ -53,7 +53,6 @@ TEST(ReportHtmlTest, EveryFigureIsFindableAndEqualsTheReport) {
   const std::set<std::string> expected = ExpectedPaths(reports);
   for (const std::string& path : expected) EXPECT_TRUE(seen.count(path)) << "missing: " << path;
   for (const std::string& path : seen) EXPECT_TRUE(expected.count(path)) << "unexpected: " << path;
-  // 2 reports x (14 process values + 2 devices x 84 device values) in this sample.
   EXPECT_EQ(seen.size(), expected.size());
   EXPECT_GT(expected.size(), 300u);
 }
@@ -79,9 +78,9 @@ TEST(ReportHtmlTest, ShownFormsMatchTheExactValues) {
 
 TEST(ReportHtmlTest, HostileNamesAreEscapedEverywhere) {
   const std::string html = FormatReportsHtml({SampleReport()});
-  // Only our own two script elements open and close.
-  EXPECT_EQ(Count(html, "<script"), 2u);
-  EXPECT_EQ(Count(html, "</script>"), 2u);
+  // Only our own four script elements open and close (error display, d3, data, plots).
+  EXPECT_EQ(Count(html, "<script"), 4u);
+  EXPECT_EQ(Count(html, "</script>"), 4u);
   EXPECT_EQ(Count(html, "<img"), 0u);
   EXPECT_EQ(Count(html, "<b>"), 0u);
   EXPECT_EQ(Count(html, "<!--"), 0u);
@@ -107,9 +106,9 @@ TEST(ReportHtmlTest, SelfContainedWithOnePlotPerDevice) {
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
   EXPECT_NE(html.find("Content-Security-Policy\" content=\"default-src 'none'"), std::string::npos);
   for (const char* remote : {"http://", "https://", "//cdn", "src=\"", "<link"}) {
-    // The SVG namespace is the only URL, and it is never fetched.
+    // XML namespaces (SVG, and those d3 knows) are the only URLs, and they are never fetched.
     if (std::string(remote) == "http://") {
-      EXPECT_EQ(Count(html, remote), Count(html, "http://www.w3.org/2000/svg")) << remote;
+      EXPECT_EQ(Count(html, remote), Count(html, "http://www.w3.org/")) << remote;
     } else {
       EXPECT_EQ(Count(html, remote), 0u) << remote;
     }
@@ -127,6 +126,55 @@ TEST(ReportHtmlTest, SelfContainedWithOnePlotPerDevice) {
             std::string::npos);
   EXPECT_NE(html.find("\"ranges\":[{\"s\":500000,\"e\":7500000,\"d\":0,\"label\":\"forward\"}"),
             std::string::npos);
+}
+
+// The state at the peak: the allocations live then, largest first, with kinds and sites named
+// as people say them; by site and by library; what was left out, said.
+TEST(ReportHtmlTest, PeakStateListsTheLiveAllocationsLargestFirst) {
+  const std::string html = FormatReportsHtml({SampleReport()});
+  const std::size_t table = html.find("<table class=\"peak-allocations\">");
+  ASSERT_NE(table, std::string::npos);
+  const std::string rows = html.substr(table, html.find("</table>", table) - table);
+  std::vector<std::string> addresses;
+  for (const DomCell& cell : FindCells(rows)) {
+    if (cell.field == "address" && cell.path.rfind("0.devices.0.", 0) == 0) {
+      addresses.push_back(cell.text);
+    }
+  }
+  const std::vector<std::string> want = {"0x7f0000200000", "0x7f0000000000", "0x7f0000500000"};
+  EXPECT_EQ(addresses, want);
+  EXPECT_NE(rows.find(">pooled<"), std::string::npos);
+  EXPECT_NE(rows.find(">libc10_cuda.so+0x2200<"), std::string::npos);
+  EXPECT_NE(rows.find(">not freed<"), std::string::npos);
+  EXPECT_NE(html.find("1 smaller allocations live at the peak (256 B) are not listed"),
+            std::string::npos);
+  const std::size_t by_site = html.find("<table class=\"peak-by-site\">");
+  ASSERT_NE(by_site, std::string::npos);
+  const std::string sites = html.substr(by_site, html.find("</table>", by_site) - by_site);
+  EXPECT_LT(sites.find("(no site recorded)"),
+            sites.find("train_step (model.py:42) &lt;lambda&gt;"));
+  EXPECT_LT(sites.find("train_step (model.py:42)"), sites.find("libc10_cuda.so+0x2200"));
+  const std::size_t by_library = html.find("<table class=\"peak-by-library\">");
+  ASSERT_NE(by_library, std::string::npos);
+  const std::string libraries =
+      html.substr(by_library, html.find("</table>", by_library) - by_library);
+  EXPECT_LT(libraries.find(">python3.12<"), libraries.find(">libc10_cuda.so<"));
+  EXPECT_NE(html.find("data-allocations=\"5\""), std::string::npos);
+  EXPECT_NE(html.find("95 not listed"), std::string::npos);
+}
+
+// The leak table names kinds and sites; the exact enum and id stay in data-value.
+TEST(ReportHtmlTest, LeaksShowKindAndSiteNames) {
+  const std::string html = FormatReportsHtml({SampleReport()});
+  const std::size_t table = html.find("<table class=\"leaks\">");
+  ASSERT_NE(table, std::string::npos);
+  const std::string leaks = html.substr(table, html.find("</table>", table) - table);
+  EXPECT_EQ(leaks.find(">ALLOCATION_KIND_"), std::string::npos) << leaks;
+  EXPECT_NE(leaks.find("data-value=\"ALLOCATION_KIND_POOLED\">pooled<"), std::string::npos);
+  EXPECT_NE(leaks.find("data-value=\"ALLOCATION_KIND_MANAGED\">managed<"), std::string::npos);
+  EXPECT_EQ(leaks.find(">0xdeadbeefcafe<"), std::string::npos) << leaks;
+  EXPECT_NE(leaks.find(">train_step (model.py:42) &lt;lambda&gt;<"), std::string::npos) << leaks;
+  EXPECT_NE(leaks.find(">(no site recorded)<"), std::string::npos) << leaks;
 }
 
 TEST(ReportHtmlTest, EmptyReportsStillMakeAPage) {

@@ -106,6 +106,53 @@ inline v1::DeviceReport SampleDevice(std::uint32_t ordinal, std::uint64_t scale)
   instance("forward", "", 1'500'000, 8'500'000, 0);
   instance(kHostileName, "evil\"domain", 2'000'000, 3'000'000, 1);
   instance(kHostileName, "evil\"domain", 4'000'000, 5'500'000, 1);
+  // Allocations: three live at the peak (3 ms), one freed before it, one made after it.
+  struct Allocation {
+    std::uint64_t address, requested, allocated;
+    v1::AllocationKind kind;
+    std::uint64_t site, alloc, free;
+    bool at_peak;
+    const char* range;
+  };
+  const Allocation allocations[] = {
+      {0x7f0000000000, 1048576, 1048576, v1::ALLOCATION_KIND_POOLED, 0xdeadbeefcafe, 1'200'000,
+       8'200'000, true, "forward"},
+      {0x7f0000100000, 1000000, 1048576, v1::ALLOCATION_KIND_POOLED, 0xabc, 2'500'000, 2'900'000,
+       false, kHostileName},
+      {0x7f0000200000, 2097152, 2097152, v1::ALLOCATION_KIND_POOLED, 0, 2'600'000, 8'100'000, true,
+       ""},
+      {0x7f0000500000, 512, 512, v1::ALLOCATION_KIND_POOLED, 0xabc, 2'950'000, 0, true, ""},
+      {0x7f0000400000, 4097, 4608, v1::ALLOCATION_KIND_MANAGED, 0xabc, 7'000'000, 0, false, ""},
+  };
+  for (const Allocation& a : allocations) {
+    v1::AllocationRecord* record = d.add_allocations();
+    record->set_address(a.address);
+    record->set_requested_bytes(a.requested);
+    record->set_allocated_bytes(a.allocated);
+    record->set_kind(a.kind);
+    record->set_site(a.site);
+    record->set_alloc_time_ns(a.alloc * scale);
+    record->set_free_time_ns(a.free * scale);
+    record->set_live_at_peak(a.at_peak);
+    record->set_nvtx_name(a.range);
+    if (a.range == std::string(kHostileName)) record->set_nvtx_domain("evil\"domain");
+    record->set_thread_id(4242);
+  }
+  d.set_allocations_omitted(95);
+  d.set_peak_time_ns(3'000'000 * scale);
+  d.set_peak_live_count(4);
+  d.set_peak_live_omitted(1);
+  d.set_peak_live_omitted_bytes(256);
+  v1::AllocationSite* where = d.add_allocation_sites();
+  where->set_site(0xabc);
+  where->add_frames("/usr/local/cuda/lib64/libcudart.so.13+0x4a10");
+  where->add_frames("/opt/torch/lib/libc10_cuda.so+0x2200");
+  where->set_library("libc10_cuda.so");
+  where = d.add_allocation_sites();
+  where->set_site(0xdeadbeefcafe);
+  where->add_frames("train_step (model.py:42) <lambda>");
+  where->add_frames("main & co");
+  where->set_library("python3.12");
   (*d.mutable_peak_bytes_by_kind())["pooled"] = 3145728 * scale;
   (*d.mutable_peak_bytes_by_kind())["managed"] = 4097;
   (*d.mutable_peak_requested_bytes_by_library())["libc10_cuda.so"] = 2000000 * scale;

@@ -443,6 +443,107 @@ TEST(StatsEngineTest, PeakRequestedPerCallingLibraryIsExactPerLibrary) {
   EXPECT_EQ(d1.unattributed_peak_requested_bytes(), 0u);
 }
 
+// DeviceReport.allocations: the state at the peak of allocated bytes and the largest others.
+TEST(StatsEngineTest, AllocationsLiveAtThePeakAndTheLargestOthers) {
+  EventStream s;
+  s.Site(7, kTorchSite)
+      .Push(1, "fwd")
+      .Alloc(0x1, 100, 128, 0, kPooled, 1, 7)  // live at the peak, freed after it
+      .Alloc(0x2, 300, 320)                    // freed before the peak
+      .Free(0x2)
+      .Alloc(0x3, 50, 64)    // live at the peak and at the end
+      .Alloc(0x4, 400, 416)  // the peak: 128 + 64 + 416 allocated
+      .Pop(1)
+      .Free(0x1)
+      .Free(0x4)
+      .Alloc(0x5, 10, 16)                                // after the peak
+      .Alloc(0x6, 20, 20, 0, v1::ALLOCATION_KIND_HOST);  // no device bytes: not listed
+  const std::uint64_t peak_time = s.events()[6].time_ns();
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.peak_allocated_bytes(), 128u + 64 + 416);
+  EXPECT_EQ(d.peak_time_ns(), peak_time);
+  EXPECT_EQ(d.peak_live_count(), 3u);
+  EXPECT_EQ(d.peak_live_omitted(), 0u);
+  EXPECT_EQ(d.allocations_omitted(), 0u);
+  ASSERT_EQ(d.allocations_size(), 5);
+  const std::uint64_t address[] = {0x1, 0x2, 0x3, 0x4, 0x5};  // in order of allocation
+  const bool at_peak[] = {true, false, true, true, false};
+  const bool freed[] = {true, true, false, true, false};
+  for (int i = 0; i < 5; ++i) {
+    const v1::AllocationRecord& a = d.allocations(i);
+    EXPECT_EQ(a.address(), address[i]) << i;
+    EXPECT_EQ(a.live_at_peak(), at_peak[i]) << i;
+    EXPECT_EQ(a.free_time_ns() != 0, freed[i]) << i;
+    EXPECT_EQ(a.nvtx_name(), i < 4 ? "fwd" : "") << i;
+    EXPECT_EQ(a.kind(), kPooled);
+    EXPECT_EQ(a.thread_id(), 1u);
+  }
+  const v1::AllocationRecord& first = d.allocations(0);
+  EXPECT_EQ(first.requested_bytes(), 100u);
+  EXPECT_EQ(first.allocated_bytes(), 128u);
+  EXPECT_EQ(first.site(), 7u);
+  EXPECT_EQ(first.alloc_time_ns(), s.events()[2].time_ns());
+  EXPECT_EQ(first.free_time_ns(), s.events()[8].time_ns());
+  ASSERT_EQ(d.allocation_sites_size(), 1);
+  EXPECT_EQ(d.allocation_sites(0).site(), 7u);
+  EXPECT_EQ(d.allocation_sites(0).library(), "libc10_cuda.so");
+  ASSERT_EQ(d.allocation_sites(0).frames_size(), 3);
+  EXPECT_EQ(d.allocation_sites(0).frames(1), kTorchSite[1]);
+
+  // Bounded: the two largest live at the peak, the largest other; the rest counted.
+  StatsOptions small;
+  small.max_peak_allocations = 2;
+  small.max_allocations = 1;
+  const v1::DeviceReport b = Compute(s, small).devices(0);
+  EXPECT_EQ(b.peak_live_count(), 3u);
+  EXPECT_EQ(b.peak_live_omitted(), 1u);
+  EXPECT_EQ(b.peak_live_omitted_bytes(), 50u);
+  ASSERT_EQ(b.allocations_size(), 3);
+  EXPECT_EQ(b.allocations(0).address(), 0x1u);
+  EXPECT_EQ(b.allocations(1).address(), 0x2u);
+  EXPECT_EQ(b.allocations(2).address(), 0x4u);
+  EXPECT_EQ(b.allocations_omitted(), 2u);
+}
+
+TEST(StatsEngineTest, LiveReportsLeaveTheAllocationsOut) {
+  EventStream s;
+  s.Alloc(0x1, 100, 100).Alloc(0x2, 50, 50).Free(0x1);
+  ProcessStatsEngine stats;
+  for (const v1::Event& e : s.events()) stats.Add(e);
+  EXPECT_EQ(stats.Report().devices(0).allocations_size(), 2);
+  const v1::DeviceReport live = stats.Report(ReportAllocations::kLeaveOut).devices(0);
+  EXPECT_EQ(live.allocations_size(), 0);
+  EXPECT_EQ(live.peak_live_count(), 0u);
+  EXPECT_EQ(live.peak_allocated_bytes(), 150u);
+}
+
+TEST(StatsEngineTest, ANewPeakReplacesTheStateAtTheOldOne) {
+  EventStream s;
+  s.Alloc(0x1, 100, 100).Alloc(0x2, 50, 50);  // peak 150
+  s.Free(0x1).Free(0x2);                      // both were live at it
+  s.Alloc(0x3, 200, 200);                     // new peak: only 0x3
+  const v1::DeviceReport d = Compute(s).devices(0);
+  EXPECT_EQ(d.peak_live_count(), 1u);
+  ASSERT_EQ(d.allocations_size(), 3);
+  EXPECT_FALSE(d.allocations(0).live_at_peak());
+  EXPECT_FALSE(d.allocations(1).live_at_peak());
+  EXPECT_TRUE(d.allocations(2).live_at_peak());
+  EXPECT_EQ(d.peak_time_ns(), s.events()[4].time_ns());
+}
+
+TEST(StatsEngineTest, OnlyTheLargestFreedAllocationsAreKept) {
+  EventStream s;
+  for (int i = 1; i <= 100; ++i) s.Alloc(0x1000 + i, i, i).Free(0x1000 + i);
+  StatsOptions options;
+  options.max_allocations = 10;
+  const v1::DeviceReport d = Compute(s, options).devices(0);
+  EXPECT_EQ(d.peak_live_count(), 1u);  // the last, largest one
+  ASSERT_EQ(d.allocations_size(), 11);
+  for (int i = 0; i < 11; ++i) EXPECT_EQ(d.allocations(i).requested_bytes(), 90u + i) << i;
+  EXPECT_TRUE(d.allocations(10).live_at_peak());
+  EXPECT_EQ(d.allocations_omitted(), 89u);
+}
+
 TEST(StatsEngineTest, SizesThatWouldWrapSaturateAndAreCounted) {
   // A hostile or corrupt ring can claim any size: sums are held at 2^64-1 (not wrapped to
   // small numbers) and every event that had to be held is counted.

@@ -18,6 +18,10 @@
 #include "vramscope/json/json_string.h"
 
 namespace vramscope::cli {
+
+// d3.js (Debian's libjs-d3), embedded at build time by embed_script.py.
+extern const char kD3Script[];
+
 namespace {
 
 // What a cell holds; the page shows it in a readable form and keeps the exact value.
@@ -59,6 +63,81 @@ std::string Seconds(std::uint64_t ns) {
   return absl::StrFormat("%.3f s", value / 1e9);
 }
 
+// The kind as people say it; the enum name stays in data-value.
+std::string KindLabel(v1::AllocationKind kind) {
+  switch (kind) {
+    case v1::ALLOCATION_KIND_POOLED:
+      return "pooled";
+    case v1::ALLOCATION_KIND_DRIVER:
+      return "driver (passed through)";
+    case v1::ALLOCATION_KIND_STREAM_ORDERED:
+      return "stream-ordered";
+    case v1::ALLOCATION_KIND_PITCHED:
+      return "pitched";
+    case v1::ALLOCATION_KIND_MANAGED:
+      return "managed";
+    case v1::ALLOCATION_KIND_VMM:
+      return "VMM";
+    case v1::ALLOCATION_KIND_HOST:
+      return "pinned host";
+    case v1::ALLOCATION_KIND_IPC_IMPORT:
+      return "IPC import";
+    case v1::ALLOCATION_KIND_GRAPH:
+      return "graph pool";
+    case v1::ALLOCATION_KIND_ARRAY:
+      return "array";
+    default:
+      return "unspecified";
+  }
+}
+
+// Frames of the CUDA runtime, the driver and the shim say nothing about who allocated.
+bool RuntimeFrame(std::string_view frame) {
+  for (std::string_view module : {"libcudart", "libcuda.so", "libvramscope"}) {
+    if (frame.find(module) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
+// "PATH+0xOFFSET" as "BASENAME+0xOFFSET"; a symbolised "FUNCTION (PATH:LINE)" as "FUNCTION
+// (BASENAME:LINE)".
+std::string ShortFrame(std::string_view frame) {
+  const std::size_t open = frame.rfind(" (");
+  if (open != std::string_view::npos && frame.back() == ')') {
+    const std::size_t slash = frame.rfind('/');
+    if (slash != std::string_view::npos && slash > open) {
+      return std::string(frame.substr(0, open + 2)) + std::string(frame.substr(slash + 1));
+    }
+    return std::string(frame);
+  }
+  const std::size_t plus = frame.rfind("+0x");
+  if (plus == std::string_view::npos || frame.find(' ') != std::string_view::npos) {
+    return std::string(frame);
+  }
+  const std::size_t slash = frame.rfind('/', plus);
+  return std::string(slash == std::string_view::npos ? frame : frame.substr(slash + 1));
+}
+
+// A site's frames and calling library, from DeviceReport.allocation_sites or top_sites.
+struct SiteInfo {
+  const google::protobuf::RepeatedPtrField<std::string>* frames = nullptr;
+  std::string library;
+};
+
+// What a site is called on the page: its innermost frame outside the runtime, driver and shim;
+// the id in hex when no frames came with the report.
+std::string SiteLabel(std::uint64_t site, const std::map<std::uint64_t, SiteInfo>& sites) {
+  if (site == 0) return "(no site recorded)";
+  auto it = sites.find(site);
+  if (it == sites.end() || it->second.frames == nullptr || it->second.frames->empty()) {
+    return absl::StrFormat("site %#x", site);
+  }
+  for (const std::string& frame : *it->second.frames) {
+    if (!RuntimeFrame(frame)) return ShortFrame(frame);
+  }
+  return ShortFrame(it->second.frames->Get(0));
+}
+
 // Builds the page. `origin_ns` is the time the current device's plot starts (event clock), so
 // OOM and leak times read as offsets on the plot's axis.
 class Page {
@@ -71,6 +150,12 @@ class Page {
   void LabelsCell(const v1::Report& report, const std::string& p);
   void Device(const v1::DeviceReport& device, const std::string& path, int r, int d, bool finished);
   void Plot(const v1::DeviceReport& device, int r, int d);
+  // memory_viz's two views: active allocations over time (bands drawn by the script) and the
+  // memory state at the peak (tables, largest first; by site and by library).
+  void Allocations(const v1::DeviceReport& device, int r, int d);
+  void PeakState(const v1::DeviceReport& device, const std::string& path);
+  // A site cell: exact id in data-value, its name shown, its frames in the title.
+  void SiteCell(const std::string& path, std::uint64_t site);
 
   // A <td> for a figure at `path` (ending in `field`).
   void Num(const std::string& path, std::string_view field, Unit unit, std::uint64_t value);
@@ -85,6 +170,7 @@ class Page {
   std::string plots_json_;  // the script's data: one object per plotted device
   std::uint64_t origin_ns_ = 0;
   bool has_origin_ = false;
+  std::map<std::uint64_t, SiteInfo> sites_;  // the current device's sites
 };
 
 void Page::Cell(const std::string& path, std::string_view field, Unit unit,
@@ -157,98 +243,369 @@ th, td { border: 1px solid #ddd; padding: 2px 8px; vertical-align: top; }
 th { background: #f4f4f4; text-align: left; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.text { word-break: break-all; }
-p.none { color: #777; margin: .2em 0 1em; }
+p.none, p.note { color: #777; margin: .2em 0 1em; }
 figure { margin: .5em 0 1em; }
-svg.plot { width: 100%; height: auto; border: 1px solid #ddd; background: #fff; }
-svg.plot .axis { stroke: #888; stroke-width: 1; }
-svg.plot .grid { stroke: #eee; stroke-width: 1; }
-svg.plot text { font-size: 11px; fill: #555; }
-svg.plot path.series { fill: none; stroke-width: 1.5; }
-svg.plot path.requested_bytes, .swatch.requested_bytes { stroke: var(--req); background: var(--req); }
-svg.plot path.allocated_bytes, .swatch.allocated_bytes { stroke: var(--alloc); background: var(--alloc); }
-svg.plot path.reserved_bytes, .swatch.reserved_bytes { stroke: var(--res); background: var(--res); }
-svg.plot rect.nvtx-range { fill: var(--nvtx); fill-opacity: .12; stroke: var(--nvtx);
-                           stroke-opacity: .35; stroke-width: .5; }
-svg.plot text.nvtx-label { fill: #6a3d9a; font-size: 10px; }
+svg.plot, svg.alloc-plot { width: 100%; height: auto; border: 1px solid #ddd; background: #fff;
+                           cursor: crosshair; user-select: none; }
+svg .axis path, svg .axis line { fill: none; stroke: #ccc; shape-rendering: crispEdges; }
+svg .axis .tick line { stroke: #eee; }
+svg text { font-size: 11px; fill: #555; }
+svg rect.background { fill: none; pointer-events: all; }
+svg line.cursor { stroke: #444; stroke-dasharray: 3 3; pointer-events: none; }
+svg path.series { fill: none; stroke-width: 1.5; pointer-events: none; }
+svg path.area { stroke: none; pointer-events: none; }
+svg path.area.allocated_bytes { fill: var(--alloc); fill-opacity: .15; }
+svg path.requested_bytes, .swatch.requested_bytes { stroke: var(--req); background: var(--req); }
+svg path.series.requested_bytes { stroke-width: 2; stroke-dasharray: 6 3; }
+svg path.allocated_bytes, .swatch.allocated_bytes { stroke: var(--alloc); background: var(--alloc); }
+svg path.reserved_bytes, .swatch.reserved_bytes { stroke: var(--res); background: var(--res); }
+svg rect.nvtx-range { fill: var(--nvtx); fill-opacity: .10; stroke: var(--nvtx);
+                      stroke-opacity: .35; stroke-width: .5; }
+svg text.nvtx-label { fill: #6a3d9a; font-size: 10px; pointer-events: none; }
+svg path.alloc-band { stroke: #fff; stroke-width: .3; fill-opacity: .85;
+                      vector-effect: non-scaling-stroke; }
+svg path.alloc-band.hover { fill-opacity: 1; stroke: #000; stroke-width: 1; }
+svg path.timeline-requested { fill: none; stroke: #000; stroke-width: 1; stroke-dasharray: 4 2;
+                              pointer-events: none; }
+svg line.peak-marker { stroke: #d62728; stroke-width: 1; pointer-events: none; }
 figcaption { font-size: 12px; color: #555; }
+.readout { font: 12px ui-monospace, monospace; color: #333; min-height: 1.4em; }
 .swatch { display: inline-block; width: 14px; height: 3px; vertical-align: middle; margin: 0 4px 0 10px; }
+.swatch.area { height: 10px; opacity: .3; }
 .swatch.nvtx { height: 10px; background: var(--nvtx); opacity: .25; }
+.tooltip { position: fixed; z-index: 10; background: #fffff4; border: 1px solid #999;
+           padding: 4px 8px; font-size: 12px; max-width: 60em; pointer-events: none;
+           box-shadow: 1px 1px 4px rgba(0,0,0,.2); }
+.stack { font: 12px ui-monospace, monospace; }
+.stack-title { font-weight: 600; }
+.stack ol { margin: .2em 0 1em; padding-left: 2.5em; }
+pre.script-error { color: #b00; }
 )css";
 
-// Draws every <svg class="plot"> from the JSON block: per device one path per series (a step
-// line, one M or V command per timeline point) and one rect per NVTX range instance. Names go in
-// through textContent only.
+// Draws the plots from the JSON block with d3 (inlined: kD3Script): per device the totals (one
+// step path per series, one M or V command per timeline point; one rect per NVTX range instance)
+// and the allocations over time (one band per listed allocation). Every plot zooms and pans on x
+// (wheel, drag) and shows a cursor readout. Names go in through textContent only.
 constexpr char kScript[] = R"js(
 (function () {
   'use strict';
-  var NS = 'http://www.w3.org/2000/svg';
-  var SERIES = [['requested_bytes', 1, 'requested'], ['allocated_bytes', 2, 'allocated'],
-                ['reserved_bytes', 3, 'reserved']];
-  var W = 960, H = 300, L = 72, R = 16, T = 14, B = 34;
-  function el(name, attrs, parent) {
-    var e = document.createElementNS(NS, name);
-    for (var k in attrs) e.setAttribute(k, String(attrs[k]));
-    if (parent) parent.appendChild(e);
-    return e;
+  var W = 960, L = 84, R = 16, T = 12, B = 34;
+  var BYTE_UNITS = [[1, 'B'], [1024, 'KiB'], [1048576, 'MiB'], [1073741824, 'GiB'],
+                    [1099511627776, 'TiB'], [1125899906842624, 'PiB']];
+  var TIME_UNITS = [[1, 'ns'], [1e3, 'us'], [1e6, 'ms'], [1e9, 's']];
+  function pick(units, v) {
+    var u = units[0];
+    units.forEach(function (c) { if (v >= c[0]) u = c; });
+    return u;
   }
   function bytes(v) {
-    var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'], i = 0;
-    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
-    return (i === 0 ? String(Math.round(v)) : v.toPrecision(3)) + ' ' + units[i];
+    var u = pick(BYTE_UNITS, v);
+    return u[0] === 1 ? Math.round(v) + ' B' : (v / u[0]).toFixed(2) + ' ' + u[1];
   }
   function seconds(ns) {
-    if (ns < 1e3) return Math.round(ns) + ' ns';
-    if (ns < 1e6) return (ns / 1e3).toPrecision(3) + ' us';
-    if (ns < 1e9) return (ns / 1e6).toPrecision(3) + ' ms';
-    return (ns / 1e9).toPrecision(3) + ' s';
+    var u = pick(TIME_UNITS, Math.abs(ns));
+    return u[0] === 1 ? Math.round(ns) + ' ns' : (ns / u[0]).toFixed(3) + ' ' + u[1];
   }
+  // Ticks at round values of the unit that suits the span: multiples of 1, 2 or 5 x 10^k
+  // (d3's linear ticks over the scaled domain), labelled with as many decimals as the step needs.
+  function roundTicks(lo, hi, unit, count) {
+    var values = d3.scale.linear().domain([lo / unit[0], hi / unit[0]]).ticks(count);
+    var step = values.length > 1 ? values[1] - values[0] : 1;
+    var dec = Math.max(0, -Math.floor(Math.log(step) / Math.LN10 + 1e-9));
+    return values.map(function (v) {
+      return {value: v * unit[0], label: v.toFixed(dec) + ' ' + unit[1]};
+    });
+  }
+  function setAxis(g, scale, ticks, orient, size, prefix) {
+    var labels = {};
+    ticks.forEach(function (t) { labels[t.value] = (prefix || '') + t.label; });
+    g.call(d3.svg.axis().scale(scale).orient(orient)
+               .tickValues(ticks.map(function (t) { return t.value; }))
+               .tickFormat(function (v) { return labels[v]; })
+               .innerTickSize(-size).outerTickSize(0).tickPadding(6));
+    g.selectAll('.tick').attr('data-value', function (v) { return v; });
+  }
+  // A chart: fixed y, x zoomed and panned by d3's zoom behaviour within [0, tmax], a cursor
+  // line with a readout. draw() redraws what depends on x; readout(t) says what is at time t.
+  function chart(svgId, height, tmax, ymax, readoutId) {
+    var svg = d3.select(document.getElementById(svgId));
+    var H = height;
+    svg.attr('viewBox', '0 0 ' + W + ' ' + H);
+    var x = d3.scale.linear().domain([0, tmax]).range([L, W - R]);
+    var y = d3.scale.linear().domain([0, ymax]).range([H - B, T]);
+    var clipId = 'clip-' + svgId;
+    svg.append('clipPath').attr('id', clipId).append('rect')
+        .attr({x: L, y: 0, width: W - L - R, height: H - B});
+    var yAxis = svg.append('g').attr('class', 'axis y-axis').attr('transform', 'translate(' + L + ',0)');
+    var xAxis = svg.append('g').attr('class', 'axis x-axis')
+        .attr('transform', 'translate(0,' + (H - B) + ')');
+    setAxis(yAxis, y, roundTicks(0, ymax, pick(BYTE_UNITS, ymax), 6), 'left', W - L - R);
+    var body = svg.append('g').attr('class', 'body').attr('clip-path', 'url(#' + clipId + ')');
+    body.append('rect').attr('class', 'background')
+        .attr({x: L, y: T, width: W - L - R, height: H - B - T});
+    var cursor = svg.append('line').attr('class', 'cursor')
+        .attr({y1: T, y2: H - B}).style('display', 'none');
+    var c = {svg: svg, body: body, x: x, x0: x.copy(), y: y, H: H, draws: [], readout: null,
+             view: {s: 1, tx: 0}};
+    function drawAll() {
+      var d = x.domain();
+      setAxis(xAxis, x, roundTicks(d[0], d[1], pick(TIME_UNITS, d[1] - d[0]), 8), 'bottom',
+              H - B - T, '+');
+      c.draws.forEach(function (f) { f(); });
+    }
+    c.redraw = drawAll;
+    var zoom = d3.behavior.zoom().duration(0).x(x).scaleExtent([1, Math.max(1, tmax)]).on('zoom', function () {
+      var s = zoom.scale(), tx = zoom.translate()[0];
+      tx = Math.min(L * (1 - s), Math.max((W - R) * (1 - s), tx));  // stay within the run
+      zoom.translate([tx, 0]);
+      c.view = {s: s, tx: tx};
+      drawAll();
+      svg.attr('data-zoom', s.toFixed(3));
+    });
+    svg.call(zoom);
+    svg.on('mousemove.readout', function () {
+      var m = d3.mouse(svg.node());
+      if (m[0] < L || m[0] > W - R) return;
+      cursor.attr({x1: m[0], x2: m[0]}).style('display', null);
+      var t = x.invert(m[0]);
+      var out = document.getElementById(readoutId);
+      if (out && c.readout) out.textContent = '+' + seconds(t) + ': ' + c.readout(t);
+    });
+    return c;
+  }
+  // The index of the last point at or before t (points sorted by time), -1 before the first.
+  function at(points, t) { return d3.bisector(function (p) { return p[0]; }).right(points, t) - 1; }
+  function stepPath(points, col, x, y) {
+    var d = '';
+    points.forEach(function (p, i) {
+      d += i === 0 ? 'M' + x(p[0]).toFixed(1) + ',' + y(p[col]).toFixed(1)
+                   : 'H' + x(p[0]).toFixed(1) + 'V' + y(p[col]).toFixed(1);
+    });
+    return d;
+  }
+  var SERIES = [['reserved_bytes', 3, 'reserved'], ['allocated_bytes', 2, 'allocated'],
+                ['requested_bytes', 1, 'requested']];
+
+  function totalsPlot(plot) {
+    var points = plot.points, ranges = plot.ranges;
+    var ymax = 1;
+    points.forEach(function (p) { ymax = Math.max(ymax, p[1], p[2], p[3]); });
+    var c = chart(plot.id, 300, plot.tmax, ymax, 'readout-' + plot.id);
+    var x = c.x, y = c.y;
+    var rects = c.body.selectAll('rect.nvtx-range').data(ranges).enter().append('rect')
+        .attr('class', 'nvtx-range');
+    rects.append('title').text(function (r) { return r.label; });
+    var labels = c.body.selectAll('text.nvtx-label').data(ranges.filter(function (r) {
+      return r.d === 0;
+    })).enter().append('text').attr('class', 'nvtx-label').text(function (r) { return r.label; });
+    // Allocated as a shaded area, requested as a line on top: the gap is the rounding.
+    var area = c.body.append('path').attr('class', 'area allocated_bytes');
+    var paths = SERIES.map(function (s) {
+      var p = c.body.append('path').attr('class', 'series ' + s[0]).attr('data-series', s[0]);
+      p.append('title').text(s[2]);
+      return p;
+    });
+    c.draws.push(function () {
+      rects.attr('x', function (r) { return x(r.s); })
+          .attr('width', function (r) { return Math.max(1, x(r.e) - x(r.s)); })
+          .attr('y', function (r) { return c.y.range()[1] + 12 * r.d; })
+          .attr('height', function (r) { return c.y.range()[0] - c.y.range()[1] - 12 * r.d; });
+      labels.attr('x', function (r) { return x(r.s) + 2; }).attr('y', c.y.range()[1] + 10);
+      paths.forEach(function (p, i) { p.attr('d', stepPath(points, SERIES[i][1], x, y)); });
+      var a = stepPath(points, 2, x, y);
+      if (points.length) {
+        a += 'V' + y(0) + 'H' + x(points[0][0]).toFixed(1) + 'Z';
+      }
+      area.attr('d', a);
+    });
+    c.readout = function (t) {
+      var i = at(points, t);
+      if (i < 0) return 'before the first event';
+      var p = points[i];
+      return 'requested ' + bytes(p[1]) + ', allocated ' + bytes(p[2]) + ' (rounding ' +
+             bytes(p[2] - p[1]) + '), reserved ' + bytes(p[3]);
+    };
+    c.redraw();
+    c.svg.attr('data-rendered', 'true');
+  }
+
+  // memory_viz's active allocations: one band per listed allocation, stacked in the order the
+  // live ones were made; a free moves the ones above it down.
+  // At most MAX_BANDS bands are drawn (the largest; the others are in the gap under the dashed
+  // total), and a band's offset changes at most once per 1/BUCKETS of the run: a free low in a
+  // big stack moves every band above it, which would otherwise make O(bands x frees) points.
+  var MAX_BANDS = 2000, BUCKETS = 1000;
+  function allocationPlot(plot) {
+    var A = plot.allocs, n = A.length, tmax = plot.tmax;
+    var drawn = A.map(function (a, i) { return i; });
+    if (n > MAX_BANDS) {
+      drawn.sort(function (p, q) { return A[q][2] - A[p][2] || p - q; });
+      drawn = drawn.slice(0, MAX_BANDS).sort(function (p, q) { return p - q; });
+    }
+    var events = [];
+    drawn.forEach(function (i) {
+      var a = A[i];
+      events.push([a[0], 1, i]);
+      if (a[1] >= 0) events.push([a[1], 0, i]);
+    });
+    events.sort(function (p, q) { return p[0] - q[0] || p[1] - q[1] || p[2] - q[2]; });
+    var bucket = tmax / BUCKETS;
+    var stack = [], offset = {}, pts = {}, gone = {}, total = 0, totals = [[0, 0]], ymax = 1;
+    events.forEach(function (e) {
+      var t = e[0], k = e[2], size = A[k][2];
+      if (e[1] === 1) {
+        offset[k] = total;
+        pts[k] = [[t, total]];
+        if (gone[k]) return;  // freed at (or, in a bad report, before) its allocation's time
+        stack.push(k);
+        total += size;
+      } else {
+        var p = stack.indexOf(k);
+        if (p < 0) {
+          gone[k] = true;
+          return;
+        }
+        stack.splice(p, 1);
+        for (var j = p; j < stack.length; j++) {
+          var q = stack[j], list = pts[q], last = list[list.length - 1];
+          offset[q] -= size;
+          if (list.length > 1 && Math.floor(last[0] / bucket) === Math.floor(t / bucket)) {
+            last[1] = offset[q];
+          } else {
+            list.push([t, offset[q]]);
+          }
+        }
+        total -= size;
+      }
+      ymax = Math.max(ymax, total);
+      totals.push([t, total]);
+    });
+    plot.points.forEach(function (p) { ymax = Math.max(ymax, p[1]); });
+    var c = chart(plot.alloc, 360, tmax, ymax, 'readout-' + plot.alloc);
+    var x = c.x0, y = c.y;
+    c.svg.attr('data-drawn', drawn.length);
+    var color = d3.scale.category20();
+    // Drawn once at the unzoomed scale; zooming transforms the group.
+    var group = c.body.append('g').attr('class', 'bands');
+    var bands = group.selectAll('path.alloc-band').data(drawn).enter().append('path')
+        .attr('class', 'alloc-band')
+        .attr('data-index', function (i) { return i; })
+        .style('fill', function (i) { return A[i][5] < 0 ? '#9a9a9a' : color(A[i][5]); })
+        .attr('d', function (k) {
+          var a = A[k], p = pts[k], size = gone[k] ? 0 : a[2], d = '', j;
+          var end = a[1] >= 0 ? Math.max(a[0], a[1]) : tmax;
+          for (j = 0; j < p.length; j++) {
+            d += (j === 0 ? 'M' + x(p[j][0]).toFixed(1) + ',' : 'H' + x(p[j][0]).toFixed(1) + 'V') +
+                 y(p[j][1] + size).toFixed(1);
+          }
+          d += 'H' + x(end).toFixed(1) + 'V' + y(p[p.length - 1][1]).toFixed(1);
+          for (j = p.length - 1; j > 0; j--) {
+            d += 'H' + x(p[j][0]).toFixed(1) + 'V' + y(p[j - 1][1]).toFixed(1);
+          }
+          return d + 'H' + x(p[0][0]).toFixed(1) + 'Z';
+        });
+    var requested = c.body.append('path').attr('class', 'timeline-requested');
+    var peak = c.body.append('line').attr('class', 'peak-marker')
+        .style('display', plot.peak >= 0 ? null : 'none');
+    c.draws.push(function () {
+      group.attr('transform', 'translate(' + c.view.tx + ',0) scale(' + c.view.s + ',1)');
+      requested.attr('d', stepPath(plot.points, 1, c.x, y));
+      peak.attr({x1: c.x(plot.peak), x2: c.x(plot.peak), y1: y.range()[1], y2: y.range()[0]});
+    });
+    c.readout = function (t) {
+      var i = at(totals, t), j = at(plot.points, t);
+      return 'listed allocations ' + bytes(i < 0 ? 0 : totals[i][1]) + ' of requested ' +
+             bytes(j < 0 ? 0 : plot.points[j][1]);
+    };
+    c.redraw();
+
+    var tip = document.getElementById('vramscope-tooltip');
+    function site(a) { return a[5] < 0 ? null : plot.sites[a[5]]; }
+    function describe(a) {
+      var s = site(a), end = a[1] >= 0 ? a[1] : tmax;
+      return [
+        a[7] + ': ' + bytes(a[2]) + ' requested, ' + bytes(a[3]) + ' allocated, ' + a[4],
+        'site: ' + (s ? s.n + ' (' + s.l + ')' : 'not recorded (vramscope run --stacks)'),
+        'NVTX range: ' + (a[6] === '' ? 'none' : a[6]),
+        'allocated at +' + seconds(a[0]) +
+            (a[1] >= 0 ? ', freed at +' + seconds(a[1]) + ', age ' + seconds(end - a[0])
+                       : ', not freed, age ' + seconds(end - a[0]) + ' at the end'),
+        a[9] ? 'live at the peak' : 'not live at the peak'
+      ];
+    }
+    bands.on('mousemove', function (k) {
+      var lines = describe(A[k]);
+      tip.textContent = '';
+      lines.forEach(function (line) {
+        var div = document.createElement('div');
+        div.textContent = line;
+        tip.appendChild(div);
+      });
+      tip.setAttribute('data-band', plot.alloc + ':' + k);
+      tip.hidden = false;
+      var ev = d3.event;
+      // Beside the cursor, kept inside the window.
+      tip.style.left = Math.max(0, Math.min(ev.clientX + 14,
+                                            window.innerWidth - tip.offsetWidth - 8)) + 'px';
+      tip.style.top = Math.max(0, Math.min(ev.clientY + 14,
+                                           window.innerHeight - tip.offsetHeight - 8)) + 'px';
+      d3.select(this).classed('hover', true);
+    }).on('mouseout', function () {
+      tip.hidden = true;
+      d3.select(this).classed('hover', false);
+    }).on('click', function (k) {
+      var a = A[k];
+      var panel = document.getElementById('stack-' + plot.alloc);
+      var s = site(a);
+      panel.textContent = '';
+      var h = document.createElement('div');
+      h.className = 'stack-title';
+      h.textContent = 'Stack of ' + a[7] + ' (' + bytes(a[2]) + ', ' +
+                      (s ? 'site ' + s.h + ', ' + s.l : 'no site recorded') + ')';
+      panel.appendChild(h);
+      var list = document.createElement('ol');
+      (s ? s.f : []).forEach(function (f) {
+        var li = document.createElement('li');
+        li.textContent = f;
+        list.appendChild(li);
+      });
+      if (!s || !s.f.length) {
+        var none = document.createElement('p');
+        none.textContent = 'no frames recorded (vramscope run --stacks)';
+        panel.appendChild(none);
+      }
+      panel.appendChild(list);
+      panel.setAttribute('data-band', plot.alloc + ':' + k);
+    });
+    c.svg.attr('data-rendered', 'true');
+  }
+
   var data = JSON.parse(document.getElementById('vramscope-plot-data').textContent);
   data.forEach(function (plot) {
-    var svg = document.getElementById(plot.id);
-    if (!svg) return;
-    svg.setAttribute('viewBox', '0 0 ' + W + ' ' + H);
-    var points = plot.points, ranges = plot.ranges;
-    var tmax = 1, ymax = 1;
-    points.forEach(function (p) {
-      tmax = Math.max(tmax, p[0]);
-      ymax = Math.max(ymax, p[1], p[2], p[3]);
-    });
-    ranges.forEach(function (r) { tmax = Math.max(tmax, r.e); });
-    function x(t) { return (L + (W - L - R) * t / tmax).toFixed(1); }
-    function y(v) { return (H - B - (H - B - T) * v / ymax).toFixed(1); }
-    var grid = el('g', {'class': 'grid-lines'}, svg);
-    for (var i = 0; i <= 4; i++) {
-      var v = ymax * i / 4, yy = y(v);
-      el('line', {'class': 'grid', x1: L, x2: W - R, y1: yy, y2: yy}, grid);
-      el('text', {x: L - 6, y: yy, 'text-anchor': 'end', 'dominant-baseline': 'middle'}, grid)
-          .textContent = bytes(v);
-      var t = tmax * i / 4, xx = x(t);
-      var anchor = i === 0 ? 'start' : (i === 4 ? 'end' : 'middle');
-      el('text', {x: xx, y: H - B + 16, 'text-anchor': anchor}, grid).textContent = seconds(t);
-    }
-    var shading = el('g', {'class': 'nvtx'}, svg);
-    ranges.forEach(function (r) {
-      var x0 = Number(x(r.s)), width = Math.max(1, Number(x(r.e)) - x0);
-      var rect = el('rect', {'class': 'nvtx-range', x: x0, y: T, width: width, height: H - B - T,
-                             'data-depth': r.d}, shading);
-      el('title', {}, rect).textContent = r.label + ' (' + seconds(r.e - r.s) + ')';
-      if (width > 48) {
-        el('text', {'class': 'nvtx-label', x: x0 + 3, y: T + 10 + 11 * Math.min(r.d, 8)}, shading)
-            .textContent = r.label;
-      }
-    });
-    el('line', {'class': 'axis', x1: L, x2: L, y1: T, y2: H - B}, svg);
-    el('line', {'class': 'axis', x1: L, x2: W - R, y1: H - B, y2: H - B}, svg);
-    SERIES.forEach(function (s) {
-      var d = '';
-      points.forEach(function (p, i) {
-        d += i === 0 ? 'M' + x(p[0]) + ',' + y(p[s[1]]) : 'H' + x(p[0]) + 'V' + y(p[s[1]]);
-      });
-      var path = el('path', {'class': 'series ' + s[0], 'data-series': s[0], d: d}, svg);
-      el('title', {}, path).textContent = s[2];
-    });
-    svg.setAttribute('data-rendered', 'true');
+    if (document.getElementById(plot.id)) totalsPlot(plot);
+    if (plot.alloc && document.getElementById(plot.alloc)) allocationPlot(plot);
   });
+  // #hover=SVG_ID:INDEX or #click=SVG_ID:INDEX points at a band as a mouse would, #zoom=SVG_ID
+  // double-clicks the middle of a plot (for checking the page in a headless browser, and for
+  // links to one allocation).
+  var z = /^#zoom=([\w-]+)$/.exec(location.hash), svgZoom = z && document.getElementById(z[1]);
+  if (svgZoom) {
+    var r = svgZoom.getBoundingClientRect();
+    svgZoom.dispatchEvent(new MouseEvent('dblclick', {bubbles: true, view: window,
+        clientX: r.left + r.width / 2, clientY: r.top + r.height / 2}));
+  }
+  var m = /^#(hover|click)=([\w-]+):(\d+)$/.exec(location.hash);
+  if (m) {
+    var band = document.querySelector('#' + m[2] + ' path.alloc-band[data-index="' + m[3] + '"]');
+    if (band) {
+      var box = band.getBoundingClientRect();
+      var opts = {bubbles: true, clientX: box.left + box.width / 2,
+                  clientY: box.top + box.height / 2, view: window};
+      band.dispatchEvent(new MouseEvent('mousemove', opts));
+      if (m[1] === 'click') band.dispatchEvent(new MouseEvent('click', opts));
+    }
+  }
+  document.body.setAttribute('data-rendered', 'true');
 })();
 )js";
 
@@ -270,7 +627,15 @@ std::string Page::Build(const std::vector<v1::Report>& reports) {
       "<h1>vramscope report</h1>\n");
   if (reports.empty()) out_ += "<p class=\"none\">no processes</p>\n";
   for (std::size_t r = 0; r < reports.size(); ++r) Process(reports[r], static_cast<int>(r));
-  absl::StrAppend(&out_, "<script type=\"application/json\" id=\"vramscope-plot-data\">[",
+  // A script error shows on the page (and in a headless browser's DOM), not only in a console.
+  absl::StrAppend(&out_,
+                  "<div id=\"vramscope-tooltip\" class=\"tooltip\" hidden></div>\n"
+                  "<script>window.addEventListener('error', function (e) {"
+                  " var p = document.createElement('pre'); p.className = 'script-error';"
+                  " p.textContent = 'script error: ' + e.message; document.body.appendChild(p);"
+                  " });</script>\n<script>",
+                  kD3Script,
+                  "</script>\n<script type=\"application/json\" id=\"vramscope-plot-data\">[",
                   plots_json_, "]</script>\n<script>", kScript, "</script>\n</body>\n</html>\n");
   return std::move(out_);
 }
@@ -395,6 +760,19 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     if (!has_origin_ || range.start_ns() < origin_ns_) origin_ns_ = range.start_ns();
     has_origin_ = true;
   }
+  for (const v1::AllocationRecord& allocation : device.allocations()) {
+    if (!has_origin_ || allocation.alloc_time_ns() < origin_ns_) {
+      origin_ns_ = allocation.alloc_time_ns();
+    }
+    has_origin_ = true;
+  }
+  sites_.clear();
+  for (const v1::SiteStats& site : device.top_sites()) sites_[site.site()].frames = &site.frames();
+  for (const v1::AllocationSite& site : device.allocation_sites()) {
+    SiteInfo& info = sites_[site.site()];
+    info.frames = &site.frames();
+    info.library = site.library();
+  }
 
   out_ += "<table class=\"device-info\">\n<tr><th>name</th>";
   Text(path + ".device.name", "name", info.name());
@@ -406,6 +784,8 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
   out_ += "</tr>\n</table>\n";
 
   Plot(device, r, d);
+  Allocations(device, r, d);
+  PeakState(device, path);
 
   out_ += "<h4>Peaks</h4>\n<table class=\"peaks\">\n<tr><th></th><th>peak</th><th>";
   out_ += finished ? "at exit" : "now";
@@ -574,8 +954,9 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
       out_ += "<tr>";
       Num(at + "address", "address", Unit::kHex, leak.address());
       Num(at + "requested_bytes", "requested_bytes", Unit::kBytes, leak.requested_bytes());
-      Enum(at + "kind", "kind", v1::AllocationKind_Name(leak.kind()));
-      Num(at + "site", "site", Unit::kHex, leak.site());
+      Cell(at + "kind", "kind", Unit::kEnum, v1::AllocationKind_Name(leak.kind()),
+           KindLabel(leak.kind()));
+      SiteCell(at + "site", leak.site());
       Num(at + "time_ns", "time_ns", Unit::kTime, leak.time_ns());
       out_ += "</tr>\n";
     }
@@ -677,33 +1058,54 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
   out_ += "</section>\n";
 }
 
+void Page::SiteCell(const std::string& path, std::uint64_t site) {
+  std::string title = absl::StrFormat("site %#x", site);
+  auto it = sites_.find(site);
+  if (it != sites_.end()) {
+    if (!it->second.library.empty()) absl::StrAppend(&title, " in ", it->second.library);
+    if (it->second.frames != nullptr) {
+      for (const std::string& frame : *it->second.frames) absl::StrAppend(&title, "\n", frame);
+    }
+  }
+  Cell(path, "site", Unit::kHex, absl::StrCat(site), SiteLabel(site, sites_), title);
+}
+
 void Page::Plot(const v1::DeviceReport& device, int r, int d) {
   const std::string id = absl::StrCat("plot-", r, "-", d);
   absl::StrAppend(&out_, "<figure class=\"plot\">\n<svg class=\"plot\" id=\"", id,
                   "\" data-report=\"", r, "\" data-device=\"", d, "\" data-points=\"",
                   device.timeline_size(), "\" data-ranges=\"", device.nvtx_instances_size(),
                   "\" role=\"img\" aria-label=\"requested, allocated and reserved bytes over "
-                  "time\" xmlns=\"http://www.w3.org/2000/svg\"></svg>\n<figcaption>");
+                  "time\" xmlns=\"http://www.w3.org/2000/svg\"></svg>\n<div class=\"readout\" "
+                  "id=\"readout-",
+                  id, "\"></div>\n<figcaption>");
   for (const char* series : {"requested_bytes", "allocated_bytes", "reserved_bytes"}) {
     const std::string name(series);
     absl::StrAppend(&out_, "<span class=\"swatch ", name, "\"></span>",
                     name.substr(0, name.find('_')));
   }
-  absl::StrAppend(&out_, "<span class=\"swatch nvtx\"></span>NVTX ranges (",
-                  device.nvtx_instances_size(), " shaded)");
+  absl::StrAppend(&out_, " (shaded: allocated; dashed: requested; the gap is rounding)",
+                  "<span class=\"swatch nvtx\"></span>NVTX ranges (", device.nvtx_instances_size(),
+                  " shaded)");
   if (device.timeline().empty()) out_ += "; no timeline points recorded";
   out_ +=
+      ". Wheel or double-click to zoom, drag to pan; the line under the plot reads the cursor."
       "<noscript> (the plot needs JavaScript; the tables below do not)</noscript></figcaption>\n"
       "</figure>\n";
 
   // Times relative to the plot's origin keep the numbers within a double's exact range.
+  const std::uint64_t origin = has_origin_ ? origin_ns_ : 0;
+  std::uint64_t end = origin;
+  auto rel = [&](std::uint64_t t) {
+    end = std::max(end, t);
+    return t >= origin ? t - origin : 0;
+  };
   if (!plots_json_.empty()) plots_json_ += ",";
   absl::StrAppend(&plots_json_, "\n{\"id\":", json::Quote(id, json::QuoteFor::kScriptElement),
                   ",\"points\":[");
-  const std::uint64_t origin = has_origin_ ? origin_ns_ : 0;
   for (int i = 0; i < device.timeline_size(); ++i) {
     const v1::TimelinePoint& point = device.timeline(i);
-    absl::StrAppend(&plots_json_, i == 0 ? "" : ",", "[", point.time_ns() - origin, ",",
+    absl::StrAppend(&plots_json_, i == 0 ? "" : ",", "[", rel(point.time_ns()), ",",
                     point.requested_bytes(), ",", point.allocated_bytes(), ",",
                     point.reserved_bytes(), "]");
   }
@@ -712,12 +1114,204 @@ void Page::Plot(const v1::DeviceReport& device, int r, int d) {
     const v1::NvtxRangeInstance& range = device.nvtx_instances(i);
     const std::string label =
         range.domain().empty() ? range.name() : absl::StrCat(range.domain(), ":", range.name());
-    const std::uint64_t end = std::max(range.end_ns(), range.start_ns());
-    absl::StrAppend(&plots_json_, i == 0 ? "" : ",", "{\"s\":", range.start_ns() - origin,
-                    ",\"e\":", end - origin, ",\"d\":", range.depth(),
+    const std::uint64_t range_end = std::max(range.end_ns(), range.start_ns());
+    absl::StrAppend(&plots_json_, i == 0 ? "" : ",", "{\"s\":", rel(range.start_ns()),
+                    ",\"e\":", rel(range_end), ",\"d\":", range.depth(),
                     ",\"label\":", json::Quote(label, json::QuoteFor::kScriptElement), "}");
   }
-  plots_json_ += "]}";
+  // Allocations: [alloc, free (-1: not freed), requested, allocated, kind, site index (-1:
+  // none), NVTX range, address, thread, live at the peak]; sites by index.
+  plots_json_ += "],\"allocs\":[";
+  std::vector<std::uint64_t> site_order;
+  std::map<std::uint64_t, std::size_t> site_index;
+  for (int i = 0; i < device.allocations_size(); ++i) {
+    const v1::AllocationRecord& a = device.allocations(i);
+    long long site = -1;
+    if (a.site() != 0) {
+      auto [it, added] = site_index.try_emplace(a.site(), site_order.size());
+      if (added) site_order.push_back(a.site());
+      site = static_cast<long long>(it->second);
+    }
+    const std::string range =
+        a.nvtx_domain().empty() ? a.nvtx_name() : absl::StrCat(a.nvtx_domain(), ":", a.nvtx_name());
+    absl::StrAppend(&plots_json_, i == 0 ? "" : ",", "[", rel(a.alloc_time_ns()), ",",
+                    a.free_time_ns() != 0 ? absl::StrCat(rel(a.free_time_ns())) : std::string("-1"),
+                    ",", a.requested_bytes(), ",", a.allocated_bytes(), ",",
+                    json::Quote(KindLabel(a.kind()), json::QuoteFor::kScriptElement), ",", site,
+                    ",", json::Quote(range, json::QuoteFor::kScriptElement), ",\"",
+                    absl::StrFormat("%#x", a.address()), "\",", a.thread_id(), ",",
+                    a.live_at_peak() ? 1 : 0, "]");
+  }
+  plots_json_ += "],\"sites\":[";
+  for (std::size_t i = 0; i < site_order.size(); ++i) {
+    const std::uint64_t site = site_order[i];
+    auto it = sites_.find(site);
+    absl::StrAppend(&plots_json_, i == 0 ? "" : ",", "{\"h\":\"", absl::StrFormat("%#x", site),
+                    "\",\"n\":",
+                    json::Quote(SiteLabel(site, sites_), json::QuoteFor::kScriptElement), ",\"l\":",
+                    json::Quote(it != sites_.end() && !it->second.library.empty()
+                                    ? it->second.library
+                                    : std::string("library unknown"),
+                                json::QuoteFor::kScriptElement),
+                    ",\"f\":[");
+    if (it != sites_.end() && it->second.frames != nullptr) {
+      for (int f = 0; f < it->second.frames->size(); ++f) {
+        absl::StrAppend(&plots_json_, f == 0 ? "" : ",",
+                        json::Quote(it->second.frames->Get(f), json::QuoteFor::kScriptElement));
+      }
+    }
+    plots_json_ += "]}";
+  }
+  const bool has_peak = device.peak_live_count() > 0;
+  const long long peak = has_peak ? static_cast<long long>(rel(device.peak_time_ns())) : -1;
+  std::uint64_t tmax = end > origin ? end - origin : 1;
+  absl::StrAppend(&plots_json_, "],\"peak\":", peak, ",\"tmax\":", tmax, ",\"alloc\":",
+                  device.allocations().empty() ? std::string("null")
+                                               : json::Quote(absl::StrCat("alloc-", r, "-", d),
+                                                             json::QuoteFor::kScriptElement),
+                  "}");
+}
+
+void Page::Allocations(const v1::DeviceReport& device, int r, int d) {
+  out_ += "<h4>Active allocations over time</h4>\n";
+  if (device.allocations().empty()) {
+    out_ += "<p class=\"none\">no allocations listed</p>\n";
+    return;
+  }
+  const std::string id = absl::StrCat("alloc-", r, "-", d);
+  absl::StrAppend(
+      &out_,
+      "<p class=\"note\">One band per allocation, stacked in the order the live ones were "
+      "made (",
+      device.allocations_size(),
+      " listed: every allocation live at the peak, up to a "
+      "limit, and the largest others; ",
+      device.allocations_omitted(),
+      " not listed, which only "
+      "the dashed total of requested bytes includes; at most 2000 bands are drawn, the largest, "
+      "and a band moves at most once per 1/1000 of the run). Hover a band for its size, site, NVTX "
+      "range "
+      "and age; click it for its stack.</p>\n<figure class=\"alloc-plot\">\n<svg "
+      "class=\"alloc-plot\" "
+      "id=\"",
+      id, "\" data-report=\"", r, "\" data-device=\"", d, "\" data-allocations=\"",
+      device.allocations_size(),
+      "\" role=\"img\" aria-label=\"active allocations over time\" "
+      "xmlns=\"http://www.w3.org/2000/svg\"></svg>\n<div class=\"readout\" id=\"readout-",
+      id,
+      "\"></div>\n<figcaption>Bands coloured by site (grey: no site recorded); dashed: requested "
+      "bytes of every allocation (the timeline); red line: the peak of allocated "
+      "bytes.</figcaption>\n"
+      "</figure>\n<div class=\"stack\" id=\"stack-",
+      id, "\"></div>\n");
+}
+
+void Page::PeakState(const v1::DeviceReport& device, const std::string& path) {
+  out_ +=
+      "<h4>Memory at the peak</h4>\n<table class=\"peak-state\">\n<tr><th>peak of allocated bytes "
+      "at</th>";
+  Num(path + ".peak_time_ns", "peak_time_ns", Unit::kTime, device.peak_time_ns());
+  out_ += "</tr>\n<tr><th>allocations live then</th>";
+  Num(path + ".peak_live_count", "peak_live_count", Unit::kCount, device.peak_live_count());
+  out_ += "</tr>\n<tr><th>of them not listed</th>";
+  Num(path + ".peak_live_omitted", "peak_live_omitted", Unit::kCount, device.peak_live_omitted());
+  out_ += "</tr>\n<tr><th>their requested bytes</th>";
+  Num(path + ".peak_live_omitted_bytes", "peak_live_omitted_bytes", Unit::kBytes,
+      device.peak_live_omitted_bytes());
+  out_ += "</tr>\n<tr><th>allocations not listed at all</th>";
+  Num(path + ".allocations_omitted", "allocations_omitted", Unit::kCount,
+      device.allocations_omitted());
+  out_ += "</tr>\n</table>\n";
+
+  std::vector<int> live;
+  for (int i = 0; i < device.allocations_size(); ++i) {
+    if (device.allocations(i).live_at_peak()) live.push_back(i);
+  }
+  if (live.empty()) {
+    out_ += "<p class=\"none\">no allocation recorded live at the peak</p>\n";
+    return;
+  }
+  std::stable_sort(live.begin(), live.end(), [&](int a, int b) {
+    return device.allocations(a).requested_bytes() > device.allocations(b).requested_bytes();
+  });
+  if (device.peak_live_omitted() > 0) {
+    absl::StrAppend(&out_, "<p class=\"note\">", device.peak_live_omitted(),
+                    " smaller allocations live at the peak (",
+                    FormatBytes(device.peak_live_omitted_bytes()),
+                    ") are not listed and not in the tables below.</p>\n");
+  }
+  // Largest first; at most kShown rows, the rest counted (all are in --format json).
+  constexpr std::size_t kShown = 100;
+  out_ +=
+      "<table class=\"peak-allocations\">\n<tr><th>address</th><th>requested</th>"
+      "<th>allocated</th><th>kind</th><th>site</th><th>NVTX range</th><th>allocated at</th>"
+      "<th>freed at</th></tr>\n";
+  for (std::size_t n = 0; n < live.size() && n < kShown; ++n) {
+    const int i = live[n];
+    const v1::AllocationRecord& a = device.allocations(i);
+    const std::string at = absl::StrCat(path, ".allocations.", i, ".");
+    absl::StrAppend(&out_, "<tr data-index=\"", i, "\">");
+    Num(at + "address", "address", Unit::kHex, a.address());
+    Num(at + "requested_bytes", "requested_bytes", Unit::kBytes, a.requested_bytes());
+    Num(at + "allocated_bytes", "allocated_bytes", Unit::kBytes, a.allocated_bytes());
+    Cell(at + "kind", "kind", Unit::kEnum, v1::AllocationKind_Name(a.kind()), KindLabel(a.kind()));
+    SiteCell(at + "site", a.site());
+    Text(at + "nvtx_name", "nvtx_name", a.nvtx_name());
+    Num(at + "alloc_time_ns", "alloc_time_ns", Unit::kTime, a.alloc_time_ns());
+    if (a.free_time_ns() == 0) {
+      Cell(at + "free_time_ns", "free_time_ns", Unit::kTime, "0", "not freed");
+    } else {
+      Num(at + "free_time_ns", "free_time_ns", Unit::kTime, a.free_time_ns());
+    }
+    out_ += "</tr>\n";
+  }
+  out_ += "</table>\n";
+  if (live.size() > kShown) {
+    absl::StrAppend(&out_, "<p class=\"note\">... and ", live.size() - kShown,
+                    " more live at the peak (--format json for all)</p>\n");
+  }
+
+  // By site and by calling library: the listed allocations live at the peak, largest first.
+  struct Group {
+    std::uint64_t bytes = 0;
+    std::uint64_t count = 0;
+  };
+  std::map<std::uint64_t, Group> by_site;
+  std::map<std::string, Group> by_library;
+  for (const int i : live) {
+    const v1::AllocationRecord& a = device.allocations(i);
+    Group& site = by_site[a.site()];
+    site.bytes += a.requested_bytes();
+    ++site.count;
+    auto info = sites_.find(a.site());
+    const std::string library = a.site() == 0 ? "(no site recorded)"
+                                : info != sites_.end() && !info->second.library.empty()
+                                    ? info->second.library
+                                    : std::string("(unknown)");
+    Group& lib = by_library[library];
+    lib.bytes += a.requested_bytes();
+    ++lib.count;
+  }
+  auto rows = [&](const char* cls, const char* heading, auto& groups, auto label) {
+    std::vector<std::pair<typename std::decay_t<decltype(groups)>::key_type, Group>> sorted(
+        groups.begin(), groups.end());
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [](const auto& a, const auto& b) { return a.second.bytes > b.second.bytes; });
+    absl::StrAppend(&out_, "<table class=\"", cls, "\">\n<tr><th>", heading,
+                    "</th><th>requested at the peak</th><th>allocations</th></tr>\n");
+    for (const auto& [key, group] : sorted) {
+      absl::StrAppend(&out_, "<tr><td class=\"text\">", HtmlEscape(label(key)),
+                      "</td><td class=\"num\" title=\"", group.bytes, " bytes\">",
+                      FormatBytes(group.bytes), "</td><td class=\"num\">", group.count,
+                      "</td></tr>\n");
+    }
+    out_ += "</table>\n";
+  };
+  out_ += "<h4>At the peak, by site</h4>\n";
+  rows("peak-by-site", "site", by_site,
+       [&](std::uint64_t site) { return SiteLabel(site, sites_); });
+  out_ += "<h4>At the peak, by calling library</h4>\n";
+  rows("peak-by-library", "library", by_library, [](const std::string& name) { return name; });
 }
 
 }  // namespace

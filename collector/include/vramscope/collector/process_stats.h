@@ -27,6 +27,8 @@ class ProcessStats {
 
   void Consume(const v1::EventBatch& batch);
   v1::Report Report() const;
+  // Without the allocation list (DeviceReport.allocations...), for live updates.
+  v1::Report LiveReport() const;
 
   bool finished() const { return finished_; }
   // How it ended (the ProcessExit event's exit code, killed, signal, vanished) once finished().
