@@ -1,5 +1,6 @@
 #include "replay/replay_command.h"
 
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <unistd.h>
@@ -7,9 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "command.h"
+#include "replay/snapshot_loader.h"
 #include "vramscope/json/json_string.h"
 #include "vramscope/pool/pool.h"
 
@@ -107,7 +110,7 @@ void PrintHelp(std::FILE* out) {
   }
   std::fprintf(
       out,
-      "usage: vramscope replay TRACE [--json] [--policy NAME]\n"
+      "usage: vramscope replay TRACE [--json] [--policy NAME] [--device N]\n"
       "\n"
       "Replays the alloc and free_requested events of a recorded allocation trace through\n"
       "vramscope's pool over a virtual upstream: address bookkeeping only, no GPU needed, every\n"
@@ -123,9 +126,16 @@ void PrintHelp(std::FILE* out) {
       "address that is not live, an alloc of a live address, a size of 0 or above 2^48, a\n"
       "malformed number or an unknown action is an error naming FILE:LINE.\n"
       "\n"
+      "TRACE may also be a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot, or\n"
+      "`vramscope export --format torch-snapshot`): one device's trace is replayed, the first\n"
+      "holding an alloc unless --device N says which. Frees of blocks allocated before the\n"
+      "snapshot's history began are skipped. The pickle is read as plain data only: GLOBAL,\n"
+      "REDUCE and every other object-building opcode are refused (exit 2), nothing is run.\n"
+      "\n"
       "options:\n"
       "  --json          print one JSON object on stdout instead of the table\n"
       "  --policy NAME   the pool's layout policy: %s\n"
+      "  --device N      a snapshot's device trace to replay\n"
       "  -h, --help      print this help\n"
       "\n"
       "A progress bar is drawn on stderr when stderr is a terminal and the replay takes more\n"
@@ -136,10 +146,11 @@ void PrintHelp(std::FILE* out) {
 }
 
 int UsageError(std::string_view message) {
-  std::fprintf(stderr,
-               "vramscope replay: %.*s\n"
-               "usage: vramscope replay TRACE [--json] [--policy NAME]  (--help for more)\n",
-               static_cast<int>(message.size()), message.data());
+  std::fprintf(
+      stderr,
+      "vramscope replay: %.*s\n"
+      "usage: vramscope replay TRACE [--json] [--policy NAME] [--device N]  (--help for more)\n",
+      static_cast<int>(message.size()), message.data());
   return kExitUsage;
 }
 
@@ -226,6 +237,7 @@ std::string FormatReplayText(const LoadedTrace& trace, const ReplayResult& resul
 int RunReplay(int argc, char** argv) {
   bool json = false;
   std::string policy;
+  std::optional<std::uint32_t> device;
   std::vector<std::string> traces;
   bool options_done = false;
   for (int i = 1; i < argc; ++i) {
@@ -242,6 +254,12 @@ int RunReplay(int argc, char** argv) {
     } else if (arg == "--policy") {
       if (i + 1 >= argc) return UsageError("--policy needs a NAME");
       policy = argv[++i];
+    } else if (arg == "--device" || arg.substr(0, 9) == "--device=") {
+      std::uint32_t value = 0;
+      std::string text =
+          arg == "--device" ? (i + 1 < argc ? argv[++i] : "") : std::string(arg.substr(9));
+      if (!absl::SimpleAtoi(text, &value)) return UsageError("--device needs a device ordinal");
+      device = value;
     } else if (arg.substr(0, 9) == "--policy=") {
       policy = std::string(arg.substr(9));
     } else {
@@ -262,12 +280,20 @@ int RunReplay(int argc, char** argv) {
   }
 
   ProgressBar bar;
-  absl::StatusOr<LoadedTrace> trace =
-      LoadTraceFile(traces[0], [&bar](double fraction) { bar.Update("reading", fraction); });
+  SnapshotLoadInfo snapshot;
+  absl::StatusOr<LoadedTrace> trace = LoadAnyTrace(
+      traces[0], device, [&bar](double fraction) { bar.Update("reading", fraction); }, &snapshot);
   if (!trace.ok()) {
     bar.Clear();
     std::fprintf(stderr, "vramscope replay: %s\n", std::string(trace.status().message()).c_str());
     return kExitUsage;
+  }
+  if (snapshot.frees_before_history > 0) {
+    bar.Clear();
+    std::fprintf(stderr,
+                 "vramscope replay: %s: %llu frees of blocks allocated before the snapshot's "
+                 "history began were skipped\n",
+                 traces[0].c_str(), static_cast<unsigned long long>(snapshot.frees_before_history));
   }
   absl::StatusOr<ReplayResult> result =
       ReplayTrace(*trace, policy,
