@@ -235,4 +235,24 @@ std::string FoldedStacks(const std::vector<v1::Report>& reports) {
   return out;
 }
 
+SymbolizeResult SymbolizeSites(RecordedEvents* events, const std::string& addr2line) {
+  // The site definitions as one report's sites: the same batching and frame rules as the report.
+  std::vector<v1::Report> sites(1);
+  v1::DeviceReport* device = sites[0].add_devices();
+  std::vector<v1::SiteDefinition*> definitions;
+  for (ProcessEvents& process : events->mutable_processes()) {
+    for (v1::Event& event : process.events) {
+      if (!event.has_site_definition()) continue;
+      definitions.push_back(event.mutable_site_definition());
+      *device->add_top_sites()->mutable_frames() = event.site_definition().frames();
+    }
+  }
+  if (definitions.empty()) return SymbolizeResult{};
+  SymbolizeResult result = SymbolizeReports(&sites, addr2line);
+  for (std::size_t i = 0; i < definitions.size(); ++i) {
+    *definitions[i]->mutable_frames() = std::move(*device->mutable_top_sites(i)->mutable_frames());
+  }
+  return result;
+}
+
 }  // namespace vramscope::cli

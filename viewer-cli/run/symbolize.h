@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "export/recorded_events.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
@@ -26,6 +27,10 @@ struct SymbolizeResult {
 // run (a name looked up on PATH, or a path).
 SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports,
                                  const std::string& addr2line = "addr2line");
+
+// Rewrites the frames of every site definition in `events` the same way (one addr2line batch per
+// module for all of them), so exports show function (file:line) for every allocation.
+SymbolizeResult SymbolizeSites(RecordedEvents* events, const std::string& addr2line = "addr2line");
 
 // The frame that names a site in one line: the innermost frame outside the CUDA runtime and
 // driver (functions cuda*, __cuda*, cu[A-Z]*; modules libcudart*, libcuda*), which is where the
