@@ -19,6 +19,7 @@ class PickleParser {
   absl::Status Step(std::uint8_t op, bool* stop);
   absl::Status Scalar(std::uint8_t op, bool* handled);
   absl::Status Container(std::uint8_t op, bool* handled);
+  absl::StatusOr<std::int64_t> Long1();
   absl::Status MemoOp(std::uint8_t op, bool* handled);
   absl::Status Fail(std::string_view message) const {
     return absl::InvalidArgumentError(absl::StrFormat("offset %d: %s", op_at_, message));
@@ -222,29 +223,10 @@ absl::Status PickleParser::Scalar(std::uint8_t op, bool* handled) {
       break;
     }
     case 0x8a: {  // LONG1: n bytes of little-endian two's complement
-      absl::StatusOr<std::uint64_t> n = Le(1);
-      if (!n.ok()) return n.status();
-      absl::StatusOr<std::string_view> raw = Take(*n);
-      if (!raw.ok()) return raw.status();
-      std::string_view b = *raw;
-      // A ninth byte is allowed only as the sign extension of the eighth.
-      while (b.size() > 8) {
-        const std::uint8_t top = static_cast<std::uint8_t>(b.back());
-        const std::uint8_t next = static_cast<std::uint8_t>(b[b.size() - 2]);
-        if (!((top == 0 && next < 0x80) || (top == 0xff && next >= 0x80))) {
-          return Fail("integer wider than 64 bits");
-        }
-        b.remove_suffix(1);
-      }
-      std::uint64_t bits = 0;
-      for (std::size_t i = 0; i < b.size(); ++i) {
-        bits |= std::uint64_t{static_cast<std::uint8_t>(b[i])} << (8 * i);
-      }
-      if (!b.empty() && b.size() < 8 && (static_cast<std::uint8_t>(b.back()) & 0x80)) {
-        bits |= ~std::uint64_t{0} << (8 * b.size());  // sign-extend
-      }
+      absl::StatusOr<std::int64_t> value = Long1();
+      if (!value.ok()) return value.status();
       v.kind = Kind::kInt;
-      v.integer = static_cast<std::int64_t>(bits);
+      v.integer = *value;
       break;
     }
     case 'G': {  // BINFLOAT, big-endian
@@ -272,6 +254,31 @@ absl::Status PickleParser::Scalar(std::uint8_t op, bool* handled) {
       return absl::OkStatus();
   }
   return Push(std::move(v)).status();
+}
+
+absl::StatusOr<std::int64_t> PickleParser::Long1() {
+  absl::StatusOr<std::uint64_t> n = Le(1);
+  if (!n.ok()) return n.status();
+  absl::StatusOr<std::string_view> raw = Take(*n);
+  if (!raw.ok()) return raw.status();
+  std::string_view b = *raw;
+  // Bytes past the eighth are allowed only as the sign extension of the eighth.
+  while (b.size() > 8) {
+    const std::uint8_t top = static_cast<std::uint8_t>(b.back());
+    const std::uint8_t next = static_cast<std::uint8_t>(b[b.size() - 2]);
+    if (!((top == 0 && next < 0x80) || (top == 0xff && next >= 0x80))) {
+      return Fail("integer wider than 64 bits");
+    }
+    b.remove_suffix(1);
+  }
+  std::uint64_t bits = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    bits |= std::uint64_t{static_cast<std::uint8_t>(b[i])} << (8 * i);
+  }
+  if (!b.empty() && b.size() < 8 && (static_cast<std::uint8_t>(b.back()) & 0x80)) {
+    bits |= ~std::uint64_t{0} << (8 * b.size());  // sign-extend
+  }
+  return static_cast<std::int64_t>(bits);
 }
 
 absl::Status PickleParser::Container(std::uint8_t op, bool* handled) {
