@@ -8,6 +8,7 @@
 //     never overlap, counters end at the live bytes, callstacks resolve to interned frames,
 //     NVTX ranges are thread slices;
 //   - the event log reads back as written.
+#include <absl/strings/str_cat.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -22,11 +23,13 @@
 #include "export/torch_snapshot.h"
 #include "perfetto/trace.pb.h"
 #include "replay/snapshot_loader.h"
+#include "vramscope/pickle/pickle_writer.h"
 
 namespace vramscope::cli {
 namespace {
 
 namespace pp = ::perfetto::protos;
+using namespace std::string_literals;
 
 constexpr std::uint64_t kPool0 = 0x7f0000000000, kPool1 = 0x7f1000000000;
 constexpr std::uint64_t kMiB = 1 << 20;
@@ -281,6 +284,38 @@ TEST(PerfettoTraceTest, ParsesBackWithSlicesCountersCallstacksAndRanges) {
   EXPECT_EQ(t.functions.at(t.frame_function.at(frames[2])), "cudaMalloc");
   EXPECT_EQ(t.used_callstacks[5], t.used_callstacks[0]);  // interned once
   EXPECT_NE(t.used_callstacks[6], t.used_callstacks[0]);
+}
+
+// Crafted shapes that would make the loader slow are refused at once: an entry dict of many keys
+// (shared by every entry through the memo), and device traces sharing one list.
+TEST(TorchSnapshotTest, CraftedShapesAreRefusedQuickly) {
+  pickle::PickleWriter big;
+  big.BeginDict();
+  big.String("device_traces");
+  big.BeginList();
+  big.BeginList();
+  big.BeginDict();
+  for (int i = 0; i < 100; ++i) {
+    big.String(absl::StrCat("k", i));
+    big.Int(i);
+  }
+  big.EndDict();
+  big.EndList();
+  big.EndList();
+  big.EndDict();
+  absl::StatusOr<LoadedTrace> a = LoadSnapshotBytes("big", big.Finish(), 0);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("at most 64 keys"), std::string::npos) << a.status();
+  // {'device_traces': [L] * 7} with L = [{}, {}] one list (memo index 1, BINGET): 14 looks at 6
+  // values.
+  const std::string shared =
+      "\x80\x02}(X\x0d\x00\x00\x00"
+      "device_traces](]q\x01(}}e"
+      "h\x01h\x01h\x01h\x01h\x01h\x01"
+      "eu."s;
+  absl::StatusOr<LoadedTrace> b = LoadSnapshotBytes("shared", shared, std::nullopt);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("share"), std::string::npos) << b.status();
 }
 
 TEST(EventLogTest, ReadsBackWhatItWrote) {

@@ -15,6 +15,14 @@ using pickle::Kind;
 using pickle::PickleDocument;
 using pickle::Value;
 
+// PyTorch's trace entries have about ten keys. A larger dict is refused before any lookup, so a
+// hostile file cannot make every entry one shared dict of a million keys (quadratic lookups).
+constexpr std::size_t kMaxEntryKeys = 64;
+
+bool SmallDict(const Value& v) {
+  return v.kind == Kind::kDict && v.items.size() <= 2 * kMaxEntryKeys;
+}
+
 std::optional<TraceAction> ParseAction(std::string_view text, bool* skip) {
   *skip = false;
   if (text == "alloc") return TraceAction::kAlloc;
@@ -44,7 +52,10 @@ absl::StatusOr<std::uint64_t> Number(const PickleDocument& doc, const Value& ent
 }
 
 absl::StatusOr<TraceEvent> ToEvent(const PickleDocument& doc, const Value& entry, bool* skip) {
-  if (entry.kind != Kind::kDict) return absl::InvalidArgumentError("not a dict");
+  if (!SmallDict(entry)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("not a dict of at most %d keys", kMaxEntryKeys));
+  }
   const Value* action = doc.Find(entry, "action");
   if (action == nullptr || action->kind != Kind::kString) {
     return absl::InvalidArgumentError("no 'action' string");
@@ -86,10 +97,17 @@ absl::StatusOr<std::uint32_t> PickDevice(const PickleDocument& doc, const Value&
     }
     return *wanted;
   }
+  // A file's entries are each looked at once; more looks mean device traces sharing one list
+  // through the memo, which only a crafted file does (and could make this loop quadratic).
+  std::size_t looked = 0;
   for (std::size_t d = 0; d < traces.items.size(); ++d) {
     const Value& trace = doc.at(traces.items[d]);
     if (trace.kind != Kind::kList) continue;
     for (pickle::ValueId id : trace.items) {
+      if (++looked > doc.size()) {
+        return absl::InvalidArgumentError("device traces share their entries: not a snapshot");
+      }
+      if (!SmallDict(doc.at(id))) continue;
       const Value* action = doc.Find(doc.at(id), "action");
       if (action != nullptr && action->kind == Kind::kString && action->text == "alloc") {
         return static_cast<std::uint32_t>(d);

@@ -604,6 +604,13 @@ int RunRun(int argc, char** argv) {
       outputs_ok = false;
     }
   }
+  if (!options.trace_path.empty() && !perfetto && trace.slices_dropped() > 0) {
+    std::fprintf(
+        stderr,
+        "vramscope run: the Chrome trace keeps 200000 slices, allocations and CUPTI points "
+        "of each kind; %llu more were left out (FILE.pftrace keeps every allocation)\n",
+        static_cast<unsigned long long>(trace.slices_dropped()));
+  }
   if (recorded.dropped() > 0) {
     std::fprintf(stderr,
                  "vramscope run: kept the first %zu events for --events/--trace; %llu more were "
