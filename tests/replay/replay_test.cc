@@ -169,7 +169,8 @@ int RunCommand(std::vector<std::string> args, std::string* out = nullptr,
 TEST(ReplayCommand, Help) {
   std::string out;
   EXPECT_EQ(RunCommand({"--help"}, &out), 0);
-  EXPECT_THAT(out, StartsWith("usage: vramscope replay TRACE [--json] [--policy NAME]\n"));
+  EXPECT_THAT(out,
+              StartsWith("usage: vramscope replay TRACE [--json] [--policy NAME] [--device N]\n"));
   for (const std::string& policy : Policies()) EXPECT_THAT(out, HasSubstr(policy));
   EXPECT_EQ(RunCommand({"-h"}), 0);
 }
