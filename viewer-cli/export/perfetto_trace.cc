@@ -6,6 +6,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <absl/strings/str_join.h>
+#include <google/protobuf/arena.h>
 
 #include <algorithm>
 #include <functional>
@@ -46,6 +47,8 @@ struct DeviceTracks {
   std::uint64_t allocations = 0;                             // parent of the lanes
   std::uint64_t requested = 0, allocated = 0, reserved = 0;  // counter tracks
   std::uint64_t requested_bytes = 0, allocated_bytes = 0, reserved_bytes = 0;
+  // The values last written (a counter gets a point only when its value changes).
+  std::int64_t written[3] = {-1, -1, -1};
   std::vector<std::uint64_t> lanes;  // lane -> track uuid
   std::priority_queue<std::uint32_t, std::vector<std::uint32_t>, std::greater<>> free_lanes;
 };
@@ -62,7 +65,7 @@ class PerfettoBuilder {
  public:
   explicit PerfettoBuilder(const std::vector<v1::Report>& reports) : reports_(reports) {}
   void AddProcess(const ProcessEvents& process);
-  std::string Finish() const { return trace_.SerializeAsString(); }
+  std::string Finish() const { return trace_->SerializeAsString(); }
 
  private:
   pp::TracePacket* Packet(std::uint64_t time_ns);
@@ -70,7 +73,7 @@ class PerfettoBuilder {
   void StartProcess(const ProcessEvents& process);
   DeviceTracks& Device(std::uint32_t device);
   std::uint64_t Lane(DeviceTracks& tracks, std::uint32_t device, std::uint32_t* lane);
-  void Counters(std::uint64_t time_ns, const DeviceTracks& tracks);
+  void Counters(std::uint64_t time_ns, DeviceTracks& tracks);
   void OnAlloc(const v1::Event& event);
   void OnFree(const v1::Event& event);
   void OnReserve(const v1::Event& event, bool release);
@@ -84,7 +87,10 @@ class PerfettoBuilder {
   void EndProcess(std::uint64_t end_ns);
 
   const std::vector<v1::Report>& reports_;
-  pp::Trace trace_;
+  // Every packet on one arena: a trace is hundreds of thousands of small messages, and malloc and
+  // free of each were most of the time.
+  google::protobuf::Arena arena_;
+  pp::Trace* trace_ = google::protobuf::Arena::CreateMessage<pp::Trace>(&arena_);
   std::uint64_t next_uuid_ = 1;
   bool first_packet_ = true;
   // Per trace: the interning tables.
@@ -106,7 +112,7 @@ class PerfettoBuilder {
 };
 
 pp::TracePacket* PerfettoBuilder::Packet(std::uint64_t time_ns) {
-  pp::TracePacket* packet = trace_.add_packet();
+  pp::TracePacket* packet = trace_->add_packet();
   packet->set_trusted_packet_sequence_id(kSequence);
   if (first_packet_) {
     packet->set_sequence_flags(pp::TracePacket::SEQ_INCREMENTAL_STATE_CLEARED);
@@ -182,12 +188,15 @@ std::uint64_t PerfettoBuilder::Lane(DeviceTracks& tracks, std::uint32_t device,
   return uuid;
 }
 
-void PerfettoBuilder::Counters(std::uint64_t time_ns, const DeviceTracks& tracks) {
+void PerfettoBuilder::Counters(std::uint64_t time_ns, DeviceTracks& tracks) {
   const std::pair<std::uint64_t, std::uint64_t> values[] = {
       {tracks.requested, tracks.requested_bytes},
       {tracks.allocated, tracks.allocated_bytes},
       {tracks.reserved, tracks.reserved_bytes}};
-  for (const auto& [uuid, value] : values) {
+  for (int i = 0; i < 3; ++i) {
+    const auto& [uuid, value] = values[i];
+    if (tracks.written[i] == static_cast<std::int64_t>(value)) continue;
+    tracks.written[i] = static_cast<std::int64_t>(value);
     pp::TrackEvent* event = Packet(time_ns)->mutable_track_event();
     event->set_type(pp::TrackEvent::TYPE_COUNTER);
     event->set_track_uuid(uuid);
