@@ -7,7 +7,8 @@ usage: check_snapshot.py FILE [--allocs N] [--live N] [--devices N] [--frame NAM
 Exit 0 when the file holds {'segments': [...], 'device_traces': [[...], ...]} and, per device:
 every entry has an action memory_viz knows, non-negative int addr/size/stream/time_us and
 frames of {'filename': str, 'line': int, 'name': str}; time never goes back; every alloc lies
-inside a segment (segment_alloc'd, not yet segment_free'd) of that device; every alloc is
+inside live segments (segment_alloc'd, not yet segment_free'd; adjacent ones together) of that
+device; every alloc is
 followed by exactly one free_requested and then one free_completed of the same address and
 size, or else is still live at the end and is an 'active_allocated' block of the same size in
 the segments; the segments' blocks tile each segment exactly, and allocated_size is the sum of
@@ -47,6 +48,17 @@ def check_entry(e, where):
     check_frames(e.get("frames"), where)
 
 
+def covered(segments, addr, size):
+    """[addr, addr + size) lies in live segments (adjacent ones together, as a VMM pool maps)."""
+    at, end = addr, addr + size
+    for start, n in sorted(segments.items()):
+        if start <= at < start + n:
+            at = start + n
+            if at >= end:
+                return True
+    return False
+
+
 def check_device(device, trace, live_blocks, seen):
     segments = {}  # addr -> size, live now
     live = {}  # addr -> [size, state]: 'alloc' then 'requested'
@@ -65,8 +77,8 @@ def check_device(device, trace, live_blocks, seen):
             need(not any(addr <= b < addr + size for b in live), f"{where}: freed with live blocks")
         elif a == "alloc":
             need(addr not in live, f"{where}: alloc of live {addr:#x}")
-            need(any(s <= addr and addr + size <= s + n for s, n in segments.items()),
-                 f"{where}: alloc {addr:#x}+{size} outside every segment")
+            need(covered(segments, addr, size),
+                 f"{where}: alloc {addr:#x}+{size} outside the live segments")
             live[addr] = [size, "alloc"]
             seen["allocs"] += 1
             for f in e["frames"]:

@@ -78,7 +78,8 @@ void Reserve(ProcessEvents& p, std::uint64_t ms, std::uint32_t device, std::uint
 // Device 0: a 64 MiB pool reservation, 6 pooled allocations of 4 MiB (site 1, symbolized, inside
 // NVTX range "fwd"), 4 freed; a 2 MiB passthrough allocation (site 2, raw frames) freed; a host
 // allocation (left out). Device 1: a reservation released after its only allocation's free, then
-// a second reservation with one live allocation. An OOM on device 1.
+// a second reservation with one live allocation. An OOM on device 1. Then device 0 again: a
+// block spanning two adjacent reservations.
 ProcessEvents Crafted() {
   ProcessEvents p;
   p.key.set_host("h");
@@ -121,6 +122,11 @@ ProcessEvents Crafted() {
   v1::Event oom = At(23, 1);
   oom.mutable_oom()->set_requested_bytes(100 * kMiB);
   p.events.push_back(oom);
+  // Device 0 again: two adjacent 2 MiB mappings (a VMM pool's granules) and one live 3 MiB block
+  // spanning both: one segment at the end.
+  Reserve(p, 24, 0, kPool0 + 128 * kMiB, 2 * kMiB, false);
+  Reserve(p, 24, 0, kPool0 + 130 * kMiB, 2 * kMiB, false);
+  Alloc(p, 25, 0, kPool0 + 128 * kMiB, 3 * kMiB, v1::ALLOCATION_KIND_POOLED, 0, 0);
   return p;
 }
 
@@ -153,12 +159,13 @@ void CheckWithPython(const std::string& pickle, const std::string& expectations)
 TEST(TorchSnapshotTest, PythonReadsAConsistentSnapshot) {
   TorchSnapshotStats stats;
   const std::string pickle = TorchSnapshot(Crafted(), &stats);
-  EXPECT_EQ(stats.allocs, 9u);  // the host allocation is left out
+  EXPECT_EQ(stats.allocs, 10u);  // the host allocation is left out
   EXPECT_EQ(stats.frees, 6u);
   EXPECT_EQ(stats.devices, 2u);
-  EXPECT_EQ(stats.segments_at_end, 2u);  // the 64 MiB pool and device 1's second reservation
+  // The 64 MiB pool, the two adjacent mappings as one, and device 1's second reservation.
+  EXPECT_EQ(stats.segments_at_end, 3u);
   CheckWithPython(pickle,
-                  "--allocs 9 --live 3 --devices 2 --frame 'Model::forward()' --frame fwd "
+                  "--allocs 10 --live 4 --devices 2 --frame 'Model::forward()' --frame fwd "
                   "--frame /usr/lib/libfoo.so+0x1234");
 }
 
@@ -169,10 +176,10 @@ TEST(TorchSnapshotTest, ReplaysWithTheEventsAllocations) {
   ASSERT_TRUE(trace.ok()) << trace.status();
   EXPECT_EQ(info.device, 0u);
   EXPECT_EQ(info.devices, 2u);
-  EXPECT_EQ(trace->alloc_events, 7u);
+  EXPECT_EQ(trace->alloc_events, 8u);
   EXPECT_EQ(trace->free_events, 5u);
   EXPECT_EQ(trace->peak_live_bytes, 26 * kMiB);  // six 4 MiB blocks and the 2 MiB one
-  EXPECT_EQ(trace->live_at_end_count, 2u);
+  EXPECT_EQ(trace->live_at_end_count, 3u);
   absl::StatusOr<LoadedTrace> one = LoadSnapshotBytes("crafted", pickle, 1, nullptr);
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(one->alloc_events, 2u);
@@ -254,15 +261,16 @@ TEST(PerfettoTraceTest, ParsesBackWithSlicesCountersCallstacksAndRanges) {
   ProcessEvents crafted = Crafted();
   for (const v1::Event& e : crafted.events) events.Add(crafted.key, e);
   const ParsedTrace t = Parse(PerfettoTrace(events, {}));
-  // 9 device allocations and one NVTX range; every slice ends (live ones at the last event).
-  EXPECT_EQ(t.slices, 10);
-  EXPECT_EQ(t.ends, 10);
+  // 10 device allocations and one NVTX range; every slice ends (live ones at the last event).
+  EXPECT_EQ(t.slices, 11);
+  EXPECT_EQ(t.ends, 11);
   EXPECT_EQ(t.instants, 1);  // the OOM
   EXPECT_TRUE(t.names.contains("fwd"));
-  // Device 0: the two 4 MiB blocks live (requested 100 B less each); reserved = the pool.
-  EXPECT_EQ(Counter(t, "cuda:0 allocated"), 8 * kMiB);
-  EXPECT_EQ(Counter(t, "cuda:0 requested"), 8 * kMiB - 200);
-  EXPECT_EQ(Counter(t, "cuda:0 reserved"), 64 * kMiB);
+  // Device 0: two 4 MiB blocks and the 3 MiB one live (requested 100 B less each); reserved =
+  // the pool and the two mappings.
+  EXPECT_EQ(Counter(t, "cuda:0 allocated"), 11 * kMiB);
+  EXPECT_EQ(Counter(t, "cuda:0 requested"), 11 * kMiB - 300);
+  EXPECT_EQ(Counter(t, "cuda:0 reserved"), 68 * kMiB);
   EXPECT_EQ(Counter(t, "cuda:1 allocated"), 3 * kMiB);
   EXPECT_EQ(Counter(t, "cuda:1 reserved"), 8 * kMiB);
   // Six blocks from site 1 at once: six lanes on device 0, plus one for the passthrough block.

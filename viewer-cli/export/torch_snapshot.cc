@@ -116,11 +116,19 @@ void SnapshotBuilder::Add(const v1::Event& event) {
 
 bool SnapshotBuilder::InReservation(std::uint32_t device, std::uint64_t addr,
                                     std::uint64_t size) const {
+  // The pool maps memory in granules (VMM) and one block may span several adjacent mappings:
+  // walk the run of contiguous reservations from the one holding `addr`.
   auto it = reservations_.upper_bound(addr);
   if (it == reservations_.begin()) return false;
   --it;
-  return it->second.device == device && addr - it->first <= it->second.size &&
-         size <= it->second.size - (addr - it->first);
+  if (addr - it->first >= it->second.size) return false;
+  const std::uint64_t end = addr + size;
+  std::uint64_t covered = it->first;
+  for (; it != reservations_.end() && it->first == covered && it->second.device == device; ++it) {
+    covered = it->first + it->second.size;
+    if (covered >= end) return true;
+  }
+  return false;
 }
 
 void SnapshotBuilder::OnAlloc(const v1::Event& event) {
@@ -268,8 +276,19 @@ void SnapshotBuilder::WriteSegment(pickle::PickleWriter& w, std::uint64_t addr,
 }
 
 void SnapshotBuilder::WriteSegments(pickle::PickleWriter& w, TorchSnapshotStats* stats) const {
-  // Live reservations and the allocations that are their own segments, by address.
-  std::map<std::uint64_t, Segment> segments = reservations_;
+  // Live reservations, adjacent ones of a device joined into one segment (blocks may span
+  // them), and the allocations that are their own segments, by address.
+  std::map<std::uint64_t, Segment> segments;
+  for (const auto& [addr, reservation] : reservations_) {
+    if (!segments.empty()) {
+      auto& [last_addr, last] = *segments.rbegin();
+      if (last.device == reservation.device && last_addr + last.size == addr) {
+        last.size += reservation.size;
+        continue;
+      }
+    }
+    segments[addr] = reservation;
+  }
   for (const auto& [addr, live] : live_) {
     if (live.own_segment) segments[addr] = Segment{live.device, live.size};
   }

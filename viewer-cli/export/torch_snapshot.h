@@ -14,7 +14,8 @@
 // Frames: the allocation's stack, innermost first, from the run's site definitions
 // (`function (file:line)` gives {'name', 'filename', 'line'}; an unsymbolised `PATH+0xOFFSET`
 // gives filename PATH, line 0), then the innermost NVTX range open on the thread as one more
-// frame with filename `<nvtx>`. Segment: the state at the end of the run: live reservations with
+// frame with filename `<nvtx>`. Segment: the state at the end of the run: live reservations
+// (adjacent ones of a device joined: a VMM pool maps granules and a block may span several) with
 // their live blocks ('active_allocated') and the gaps between ('inactive').
 // Host (pinned) allocations are left out: they are not device memory.
 //
