@@ -66,7 +66,7 @@ def main():
     snapshot = sys.argv[sys.argv.index("--snapshot") + 1] if "--snapshot" in sys.argv else None
     if snapshot:
         args.remove(snapshot)
-        torch.cuda.memory._record_memory_history(max_entries=10000000)
+        torch.cuda.memory._record_memory_history(max_entries=1000000)
     push = torch.cuda.nvtx.range_push if nvtx else (lambda name: None)
     pop = torch.cuda.nvtx.range_pop if nvtx else (lambda: None)
     torch.manual_seed(0)
