@@ -123,6 +123,18 @@ TEST_F(ExportRunTest, AReportIsRefusedWithAMessage) {
   EXPECT_EQ(Cli(RunExport, "export", {"--format", "svg", "-o", File("y"), report}), 2);
 }
 
+TEST_F(ExportRunTest, UnwritableEventsAndUnreadableLogsExit2) {
+  EXPECT_EQ(Cli(RunRun, "run", {"--events", dir_ + "/no/such/dir/run.vslog", "--", FakeApp()}), 2);
+  EXPECT_NE(stderr_.find("cannot create"), std::string::npos) << stderr_;
+  const std::string text = File("not-a-log");
+  std::ofstream(text) << "action,addr,size,stream,time_us,site\n";
+  EXPECT_EQ(Cli(RunExport, "export", {"--format", "torch-snapshot", "-o", File("z"), text}), 2);
+  EXPECT_NE(stderr_.find("not-a-log"), std::string::npos) << stderr_;
+  EXPECT_EQ(Cli(RunExport, "export",
+                {"--format", "torch-snapshot", "-o", File("w"), dir_ + "/missing.vslog"}),
+            2);
+}
+
 TEST_F(ExportRunTest, BadPicklesExit2WithTheReason) {
   const std::pair<std::string, std::string> cases[] = {
       {std::string("\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c", 15), "truncated"},
