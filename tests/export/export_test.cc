@@ -77,9 +77,9 @@ void Reserve(ProcessEvents& p, std::uint64_t ms, std::uint32_t device, std::uint
 
 // Device 0: a 64 MiB pool reservation, 6 pooled allocations of 4 MiB (site 1, symbolized, inside
 // NVTX range "fwd"), 4 freed; a 2 MiB passthrough allocation (site 2, raw frames) freed; a host
-// allocation (left out). Device 1: a reservation released after its only allocation's free, then
-// a second reservation with one live allocation. An OOM on device 1. Then device 0 again: a
-// block spanning two adjacent reservations.
+// allocation and an IPC import (both left out). Device 1: a reservation released after its only
+// allocation's free, then a second reservation with one live allocation. An OOM on device 1. Then
+// device 0 again: a block spanning two adjacent reservations.
 ProcessEvents Crafted() {
   ProcessEvents p;
   p.key.set_host("h");
@@ -108,6 +108,7 @@ ProcessEvents Crafted() {
   }
   Alloc(p, 10, 0, 0x7e0000000000, 2 * kMiB, v1::ALLOCATION_KIND_DRIVER, 2, 0);
   Alloc(p, 10, 0, 0x600000, kMiB, v1::ALLOCATION_KIND_HOST, 0, 0);
+  Alloc(p, 10, 0, 0x7d0000000000, kMiB, v1::ALLOCATION_KIND_IPC_IMPORT, 0, 0);
   for (int i = 0; i < 4; ++i) Free(p, 11 + i, 0, kPool0 + i * 4 * kMiB);
   Free(p, 15, 0, 0x7e0000000000);
   v1::Event pop = At(16, 0);
@@ -159,7 +160,7 @@ void CheckWithPython(const std::string& pickle, const std::string& expectations)
 TEST(TorchSnapshotTest, PythonReadsAConsistentSnapshot) {
   TorchSnapshotStats stats;
   const std::string pickle = TorchSnapshot(Crafted(), &stats);
-  EXPECT_EQ(stats.allocs, 10u);  // the host allocation is left out
+  EXPECT_EQ(stats.allocs, 10u);  // the host allocation and the IPC import are left out
   EXPECT_EQ(stats.frees, 6u);
   EXPECT_EQ(stats.devices, 2u);
   // The 64 MiB pool, the two adjacent mappings as one, and device 1's second reservation.

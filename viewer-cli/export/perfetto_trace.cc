@@ -216,7 +216,12 @@ void Annotate(pp::TrackEvent* event, const char* name, std::uint64_t value, bool
 
 void PerfettoBuilder::OnAlloc(const v1::Event& event) {
   const v1::AllocEvent& a = event.alloc();
-  if (a.kind() == v1::ALLOCATION_KIND_HOST || live_.contains(a.address())) return;
+  // As the stats engine counts: pinned host memory and IPC imports (another process's memory)
+  // are not this process's device memory.
+  if (a.kind() == v1::ALLOCATION_KIND_HOST || a.kind() == v1::ALLOCATION_KIND_IPC_IMPORT ||
+      live_.contains(a.address())) {
+    return;
+  }
   DeviceTracks& tracks = Device(event.device());
   std::uint32_t lane = 0;
   const std::uint64_t track = Lane(tracks, event.device(), &lane);

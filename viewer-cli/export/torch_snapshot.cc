@@ -133,7 +133,9 @@ bool SnapshotBuilder::InReservation(std::uint32_t device, std::uint64_t addr,
 
 void SnapshotBuilder::OnAlloc(const v1::Event& event) {
   const v1::AllocEvent& a = event.alloc();
-  if (a.kind() == v1::ALLOCATION_KIND_HOST) return;
+  // Pinned host memory and IPC imports (another process's memory) are not this process's device
+  // memory (the stats engine's rule).
+  if (a.kind() == v1::ALLOCATION_KIND_HOST || a.kind() == v1::ALLOCATION_KIND_IPC_IMPORT) return;
   const std::uint64_t size = a.allocated_bytes() > 0 ? a.allocated_bytes() : a.requested_bytes();
   if (size == 0 || live_.count(a.address()) > 0) return;  // nothing to show, or a lost free
   const std::uint64_t us = event.time_ns() / 1000;

@@ -17,7 +17,8 @@
 // frame with filename `<nvtx>`. Segment: the state at the end of the run: live reservations
 // (adjacent ones of a device joined: a VMM pool maps granules and a block may span several) with
 // their live blocks ('active_allocated') and the gaps between ('inactive').
-// Host (pinned) allocations are left out: they are not device memory.
+// Pinned host allocations and IPC imports (another process's memory) are left out, as the stats
+// engine counts.
 //
 // Thread safety: none (a function of its input). Errors: none; unknown frees are skipped.
 #pragma once

@@ -122,7 +122,7 @@ void ChromeTrace::AddAlloc(std::uint32_t pid, const v1::Event& event) {
     return;
   }
   const v1::AllocEvent& a = event.alloc();
-  if (a.kind() == v1::ALLOCATION_KIND_HOST) return;
+  if (a.kind() == v1::ALLOCATION_KIND_HOST || a.kind() == v1::ALLOCATION_KIND_IPC_IMPORT) return;
   if (allocs_.size() >= max_slices_) {
     ++slices_dropped_;
     return;

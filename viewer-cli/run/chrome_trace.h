@@ -2,14 +2,14 @@
 //
 // Per traced process (pid): a process_name metadata record; per device counter tracks
 // "cuda:N allocated", "cuda:N reserved" and "cuda:N requested" (bytes) from the report's
-// downsampled timeline; every device allocation (not pinned host memory) as a nestable async
-// slice ("b"/"e", cat "alloc", one id per allocation, named by its requested size, args
-// requested/allocated bytes, address, stream, kind) from its alloc to its free or the last event;
-// NVTX ranges as complete ("X") slices on the thread that pushed them;
-// OOMs as process-scoped instants; CUPTI's driver view (when recorded) as a counter track
-// "cuda:N CUPTI device bytes" (one point per CUPTI record, capped with the slices) and pool
-// operations / CUPTI's dropped records as instants. Times are microseconds on CLOCK_MONOTONIC,
-// shared by every process, so their tracks line up.
+// downsampled timeline; every device allocation (not pinned host memory or IPC imports) as a
+// nestable async slice ("b"/"e", cat "alloc", one id per allocation, named by its requested size,
+// args requested/allocated bytes, address, stream, kind) from its alloc to its free or the last
+// event; NVTX ranges as complete ("X") slices on the thread that pushed them; OOMs as
+// process-scoped instants; CUPTI's driver view (when recorded) as a counter track "cuda:N CUPTI
+// device bytes" (one point per CUPTI record, capped with the slices) and pool operations / CUPTI's
+// dropped records as instants. Times are microseconds on CLOCK_MONOTONIC, shared by every process,
+// so their tracks line up.
 //
 // Slices are kept in memory up to max_slices (further ones are counted, not kept).
 // Thread safety: none.
