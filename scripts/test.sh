@@ -28,7 +28,7 @@ else
 fi
 
 fuzz_targets=(ring_fuzzer trace_fuzzer report_json_fuzzer spool_fuzzer batch_fuzzer
-              record_log_fuzzer)
+              record_log_fuzzer snapshot_fuzzer)
 if [ ! -f build-fuzz/build.ninja ]; then
   CC=clang-14 CXX=clang++-14 meson setup build-fuzz -Doptimization=1 -Ddebug=true \
     -Db_sanitize=address,undefined -Db_lundef=false -Dfuzzing=true -Dwith_cuda=disabled \

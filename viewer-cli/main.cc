@@ -5,6 +5,7 @@
 
 #include "check/check_command.h"
 #include "command.h"
+#include "export/export_command.h"
 #include "history/history_command.h"
 #include "replay/replay_command.h"
 #include "report/report_command.h"
@@ -20,6 +21,7 @@ namespace {
 constexpr Command kCommands[] = {
     {"run", kRunSummary, RunRun},
     {"replay", kReplaySummary, RunReplay},
+    {"export", kExportSummary, RunExport},
     {"check", kCheckSummary, RunCheck},
     {"report", kReportSummary, RunReport},
     {"history", kHistorySummary, RunHistory},

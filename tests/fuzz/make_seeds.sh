@@ -21,4 +21,20 @@ done
 zcat traces/mlp_dynamic_train.csv.gz | head -n 400 | gzip -9n >"$corpus/trace/mlp_dynamic_train_head.csv.gz"
 { zcat traces/resnet50_train.csv.gz | head -n 1; zcat traces/resnet50_train.csv.gz | sed -n 1000,1040p; } \
   >"$corpus/trace/resnet50_middle.csv"
+# Snapshots: PyTorch memory snapshot pickles (protocol 4 as torch.cuda.memory._dump_snapshot
+# writes, and protocol 2 as `vramscope export` does) of the head and of a middle window of a trace.
+mkdir -p "$corpus/snapshot"
+python3 - "$corpus/snapshot" <<'PY'
+import csv, gzip, itertools, pickle, sys
+def entries(path, start, count):
+    with gzip.open(path, "rt", newline="") as f:
+        rows = itertools.islice(csv.DictReader(f), start, start + count)
+        return [{"action": r["action"], "addr": int(r["addr"]), "size": int(r["size"]),
+                 "stream": int(r["stream"]), "time_us": int(r["time_us"]),
+                 "frames": [{"filename": "train.py", "line": 7, "name": r["site"]}]} for r in rows]
+for name, start, protocol in (("gpt2_head", 0, 4), ("resnet50_middle", 1000, 2)):
+    snap = {"segments": [], "device_traces": [[], entries("traces/%s_train.csv.gz" % name.split("_")[0], start, 40)]}
+    with open("%s/%s.pickle" % (sys.argv[1], name), "wb") as out:
+        pickle.dump(snap, out, protocol=protocol)
+PY
 du -sh "$corpus"

@@ -281,6 +281,45 @@ verdict=$(awk -v m="$maxmem" -v p="$peak" -v r="$treq" -v d="$obs_peak" -v x="$o
   if (r+0>0 && d+0>0 && f <= 0.01) printf "differs %.2f%%: library memory PyTorch does not count", 100*e
   else printf "FAIL %.2f%% apart", 100*e}')
 row "torch peak vs max_memory_alloc" "${maxmem} B" "${peak:-?} B" "$verdict"
+# PyTorch's own snapshot replayed (issue #20): 2 steps with the allocator history on from the
+# start, dumped by torch.cuda.memory._dump_snapshot; `vramscope replay` of that pickle must see a
+# peak of live blocks equal to PyTorch's max_memory_allocated (both count rounded blocks).
+PYTHONUNBUFFERED=1 run torch.snapshot "$python" tests/gpu/torch_gpt2.py 2 --snapshot "$logs/torch.snapshot.pickle"
+run torch.snapshot.replay env LD_LIBRARY_PATH="$bundle_libs" "$bin/vramscope" replay --json "$logs/torch.snapshot.pickle"
+st=$?
+smax=$(jfield torch.snapshot max_memory_allocated); slive=$(jfield torch.snapshot.replay peak_live_bytes)
+echo "torch snapshot: max_memory_allocated ${smax:-?} B, replayed peak live ${slive:-?} B, $(jfield torch.snapshot.replay alloc_events) allocs; $(cat "$logs/torch.snapshot.replay.err")"
+verdict=$(awk -v m="${smax:-0}" -v p="${slive:-0}" -v st=$st 'BEGIN{
+  if (st != 0 || m+0 <= 0) {printf "FAIL status %d", st; exit}
+  e=(p-m)/m; if (e<0) e=-e; printf "%s %.3f%% apart", (e <= 0.01) ? "ok" : "FAIL", 100*e}')
+row "torch snapshot replay peak live" "max_mem_alloc ${smax:-?} B" "replay ${slive:-?} B" "$verdict"
+# vramscope's own exports of a no-cache step with stacks and NVTX: the event log exported as a
+# snapshot must pass check_snapshot.py (Python's pickle), be read by PyTorch's own
+# torch.cuda._memory_viz (trace, stats: its segment sums assert, trace_plot: the memory_viz page)
+# and replay; the Perfetto trace is written.
+PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.export "${vsrun[@]}" --stacks --events "$logs/torch.vslog" --trace "$logs/torch.pftrace" -- "${own_libs[@]}" "$python" tests/gpu/torch_gpt2.py 2 --nvtx
+st=$?
+run torch.export.pickle env LD_LIBRARY_PATH="$bundle_libs" "$bin/vramscope" export --format torch-snapshot -o "$logs/torch.export.pickle" "$logs/torch.vslog"
+st=$((st + $?))
+run torch.export.check "$python" tests/export/check_snapshot.py "$logs/torch.export.pickle" --frame forward
+st_check=$?
+run torch.export.viz "$python" -m torch.cuda._memory_viz trace "$logs/torch.export.pickle"
+st_viz=$?
+run torch.export.stats "$python" -m torch.cuda._memory_viz stats "$logs/torch.export.pickle"
+st_viz=$((st_viz + $?))
+run torch.export.html "$python" -m torch.cuda._memory_viz trace_plot "$logs/torch.export.pickle" -o "$logs/torch.export.html"
+st_viz=$((st_viz + $?))
+run torch.export.replay env LD_LIBRARY_PATH="$bundle_libs" "$bin/vramscope" replay --json "$logs/torch.export.pickle"
+st_replay=$?
+cat "$logs/torch.export.pickle.err" "$logs/torch.export.check.out" "$logs/torch.export.check.err"
+echo "memory_viz trace: $(wc -l <"$logs/torch.export.viz.out") lines, $(head -c 300 "$logs/torch.export.viz.err"); stats: $(grep -h total_ "$logs/torch.export.stats.out" | tr '\n' ' ') $(head -c 300 "$logs/torch.export.stats.err"); html $(stat -c %s "$logs/torch.export.html" 2>/dev/null || echo missing) B; pftrace $(stat -c %s "$logs/torch.pftrace" 2>/dev/null || echo missing) B"
+verdict="ok"
+[ $st -eq 0 ] || verdict="FAIL run/export status $st"
+[ $st_check -eq 0 ] || verdict="FAIL check_snapshot.py"
+[ $st_viz -eq 0 ] || verdict="FAIL torch _memory_viz status $st_viz"
+[ $st_replay -eq 0 ] || verdict="FAIL replay status $st_replay"
+[ -s "$logs/torch.pftrace" ] || verdict="FAIL no .pftrace"
+row "torch export: snapshot+pftrace" "$(jfield torch.export.replay alloc_events) allocs replayed" "peak live $(jfield torch.export.replay peak_live_bytes) B" "$verdict"
 echo "losses: caching $(jfield torch.caching loss), shim $(jfield torch.shim loss)"
 grep -h "ordered reuse ends" "$logs/torch.shim1.err" | head -1
 for r in $(seq $reps); do

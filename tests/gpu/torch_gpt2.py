@@ -66,6 +66,12 @@ def main():
     # per-range figures); off by default so timings stay comparable.
     nvtx = "--nvtx" in sys.argv[1:]
     side = torch.cuda.Stream() if "--side-stream" in sys.argv[1:] else None
+    # --snapshot FILE: PyTorch's allocator history from before the model exists, dumped to FILE
+    # at the end (torch.cuda.memory._dump_snapshot), for `vramscope replay FILE`.
+    snapshot = sys.argv[sys.argv.index("--snapshot") + 1] if "--snapshot" in sys.argv else None
+    if snapshot:
+        args.remove(snapshot)
+        torch.cuda.memory._record_memory_history(max_entries=1000000)
     push = torch.cuda.nvtx.range_push if nvtx else (lambda name: None)
     pop = torch.cuda.nvtx.range_pop if nvtx else (lambda: None)
     torch.manual_seed(0)
@@ -100,6 +106,8 @@ def main():
         pop()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
     timed = times[2:] if len(times) > 2 else times
     print(json.dumps({
         "ms_per_step": sum(timed) / len(timed),

@@ -105,6 +105,38 @@ TEST(SymbolizeTest, ResolvesModuleOffsetsWithLibdw) {
   EXPECT_EQ(out.frames(2), "0x7fff0000");
 }
 
+TEST(SymbolizeTest, SitesOfRecordedEventsAreResolvedInPlace) {
+  // The event log of `vramscope run --events --stacks`: every site definition resolved, others
+  // untouched, two processes.
+  const auto address = reinterpret_cast<std::uintptr_t>(&SymbolizeMe);
+  const std::string frame = absl::StrFormat("%s+0x%x", Self(), address - LoadBias() + 1);
+  RecordedEvents events;
+  for (std::uint32_t pid : {1u, 2u}) {
+    v1::ProcessKey key;
+    key.set_pid(pid);
+    v1::Event site;
+    site.mutable_site_definition()->set_site(pid);
+    site.mutable_site_definition()->add_frames(frame);
+    site.mutable_site_definition()->add_frames("/nonexistent/libgone.so+0x1234");
+    events.Add(key, site);
+    v1::Event alloc;
+    alloc.mutable_alloc()->set_site(pid);
+    events.Add(key, alloc);
+  }
+  const SymbolizeResult result = SymbolizeSites(&events);
+  EXPECT_EQ(result.unreadable_modules, 0u);
+  ASSERT_EQ(events.processes().size(), 2u);
+  for (const ProcessEvents& process : events.processes()) {
+    ASSERT_EQ(process.events.size(), 2u);
+    const v1::SiteDefinition& site = process.events[0].site_definition();
+    ASSERT_EQ(site.frames_size(), 2) << site.DebugString();
+    EXPECT_NE(site.frames(0).find("SymbolizeMe"), std::string::npos) << site.DebugString();
+    EXPECT_NE(site.frames(0).find("symbolize_test.cc:"), std::string::npos);
+    EXPECT_EQ(site.frames(1), "/nonexistent/libgone.so+0x1234");
+    EXPECT_EQ(process.events[1].alloc().site(), process.key.pid());
+  }
+}
+
 TEST(SymbolizeTest, AFileThatIsNotElfIsCountedAndKeepsItsFrame) {
   char path[] = "/tmp/vramscope-symbolize-XXXXXX";
   const int fd = mkstemp(path);

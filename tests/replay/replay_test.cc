@@ -215,8 +215,8 @@ TEST(ReplayCommand, Help) {
   std::string out;
   EXPECT_EQ(RunCommand({"--help"}, &out), 0);
   EXPECT_THAT(out,
-              StartsWith("usage: vramscope replay TRACE [--json] [--policy NAME] [--fence MODEL "
-                         "--gpu-lag US]\n"));
+              StartsWith("usage: vramscope replay TRACE [--json] [--policy NAME] [--device N]\n"
+                         "                        [--fence MODEL --gpu-lag US]\n"));
   for (const std::string& policy : Policies()) EXPECT_THAT(out, HasSubstr(policy));
   EXPECT_EQ(RunCommand({"-h"}), 0);
 }

@@ -77,5 +77,44 @@ TEST(ChromeTraceTest, AnyBytesInNamesGiveStrictlyValidJson) {
   EXPECT_EQ(out, expected);
 }
 
+// Allocations are async slices with one id each, ending at their free or at the last event; past
+// the cap they are counted (vramscope run says how many were left out), host memory is skipped.
+TEST(ChromeTraceTest, AllocationsAreAsyncSlicesAndCountedPastTheCap) {
+  ChromeTrace trace(/*max_slices=*/2);
+  auto event = [](std::uint64_t ms) {
+    v1::Event e;
+    e.set_time_ns(ms * 1000000);
+    e.set_device(1);
+    return e;
+  };
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    v1::Event alloc = event(i + 1);
+    alloc.mutable_alloc()->set_address(0x1000 * (i + 1));
+    alloc.mutable_alloc()->set_requested_bytes(100);
+    alloc.mutable_alloc()->set_kind(v1::ALLOCATION_KIND_POOLED);
+    trace.Add(42, alloc);
+  }
+  v1::Event host = event(4);
+  host.mutable_alloc()->set_address(0x9000);
+  host.mutable_alloc()->set_kind(v1::ALLOCATION_KIND_HOST);
+  trace.Add(42, host);
+  v1::Event free = event(5);
+  free.mutable_free()->set_address(0x1000);
+  trace.Add(42, free);
+  trace.Add(42, event(9));  // the last event: where the live one ends
+  EXPECT_EQ(trace.slices_dropped(), 1u);
+  const std::string json = trace.Json({});
+  EXPECT_NE(json.find(R"({"ph":"b","cat":"alloc","name":"100 B","id":"0x1","pid":42,"tid":42,)"
+                      R"("ts":1000.000,"args":{"device":1,"requested_bytes":100,)"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find(R"({"ph":"e","cat":"alloc","name":"100 B","id":"0x1","pid":42,"tid":42,)"
+                      R"("ts":5000.000})"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find(R"("id":"0x2","pid":42,"tid":42,"ts":9000.000})"), std::string::npos) << json;
+  EXPECT_EQ(json.find("0x9000"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace vramscope::cli

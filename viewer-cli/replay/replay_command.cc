@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "command.h"
+#include "replay/snapshot_loader.h"
 #include "vramscope/json/json_string.h"
 #include "vramscope/pool/pool.h"
 
@@ -108,7 +110,8 @@ void PrintHelp(std::FILE* out) {
   }
   std::fprintf(
       out,
-      "usage: vramscope replay TRACE [--json] [--policy NAME] [--fence MODEL --gpu-lag US]\n"
+      "usage: vramscope replay TRACE [--json] [--policy NAME] [--device N]\n"
+      "                        [--fence MODEL --gpu-lag US]\n"
       "\n"
       "Replays the alloc and free_requested events of a recorded allocation trace through\n"
       "vramscope's pool over a virtual upstream: address bookkeeping only, no GPU needed, every\n"
@@ -124,9 +127,16 @@ void PrintHelp(std::FILE* out) {
       "address that is not live, an alloc of a live address, a size of 0 or above 2^48, a\n"
       "malformed number or an unknown action is an error naming FILE:LINE.\n"
       "\n"
+      "TRACE may also be a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot, or\n"
+      "`vramscope export --format torch-snapshot`): one device's trace is replayed, the first\n"
+      "holding an alloc unless --device N says which. Frees of blocks allocated before the\n"
+      "snapshot's history began are skipped. The pickle is read as plain data only: GLOBAL,\n"
+      "REDUCE and every other object-building opcode are refused (exit 2), nothing is run.\n"
+      "\n"
       "options:\n"
       "  --json          print one JSON object on stdout instead of the table\n"
       "  --policy NAME   the pool's layout policy: %s\n"
+      "  --device N      a snapshot's device trace to replay\n"
       "  --fence MODEL   when a free becomes reusable: none (default: at once), events (the\n"
       "                  shim's stream-aware event fences: once the GPU passed the free, with\n"
       "                  the lag bound that waits for the oldest fence rather than grow), devsync\n"
@@ -148,8 +158,8 @@ void PrintHelp(std::FILE* out) {
 int UsageError(std::string_view message) {
   std::fprintf(stderr,
                "vramscope replay: %.*s\n"
-               "usage: vramscope replay TRACE [--json] [--policy NAME] [--fence MODEL --gpu-lag US]"
-               "  (--help for more)\n",
+               "usage: vramscope replay TRACE [--json] [--policy NAME] [--device N]\n"
+               "                        [--fence MODEL --gpu-lag US]  (--help for more)\n",
                static_cast<int>(message.size()), message.data());
   return kExitUsage;
 }
@@ -253,6 +263,7 @@ int RunReplay(int argc, char** argv) {
   std::string policy;
   ReplayOptions options;
   bool lag_given = false;
+  std::optional<std::uint32_t> device;
   std::vector<std::string> traces;
   bool options_done = false;
   for (int i = 1; i < argc; ++i) {
@@ -269,6 +280,12 @@ int RunReplay(int argc, char** argv) {
     } else if (arg == "--policy") {
       if (i + 1 >= argc) return UsageError("--policy needs a NAME");
       policy = argv[++i];
+    } else if (arg == "--device" || arg.substr(0, 9) == "--device=") {
+      std::uint32_t value = 0;
+      std::string text =
+          arg == "--device" ? (i + 1 < argc ? argv[++i] : "") : std::string(arg.substr(9));
+      if (!absl::SimpleAtoi(text, &value)) return UsageError("--device needs a device ordinal");
+      device = value;
     } else if (arg.substr(0, 9) == "--policy=") {
       policy = std::string(arg.substr(9));
     } else if (arg == "--fence" || arg.substr(0, 8) == "--fence=") {
@@ -335,12 +352,20 @@ int RunReplay(int argc, char** argv) {
   }
 
   ProgressBar bar;
-  absl::StatusOr<LoadedTrace> trace =
-      LoadTraceFile(traces[0], [&bar](double fraction) { bar.Update("reading", fraction); });
+  SnapshotLoadInfo snapshot;
+  absl::StatusOr<LoadedTrace> trace = LoadAnyTrace(
+      traces[0], device, [&bar](double fraction) { bar.Update("reading", fraction); }, &snapshot);
   if (!trace.ok()) {
     bar.Clear();
     std::fprintf(stderr, "vramscope replay: %s\n", std::string(trace.status().message()).c_str());
     return kExitUsage;
+  }
+  if (snapshot.frees_before_history > 0) {
+    bar.Clear();
+    std::fprintf(stderr,
+                 "vramscope replay: %s: %llu frees of blocks allocated before the snapshot's "
+                 "history began were skipped\n",
+                 traces[0].c_str(), static_cast<unsigned long long>(snapshot.frees_before_history));
   }
   absl::StatusOr<ReplayResult> result = ReplayTrace(
       *trace, policy,

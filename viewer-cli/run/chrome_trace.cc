@@ -3,6 +3,7 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "vramscope/json/json_string.h"
@@ -57,6 +58,10 @@ void ChromeTrace::Add(std::uint32_t pid, const v1::Event& event) {
     case v1::Event::kCuptiMemory:
       AddCupti(pid, event);
       break;
+    case v1::Event::kAlloc:
+    case v1::Event::kFree:
+      AddAlloc(pid, event);
+      break;
     default:
       break;
   }
@@ -108,6 +113,45 @@ void ChromeTrace::AddCupti(std::uint32_t pid, const v1::Event& event) {
   }
 }
 
+void ChromeTrace::AddAlloc(std::uint32_t pid, const v1::Event& event) {
+  if (event.has_free()) {
+    auto it = live_allocs_.find(std::make_pair(pid, event.free().address()));
+    if (it == live_allocs_.end()) return;
+    allocs_[it->second].end_ns = std::max(event.time_ns(), allocs_[it->second].start_ns);
+    live_allocs_.erase(it);
+    return;
+  }
+  const v1::AllocEvent& a = event.alloc();
+  if (a.kind() == v1::ALLOCATION_KIND_HOST || a.kind() == v1::ALLOCATION_KIND_IPC_IMPORT) return;
+  if (allocs_.size() >= max_slices_) {
+    ++slices_dropped_;
+    return;
+  }
+  auto [it, inserted] = live_allocs_.try_emplace(std::make_pair(pid, a.address()), allocs_.size());
+  if (!inserted) return;  // a free was lost: keep the first
+  allocs_.push_back(AllocSlice{pid, event.device(), a.address(), event.time_ns(), 0,
+                               a.requested_bytes(), a.allocated_bytes(), a.stream(), a.kind()});
+}
+
+void ChromeTrace::EmitAllocs(const std::function<void(const std::string&)>& emit) const {
+  for (std::size_t i = 0; i < allocs_.size(); ++i) {
+    const AllocSlice& a = allocs_[i];
+    const std::string name = json::Quote(absl::StrCat(a.requested, " B"));
+    const std::string kind = json::Quote(v1::AllocationKind_Name(a.kind));
+    // Nestable async events: one id per allocation, so overlapping ones never mis-nest.
+    emit(absl::StrFormat(
+        R"({"ph":"b","cat":"alloc","name":%s,"id":"0x%x","pid":%d,"tid":%d,"ts":%s,)"
+        R"("args":{"device":%d,"requested_bytes":%d,"allocated_bytes":%d,"address":"0x%x",)"
+        R"("stream":%d,"kind":%s}})",
+        name, i + 1, a.pid, a.pid, Micros(a.start_ns), a.device, a.requested, a.allocated,
+        a.address, a.stream, kind));
+    const std::uint64_t end = a.end_ns != 0 ? a.end_ns : std::max(last_time_ns_, a.start_ns);
+    emit(absl::StrFormat(
+        R"({"ph":"e","cat":"alloc","name":%s,"id":"0x%x","pid":%d,"tid":%d,"ts":%s})", name, i + 1,
+        a.pid, a.pid, Micros(end)));
+  }
+}
+
 std::string ChromeTrace::Json(const std::vector<v1::Report>& reports) const {
   std::string out = "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
   bool first = true;
@@ -152,6 +196,7 @@ std::string ChromeTrace::Json(const std::vector<v1::Report>& reports) const {
         json::Quote(name), pid, tid, Micros(start), Micros(end > start ? end - start : 0),
         json::Quote(domain)));
   };
+  EmitAllocs(emit);
   for (const Slice& s : slices_) slice(s.pid, s.tid, s.start_ns, s.end_ns, s.name, s.domain);
   // Ranges never popped end at the last event seen.
   for (const auto& [key, open] : open_) {

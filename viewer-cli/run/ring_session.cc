@@ -86,6 +86,10 @@ std::uint64_t RingSession::DrainOnce(Ring& ring) {
       ring.stats->Add(event);
       if (trace_ != nullptr) trace_->Add(pid, event);
     }
+    if (recorder_ != nullptr && !buffer_.empty()) {
+      const v1::ProcessKey key = ring.reader->process_key();
+      for (const v1::Event& event : buffer_) recorder_->Add(key, event);
+    }
     if (outbox_ != nullptr) CutBatches(*ring.reader);
     total += stats->records;
     if (stats->finished || stats->records < kBatch) break;

@@ -25,6 +25,7 @@
 
 #include "drain/ring_directory.h"
 #include "drain/ring_reader.h"
+#include "export/recorded_events.h"
 #include "run/chrome_trace.h"
 #include "stats/stats_engine.h"
 #include "vramscope/agent/outbox.h"
@@ -47,6 +48,8 @@ class RingSession {
   // without an exit record (SIGKILL, abort, a crash) is reported with its signal and with the
   // time run saw it end. Call before the first Poll.
   void WatchChild(std::uint32_t pid);
+  // Every drained event also goes to `recorder` (not owned; outlives this). Call before Poll.
+  void SetRecorder(RecordedEvents* recorder) { recorder_ = recorder; }
   // `wait_status` from waitpid (-1: unknown, the rings are only released); `observed_ns` on the
   // event clock (CLOCK_MONOTONIC), when the exit was seen.
   void ChildExited(int wait_status, std::uint64_t observed_ns);
@@ -78,6 +81,7 @@ class RingSession {
   collector::StatsOptions options_;
   ChromeTrace* trace_;
   agent::Outbox* outbox_;
+  RecordedEvents* recorder_ = nullptr;
   int batch_events_;
   std::uint32_t child_pid_ = 0;  // 0: none watched
   bool child_exited_ = false;

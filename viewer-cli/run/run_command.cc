@@ -2,6 +2,7 @@
 // LD_PRELOAD=libvramscope.so and a private ring directory, drain while it runs, report at exit.
 #include "run/run_command.h"
 
+#include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/time/time.h>
 #include <errno.h>
@@ -26,6 +27,8 @@
 
 #include "command.h"
 #include "drain/ring_directory.h"
+#include "export/perfetto_trace.h"
+#include "export/recorded_events.h"
 #include "run/chrome_trace.h"
 #include "run/labels_arg.h"
 #include "run/report_text.h"
@@ -46,7 +49,8 @@ constexpr absl::Duration kCollectorWait = absl::Seconds(10);
 
 struct RunOptions {
   std::string json_path;
-  std::string trace_path;
+  std::string trace_path;   // .pftrace: Perfetto protobuf; otherwise Chrome JSON
+  std::string events_path;  // --events FILE: the event log `vramscope export` reads
   std::optional<std::uint64_t> max_peak;
   std::string collector;
   net::ClientSecurity security;  // how to reach the collector
@@ -66,9 +70,9 @@ RunLiveViewFactory g_live_view_factory = nullptr;
 void PrintRunUsage(std::FILE* out) {
   std::fprintf(
       out,
-      "usage: vramscope run [--json FILE] [--trace FILE] [--max-peak SIZE] [--collector ADDR]\n"
-      "                     [--live] [--no-stacks] [--folded FILE] [--no-cupti]\n"
-      "                     [--label KEY=VALUE]... [--] CMD [ARGS...]\n"
+      "usage: vramscope run [--json FILE] [--trace FILE] [--events FILE] [--max-peak SIZE]\n"
+      "                     [--collector ADDR] [--live] [--no-stacks] [--folded FILE]\n"
+      "                     [--no-cupti] [--label KEY=VALUE]... [--] CMD [ARGS...]\n"
       "\n"
       "Runs CMD with the vramscope shim preloaded (no daemon needed). CMD and every process it\n"
       "starts are traced; at exit a report per process and device goes to stderr: peak\n"
@@ -78,9 +82,14 @@ void PrintRunUsage(std::FILE* out) {
       "options:\n"
       "  --json FILE       write the report as JSON (proto field names): one process -> a\n"
       "                    vramscope.v1.Report object; otherwise {\"reports\": [Report, ...]}\n"
-      "  --trace FILE      write a Chrome trace (JSON) for ui.perfetto.dev: per device counter\n"
+      "  --trace FILE      write a trace for ui.perfetto.dev: FILE.pftrace a Perfetto protobuf\n"
+      "                    trace (allocations as slices per device with their stacks as\n"
+      "                    callstacks, exact requested/allocated/reserved counters, NVTX\n"
+      "                    ranges); any other name a Chrome trace (JSON): per device counter\n"
       "                    tracks \"cuda:N allocated/reserved/requested\" (and \"cuda:N CUPTI\n"
-      "                    device bytes\" with CUPTI), NVTX ranges as slices\n"
+      "                    device bytes\" with CUPTI), allocations as async slices, NVTX ranges\n"
+      "  --events FILE     write every allocation, free, pool reservation, NVTX range and site\n"
+      "                    as an event log, for `vramscope export --format torch-snapshot`\n"
       "  --max-peak SIZE   exit 1 when any process's peak RESERVED bytes on any device (what the\n"
       "                    driver held for it: the figure that runs out) exceed SIZE; SIZE is\n"
       "                    bytes or 512MiB, 4GiB, 1.5GB, 2G (K/M/G/T and KiB.. = 1024-based,\n"
@@ -197,6 +206,12 @@ std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
       if (!value("--json", &options.json_path)) return std::nullopt;
     } else if (matches("--trace")) {
       if (!value("--trace", &options.trace_path)) return std::nullopt;
+    } else if (matches("--events")) {
+      if (!value("--events", &options.events_path)) return std::nullopt;
+      if (options.events_path.empty()) {
+        std::fprintf(stderr, "vramscope run: --events needs a file name\n");
+        return std::nullopt;
+      }
     } else if (matches("--max-peak")) {
       std::string size;
       if (!value("--max-peak", &size)) return std::nullopt;
@@ -542,6 +557,10 @@ int RunRun(int argc, char** argv) {
   if (!options.folded_path.empty()) stats_options.max_top_sites = SIZE_MAX;
   RingSession session(ring_dir, stats_options, options.trace_path.empty() ? nullptr : &trace,
                       outbox.get());
+  // The per-allocation events, for --events and a Perfetto --trace.
+  const bool perfetto = absl::EndsWith(options.trace_path, ".pftrace");
+  RecordedEvents recorded;
+  if (perfetto || !options.events_path.empty()) session.SetRecorder(&recorded);
 
   // Ctrl-C reaches CMD through the terminal's process group; we outlive it to report.
   struct sigaction ignore = {}, forward = {}, old_int, old_quit, old_term, old_hup;
@@ -608,6 +627,7 @@ int RunRun(int argc, char** argv) {
                    "ELF files; their frames are shown as MODULE+0xOFFSET\n",
                    symbols.unreadable_modules);
     }
+    if (recorded.events() > 0) SymbolizeSites(&recorded);
     if (!options.folded_path.empty()) {
       outputs_ok &= WriteFile(options.folded_path, FoldedStacks(reports));
       for (v1::Report& report : reports) {
@@ -652,7 +672,29 @@ int RunRun(int argc, char** argv) {
 
   if (!options.json_path.empty())
     outputs_ok &= WriteFile(options.json_path, FormatReportsJson(reports));
-  if (!options.trace_path.empty()) outputs_ok &= WriteFile(options.trace_path, trace.Json(reports));
+  if (!options.trace_path.empty()) {
+    outputs_ok &= WriteFile(options.trace_path,
+                            perfetto ? PerfettoTrace(recorded, reports) : trace.Json(reports));
+  }
+  if (!options.events_path.empty()) {
+    if (absl::Status s = WriteEventLog(options.events_path, recorded); !s.ok()) {
+      std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
+      outputs_ok = false;
+    }
+  }
+  if (!options.trace_path.empty() && !perfetto && trace.slices_dropped() > 0) {
+    std::fprintf(
+        stderr,
+        "vramscope run: the Chrome trace keeps 200000 slices, allocations and CUPTI points "
+        "of each kind; %llu more were left out (FILE.pftrace keeps every allocation)\n",
+        static_cast<unsigned long long>(trace.slices_dropped()));
+  }
+  if (recorded.dropped() > 0) {
+    std::fprintf(stderr,
+                 "vramscope run: kept the first %zu events for --events/--trace; %llu more were "
+                 "not kept\n",
+                 recorded.events(), static_cast<unsigned long long>(recorded.dropped()));
+  }
 
   bool over = false;
   if (options.max_peak) {

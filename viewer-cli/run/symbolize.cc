@@ -196,23 +196,39 @@ std::string SiteLabel(const v1::SiteStats& site) {
   return site.frames(0);
 }
 
+namespace {
+
+using Frames = google::protobuf::RepeatedPtrField<std::string>;
+
+// Calls `visit` with the frames of every site a report names: its top sites and the sites of
+// its allocation list (DeviceReport.allocation_sites, what the HTML report shows).
+template <typename Visit>
+void ForEachSiteFrames(std::vector<v1::Report>* reports, Visit visit) {
+  for (v1::Report& report : *reports) {
+    for (v1::DeviceReport& device : *report.mutable_devices()) {
+      for (v1::SiteStats& site : *device.mutable_top_sites()) visit(site.mutable_frames());
+      for (v1::AllocationSite& site : *device.mutable_allocation_sites()) {
+        visit(site.mutable_frames());
+      }
+    }
+  }
+}
+
+}  // namespace
+
 SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports) {
   SymbolizeResult result;
   // Distinct frames, grouped by module.
   std::map<std::string, std::vector<std::uint64_t>> by_module;
   absl::flat_hash_map<std::string, std::vector<std::string>> resolved;
-  for (const v1::Report& report : *reports) {
-    for (const v1::DeviceReport& device : report.devices()) {
-      for (const v1::SiteStats& site : device.top_sites()) {
-        for (const std::string& text : site.frames()) {
-          Frame frame;
-          if (!ParseFrame(text, &frame) || resolved.contains(text)) continue;
-          resolved[text];
-          by_module[frame.path].push_back(frame.offset);
-        }
-      }
+  ForEachSiteFrames(reports, [&](Frames* frames) {
+    for (const std::string& text : *frames) {
+      Frame frame;
+      if (!ParseFrame(text, &frame) || resolved.contains(text)) continue;
+      resolved[text];
+      by_module[frame.path].push_back(frame.offset);
     }
-  }
+  });
   result.frames = resolved.size();
   for (const auto& [path, offsets] : by_module) {
     if (access(path.c_str(), R_OK) != 0) continue;
@@ -232,22 +248,18 @@ SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports) {
       ++result.resolved;
     }
   }
-  for (v1::Report& report : *reports) {
-    for (v1::DeviceReport& device : *report.mutable_devices()) {
-      for (v1::SiteStats& site : *device.mutable_top_sites()) {
-        google::protobuf::RepeatedPtrField<std::string> frames;
-        for (const std::string& text : site.frames()) {
-          auto it = resolved.find(text);
-          if (it == resolved.end() || it->second.empty()) {
-            *frames.Add() = text;
-          } else {
-            for (const std::string& name : it->second) *frames.Add() = name;
-          }
-        }
-        site.mutable_frames()->Swap(&frames);
+  ForEachSiteFrames(reports, [&](Frames* frames) {
+    Frames named;
+    for (const std::string& text : *frames) {
+      auto it = resolved.find(text);
+      if (it == resolved.end() || it->second.empty()) {
+        *named.Add() = text;
+      } else {
+        for (const std::string& name : it->second) *named.Add() = name;
       }
     }
-  }
+    frames->Swap(&named);
+  });
   return result;
 }
 
@@ -279,6 +291,26 @@ std::string FoldedStacks(const std::vector<v1::Report>& reports) {
   std::string out;
   for (const auto& [stack, bytes] : stacks) absl::StrAppend(&out, stack, " ", bytes, "\n");
   return out;
+}
+
+SymbolizeResult SymbolizeSites(RecordedEvents* events) {
+  // The site definitions as one report's sites: the same batching and frame rules as the report.
+  std::vector<v1::Report> sites(1);
+  v1::DeviceReport* device = sites[0].add_devices();
+  std::vector<v1::SiteDefinition*> definitions;
+  for (ProcessEvents& process : events->mutable_processes()) {
+    for (v1::Event& event : process.events) {
+      if (!event.has_site_definition()) continue;
+      definitions.push_back(event.mutable_site_definition());
+      *device->add_top_sites()->mutable_frames() = event.site_definition().frames();
+    }
+  }
+  if (definitions.empty()) return SymbolizeResult{};
+  SymbolizeResult result = SymbolizeReports(&sites);
+  for (std::size_t i = 0; i < definitions.size(); ++i) {
+    *definitions[i]->mutable_frames() = std::move(*device->mutable_top_sites(i)->mutable_frames());
+  }
+  return result;
 }
 
 }  // namespace vramscope::cli

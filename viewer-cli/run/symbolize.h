@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "export/recorded_events.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
@@ -27,6 +28,10 @@ struct SymbolizeResult {
 
 // Rewrites the frames of every device's top_sites in `reports`.
 SymbolizeResult SymbolizeReports(std::vector<v1::Report>* reports);
+
+// Rewrites the frames of every site definition in `events` the same way (each module opened
+// once for all of them), so exports show function (file:line) for every allocation.
+SymbolizeResult SymbolizeSites(RecordedEvents* events);
 
 // The frame that names a site in one line: the innermost frame outside the CUDA runtime and
 // driver (functions cuda*, __cuda*, cu[A-Z]*; modules libcudart*, libcuda*), which is where the
