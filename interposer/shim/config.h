@@ -39,9 +39,11 @@ struct Config {
   // VRAMSCOPE_FENCE_EAGER=1: allocations ask the helper thread for a reuse synchronisation even
   // when recent synchronisations were slow (the program far ahead of the GPU).
   bool fence_eager = false;
-  // VRAMSCOPE_FENCE_EVENTS=0: the amortised device synchronisation alone, without the stream-aware
-  // event fences (stream_fence.h); for comparison.
-  bool fence_events = true;
+  // VRAMSCOPE_FENCE_EVENTS=1: the stream-aware event fences (stream_fence.h) beside the amortised
+  // device synchronisation. Off by default: on the H200 they hold far less memory (the GPT-2
+  // no-cache step 1.27x requested instead of 1.8x; stream stress 1.5x instead of 40x) but made
+  // that step 10-25% slower (BENCHMARKS.md section 4).
+  bool fence_events = false;
   // VRAMSCOPE_FENCE_LAG_FRACTION: with event fences, an allocation that would grow waits for the
   // oldest fence while more than 1/N of the device's pooled memory waits for fences (at least
   // 16 MiB). 0: never wait (grow).
