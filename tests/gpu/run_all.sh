@@ -72,6 +72,19 @@ if [ ! -x "$bin/alloc_bench_shared" ]; then
   "$nvcc" "${nvflags[@]}" -cudart shared -o "$bin/alloc_bench_shared" tests/gpu/alloc_bench.cu || { echo "nvcc failed for alloc_bench_shared"; failed=1; }
 fi
 
+# Alternating runs per timed PyTorch figure (sections 3, 5b, 8), and their mean and median.
+reps=5
+mean_of() {  # mean_of NAME: mean ms_per_step of NAME1..NAMEreps; NAME1's logs become NAME's
+  cp "$logs/${1}1.out" "$logs/$1.out"; cp "$logs/${1}1.err" "$logs/$1.err"
+  local all
+  all=$(for r in $(seq $reps); do grep -ho '"ms_per_step": [0-9.]*' "$logs/$1$r.out" | awk '{print $2}'; done)
+  echo "$1 runs (ms/step):" $all >&2
+  echo "$all" | awk 'NF{s+=$1; n++} END{if (n) printf "%.2f", s/n}'
+}
+median_of() {  # median_of NAME: median ms_per_step of NAME1..NAMEreps
+  for r in $(seq $reps); do grep -ho '"ms_per_step": [0-9.]*' "$logs/$1$r.out" | awk '{print $2}'; done |
+    sort -g | awk '{v[NR]=$1} END{if (NR) printf "%.2f", (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'
+}
 if want 1; then
 echo "== 1. examples, static and shared runtime"
 for ex in alloc_churn alloc_churn_shared_rt; do
@@ -170,23 +183,11 @@ if want 3; then
 echo "== 3. PyTorch GPT-2 small training step"
 # Timing is noisy on this machine (up to 15% between identical runs): PyTorch's own cache and the
 # shim run five times each, alternating, 16 steps each; their means are compared (medians shown).
-reps=5
 for rep in $(seq $reps); do
   PYTHONUNBUFFERED=1 run torch.caching$rep "$python" tests/gpu/torch_gpt2.py 16
   PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 VRAMSCOPE_LOG=info run torch.shim$rep "${under_shim[@]}" "$python" tests/gpu/torch_gpt2.py 16
 done
 PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run torch.nocache "$python" tests/gpu/torch_gpt2.py 4
-mean_of() {  # mean_of NAME: mean ms_per_step of NAME1..NAMEreps; NAME1's logs become NAME's
-  cp "$logs/${1}1.out" "$logs/$1.out"; cp "$logs/${1}1.err" "$logs/$1.err"
-  local all
-  all=$(for r in $(seq $reps); do grep -ho '"ms_per_step": [0-9.]*' "$logs/$1$r.out" | awk '{print $2}'; done)
-  echo "$1 runs (ms/step):" $all >&2
-  echo "$all" | awk 'NF{s+=$1; n++} END{if (n) printf "%.2f", s/n}'
-}
-median_of() {  # median_of NAME: median ms_per_step of NAME1..NAMEreps
-  for r in $(seq $reps); do grep -ho '"ms_per_step": [0-9.]*' "$logs/$1$r.out" | awk '{print $2}'; done |
-    sort -g | awk '{v[NR]=$1} END{if (NR) printf "%.2f", (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'
-}
 pc=$(mean_of torch.caching)
 ps=$(mean_of torch.shim)
 jfield() { grep -ho "\"$2\": [0-9.]*" "$logs/$1.out" | tail -1 | awk '{print $2}'; }
