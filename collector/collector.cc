@@ -624,14 +624,17 @@ absl::Status Collector::CreateLog(Process* process) ABSL_NO_THREAD_SAFETY_ANALYS
   return absl::OkStatus();
 }
 
-std::shared_ptr<Collector::Process> Collector::Find(const v1::ProcessKey& key) const {
-  const std::string name = ProcessKeyString(key);
-  absl::MutexLock lock(&mu_);
+std::shared_ptr<Collector::Process> Collector::FindLocked(const std::string& name) const {
   auto it = processes_.find(name);
   if (it != processes_.end()) return it->second;
   it = finished_.find(name);
   if (it != finished_.end()) return it->second;
   return nullptr;
+}
+
+std::shared_ptr<Collector::Process> Collector::Find(const v1::ProcessKey& key) const {
+  absl::MutexLock lock(&mu_);
+  return FindLocked(ProcessKeyString(key));
 }
 
 size_t Collector::live_processes() const {
@@ -648,10 +651,7 @@ absl::StatusOr<std::shared_ptr<Collector::Process>> Collector::FindOrCreate(
     const v1::ProcessKey& key, uint64_t sequence, bool takeover, absl::string_view writer) {
   const std::string name = ProcessKeyString(key);
   absl::MutexLock lock(&mu_);
-  auto it = processes_.find(name);
-  if (it != processes_.end()) return it->second;
-  it = finished_.find(name);
-  if (it != finished_.end()) return it->second;
+  if (std::shared_ptr<Process> found = FindLocked(name)) return found;
   if (sequence != 1 && !takeover) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "sequence gap for process %s: the collector holds none of its batches and expects "

@@ -186,6 +186,8 @@ class Collector {
                                                         uint64_t sequence, bool takeover,
                                                         absl::string_view writer);
   std::shared_ptr<Process> Find(const v1::ProcessKey& key) const;
+  std::shared_ptr<Process> FindLocked(const std::string& name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores `batch` (the next sequence of `process`, whose lock the caller holds) or answers a
   // duplicate; a gap is FAILED_PRECONDITION unless `takeover`.
   absl::StatusOr<uint64_t> Append(Process* process, const v1::EventBatch& batch,
