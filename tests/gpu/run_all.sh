@@ -429,6 +429,43 @@ for variant in "plain 8 400" "busy 8 200"; do
 done
 
 fi  # section
+if want 5c; then
+echo "== 5c. event fences' lag bound against time (issue 18): GPT-2 no-cache step, alternating runs"
+# Each round runs the default rule (devsync) and event fences with lag bounds 1/16 (the default
+# with events), 1/32, 1/64 and 0 (never wait: grow instead), in turn, 16 steps each; medians of
+# ms/step and the largest peak reserved/requested per variant. Decides which bound, if any, holds
+# <= 1.15x at the default rule's speed (within 2%).
+sweep_ratio() {
+  awk -v a="$(summary_field "$1" peak_reserved)" -v b="$(summary_field "$1" peak_requested)" \
+    'BEGIN{if (b+0>0) printf "%.3f", a/b; else print "?"}'
+}
+variants="devsync lag16 lag32 lag64 lag0"
+for rep in 1 2 3 4; do
+  for v in $variants; do
+    case $v in
+      devsync) envs=(VRAMSCOPE_FENCE_EVENTS=0) ;;
+      lag*) envs=(VRAMSCOPE_FENCE_EVENTS=1 "VRAMSCOPE_FENCE_LAG_FRACTION=${v#lag}") ;;
+    esac
+    PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run "sweep.$v.$rep" env "${envs[@]}" "${under_shim[@]}" "$python" tests/gpu/torch_gpt2.py 16
+  done
+done
+base_ms=""
+for v in $variants; do
+  ms=$(for r in 1 2 3 4; do grep -ho '"ms_per_step": [0-9.]*' "$logs/sweep.$v.$r.out" | awk '{print $2}'; done |
+    sort -g | awk '{x[NR]=$1} END{if (NR) printf "%.2f", (NR%2) ? x[(NR+1)/2] : (x[NR/2]+x[NR/2+1])/2}')
+  all=$(for r in 1 2 3 4; do grep -ho '"ms_per_step": [0-9.]*' "$logs/sweep.$v.$r.out" | awk '{printf "%s ", $2}'; done)
+  ratio=$(for r in 1 2 3 4; do sweep_ratio "sweep.$v.$r"; echo; done | sort -g | tail -1)
+  waits=$(for r in 1 2 3 4; do summary_field "sweep.$v.$r" event_fence_waits; echo; done | awk 'NF{s+=$1} END{print s+0}')
+  [ "$v" = devsync ] && base_ms=$ms
+  verdict=$(awk -v r="$ratio" -v m="$ms" -v b="$base_ms" 'BEGIN{
+    if (r+0<=0 || m+0<=0 || b+0<=0) {print "FAIL missing"; exit}
+    v = (r <= 1.15 && m <= b*1.02) ? "ok" : "no"
+    printf "%s: %.3fx, %+.1f%% vs devsync", v, r, 100*(m-b)/b}')
+  echo "sweep $v: ms/step $all, median $ms, max ratio $ratio, waits $waits"
+  row "fence sweep $v (GPT-2 no-cache)" "median ${ms} ms" "max ${ratio}x, ${waits} waits" "$verdict"
+done
+
+fi  # section
 if want 6; then
 echo "== 6. compute-sanitizer memcheck under the shim"
 if command -v compute-sanitizer >/dev/null; then
