@@ -86,6 +86,12 @@ Config ReadConfig() {
   if (ReadU64("VRAMSCOPE_FENCE_EAGER", &value)) config.fence_eager = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_EVENTS", &value)) config.fence_events = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_LAG_FRACTION", &value)) config.fence_lag_fraction = value;
+  if (ReadU64("VRAMSCOPE_FENCE_ROUND_US", &value)) {
+    config.fence_round_us = std::clamp<std::uint64_t>(value, 1, 100000);
+  }
+  if (ReadU64("VRAMSCOPE_FENCE_POLL_US", &value)) {
+    config.fence_poll_us = std::clamp<std::uint64_t>(value, 1, 100000);
+  }
   if (ReadU64("VRAMSCOPE_CAP_PENDING", &value)) config.cap_counts_pending = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_ASYNC", &value)) config.fence_async = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_SPIN_US", &value)) {

@@ -48,6 +48,13 @@ struct Config {
   // oldest fence while more than 1/N of the device's pooled memory waits for fences (at least
   // 16 MiB). 0: never wait (grow).
   std::uint64_t fence_lag_fraction = 16;
+  // VRAMSCOPE_FENCE_ROUND_US: with event fences, the least time between two rounds the helper
+  // thread issues (each records an event on every stream that had work; recording from another
+  // thread contends with the program's launches in the driver). 1 to 100000.
+  std::uint64_t fence_round_us = 50;
+  // VRAMSCOPE_FENCE_POLL_US: with event fences queued, how often the helper thread queries them.
+  // 1 to 100000.
+  std::uint64_t fence_poll_us = 20;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
   // VRAMSCOPE_QUICK_REUSE=0: no quick bins in the pools (pool::PoolOptions::quick_reuse).
   bool quick_reuse = true;

@@ -46,11 +46,6 @@ std::uint64_t NowNs() {
          static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
-// Event fences (stream_fence.h): how often the helper looks at queued fences while any is
-// queued, and the shortest time between two rounds it issues on its own (when frees happened).
-constexpr long kPollNs = 20000;
-constexpr std::uint64_t kRoundIntervalNs = 50000;
-
 // With w.mu held: marks the helper busy, serves `slot` without the lock, takes it back: an event
 // round when event fences are on (it covers every pool), else (or if it cannot be issued) a
 // device synchronisation.
@@ -114,9 +109,11 @@ void* WorkerMain(void*) {
         w.busy = true;
         w.watching.store(true, std::memory_order_seq_cst);
         pthread_mutex_unlock(&w.mu);
-        const bool queued = PollEventFences(/*issue_due=*/true, kRoundIntervalNs);
+        const bool queued = PollEventFences(/*issue_due=*/true, Cfg().fence_round_us * 1000);
         if (queued && !w.hint.load(std::memory_order_relaxed)) {
-          timespec pause{0, kPollNs};
+          const std::uint64_t poll_ns = Cfg().fence_poll_us * 1000;
+          timespec pause{static_cast<time_t>(poll_ns / 1000000000),
+                         static_cast<long>(poll_ns % 1000000000)};
           nanosleep(&pause, nullptr);
         }
         pthread_mutex_lock(&w.mu);
