@@ -264,6 +264,37 @@ TEST_F(ReportChromiumTest, ClickShowsTheStack) {
             std::string::npos);
 }
 
+// #window=T0:T1 (seconds) shows that window on every plot, and other directives after '&' still
+// apply: every time-axis tick of the first device's plots lies inside the window.
+TEST_F(ReportChromiumTest, WindowZoomsEveryPlot) {
+  const std::string dom = RenderedDom({SampleReport()}, "#window=0.001:0.002&click=alloc-0-0:0");
+  EXPECT_EQ(console_, "");
+  for (const std::string id : {"plot-0-0", "alloc-0-0"}) {
+    const std::size_t at = dom.find("id=\"" + id + "\"");
+    ASSERT_NE(at, std::string::npos) << id;
+    const std::string tag = dom.substr(at, dom.find('>', at) - at);
+    EXPECT_NE(tag.find("data-zoom="), std::string::npos) << tag;
+    EXPECT_EQ(tag.find("data-zoom=\"1.000\""), std::string::npos) << tag;
+    const std::size_t end = dom.find("</svg>", at);
+    const std::string svg = dom.substr(at, end - at);
+    int ticks = 0;
+    for (std::size_t tick = svg.find("<g class=\"tick\""); tick != std::string::npos;
+         tick = svg.find("<g class=\"tick\"", tick + 1)) {
+      const std::size_t text = svg.find("<text", tick);
+      const std::size_t open = svg.find('>', text) + 1;
+      if (svg.compare(open, 1, "+") != 0) continue;  // a byte tick (the y axis)
+      double value = 0;
+      const std::string head = svg.substr(tick, svg.find('>', tick) - tick);
+      ASSERT_TRUE(absl::SimpleAtod(testing::Attribute(head, "data-value"), &value)) << head;
+      EXPECT_GE(value, 1e6 - 1) << id;
+      EXPECT_LE(value, 2e6 + 1) << id;
+      ++ticks;
+    }
+    EXPECT_GE(ticks, 3) << id;
+  }
+  EXPECT_NE(dom.find("Stack of 0x7f0000000000"), std::string::npos);
+}
+
 // Every axis tick of the byte axes is a round value of one unit: a multiple of a step of 1, 2
 // or 5 x 10^k of it, and the label says that value; double-click zooms the time axis 2x.
 TEST_F(ReportChromiumTest, RoundTicksAndZoom) {

@@ -290,6 +290,7 @@ constexpr char kScript[] = R"js(
 (function () {
   'use strict';
   var W = 960, L = 84, R = 16, T = 12, B = 34;
+  var charts = [];  // every chart(), for the fragment's #window=
   var BYTE_UNITS = [[1, 'B'], [1024, 'KiB'], [1048576, 'MiB'], [1073741824, 'GiB'],
                     [1099511627776, 'TiB'], [1125899906842624, 'PiB']];
   var TIME_UNITS = [[1, 'ns'], [1e3, 'us'], [1e6, 'ms'], [1e9, 's']];
@@ -363,6 +364,9 @@ constexpr char kScript[] = R"js(
       svg.attr('data-zoom', s.toFixed(3));
     });
     svg.call(zoom);
+    c.zoom = zoom;
+    c.tmax = tmax;
+    charts.push(c);
     svg.on('mousemove.readout', function () {
       var m = d3.mouse(svg.node());
       if (m[0] < L || m[0] > W - R) return;
@@ -585,26 +589,40 @@ constexpr char kScript[] = R"js(
     if (document.getElementById(plot.id)) totalsPlot(plot);
     if (plot.alloc && document.getElementById(plot.alloc)) allocationPlot(plot);
   });
-  // #hover=SVG_ID:INDEX or #click=SVG_ID:INDEX points at a band as a mouse would, #zoom=SVG_ID
-  // double-clicks the middle of a plot (for checking the page in a headless browser, and for
-  // links to one allocation).
-  var z = /^#zoom=([\w-]+)$/.exec(location.hash), svgZoom = z && document.getElementById(z[1]);
-  if (svgZoom) {
-    var r = svgZoom.getBoundingClientRect();
-    svgZoom.dispatchEvent(new MouseEvent('dblclick', {bubbles: true, view: window,
-        clientX: r.left + r.width / 2, clientY: r.top + r.height / 2}));
+  // The fragment, directives joined by '&' (for links to a moment or to one allocation, and for
+  // checking the page in a headless browser): #window=T0:T1 shows seconds T0 to T1 of the run on
+  // every plot, as zooming there would; #zoom=SVG_ID double-clicks the middle of a plot;
+  // #hover=SVG_ID:INDEX or #click=SVG_ID:INDEX points at a band as a mouse would.
+  function showWindow(t0, t1) {
+    charts.forEach(function (c) {
+      var a = Math.max(0, Math.min(t0, c.tmax)), b = Math.min(c.tmax, t1);
+      if (!(b > a)) return;
+      var s = Math.min(c.zoom.scaleExtent()[1], c.tmax / (b - a));
+      c.zoom.scale(s).translate([L - c.x0(a) * s, 0]);  // a at the left edge
+      c.zoom.event(c.svg);
+    });
   }
-  var m = /^#(hover|click)=([\w-]+):(\d+)$/.exec(location.hash);
-  if (m) {
-    var band = document.querySelector('#' + m[2] + ' path.alloc-band[data-index="' + m[3] + '"]');
-    if (band) {
-      var box = band.getBoundingClientRect();
-      var opts = {bubbles: true, clientX: box.left + box.width / 2,
-                  clientY: box.top + box.height / 2, view: window};
-      band.dispatchEvent(new MouseEvent('mousemove', opts));
-      if (m[1] === 'click') band.dispatchEvent(new MouseEvent('click', opts));
+  function pointAt(kind, svgId, index) {
+    var band = document.querySelector('#' + svgId + ' path.alloc-band[data-index="' + index + '"]');
+    if (!band) return;
+    var box = band.getBoundingClientRect();
+    var opts = {bubbles: true, clientX: box.left + box.width / 2,
+                clientY: box.top + box.height / 2, view: window};
+    band.dispatchEvent(new MouseEvent('mousemove', opts));
+    if (kind === 'click') band.dispatchEvent(new MouseEvent('click', opts));
+  }
+  location.hash.replace(/^#/, '').split('&').forEach(function (part) {
+    var w = /^window=([\d.]+):([\d.]+)$/.exec(part);
+    if (w) showWindow(+w[1] * 1e9, +w[2] * 1e9);  // the plots count nanoseconds
+    var z = /^zoom=([\w-]+)$/.exec(part), svgZoom = z && document.getElementById(z[1]);
+    if (svgZoom) {
+      var r = svgZoom.getBoundingClientRect();
+      svgZoom.dispatchEvent(new MouseEvent('dblclick', {bubbles: true, view: window,
+          clientX: r.left + r.width / 2, clientY: r.top + r.height / 2}));
     }
-  }
+    var m = /^(hover|click)=([\w-]+):(\d+)$/.exec(part);
+    if (m) pointAt(m[1], m[2], m[3]);
+  });
   document.body.setAttribute('data-rendered', 'true');
 })();
 )js";
