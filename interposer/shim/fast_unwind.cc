@@ -26,21 +26,13 @@ struct Rule {
   std::int16_t rbp_offset = 0;
 };
 
+// A rule in one word: bits 0-31 cfa_offset, 32 cfa_is_rbp, 33 rbp_saved, 34-35 kind, 48-63
+// rbp_offset.
 std::uint64_t Pack(const Rule& r) {
   return std::uint64_t{static_cast<std::uint32_t>(r.cfa_offset)} |
          std::uint64_t{r.cfa_is_rbp} << 32 | std::uint64_t{r.rbp_saved} << 33 |
          std::uint64_t{r.kind} << 34 |
          std::uint64_t{static_cast<std::uint16_t>(r.rbp_offset)} << 48;
-}
-
-Rule Unpack(std::uint64_t v) {
-  Rule r;
-  r.cfa_offset = static_cast<std::int32_t>(static_cast<std::uint32_t>(v));
-  r.cfa_is_rbp = (v >> 32) & 1;
-  r.rbp_saved = (v >> 33) & 1;
-  r.kind = static_cast<RuleKind>((v >> 34) & 3);
-  r.rbp_offset = static_cast<std::int16_t>(static_cast<std::uint16_t>(v >> 48));
-  return r;
 }
 
 // The rule table: key = pc << 1 | published, 0 = empty. A writer claims an empty slot by CAS
@@ -433,25 +425,39 @@ Rule ComputeRule(std::uintptr_t pc) {
   return RuleFromState(state);
 }
 
-Rule Lookup(std::uintptr_t pc) {
+// The packed rule of `pc` from the shared table, computing and inserting it when missing.
+std::uint64_t Lookup(std::uintptr_t pc) {
   const std::uint64_t want = std::uint64_t{pc} << 1 | 1;
   std::size_t slot = (pc * 0x9E3779B97F4A7C15ull) >> 49;  // 15 bits
   for (int probe = 0; probe < kProbes; ++probe, slot = (slot + 1) & (kSlots - 1)) {
     std::uint64_t key = g_rules[slot].key.load(std::memory_order_acquire);
-    if (key == want) return Unpack(g_rules[slot].value.load(std::memory_order_relaxed));
+    if (key == want) return g_rules[slot].value.load(std::memory_order_relaxed);
     if (key != 0) continue;
-    const Rule rule = ComputeRule(pc);
+    const std::uint64_t rule = Pack(ComputeRule(pc));
     g_rules_computed.fetch_add(1, std::memory_order_relaxed);
     if (g_rules[slot].key.compare_exchange_strong(key, want & ~std::uint64_t{1},
                                                   std::memory_order_acq_rel)) {
-      g_rules[slot].value.store(Pack(rule), std::memory_order_relaxed);
+      g_rules[slot].value.store(rule, std::memory_order_relaxed);
       g_rules[slot].key.store(want, std::memory_order_release);
     }
     return rule;
   }
   g_rules_computed.fetch_add(1, std::memory_order_relaxed);
-  return ComputeRule(pc);  // a crowded neighbourhood: not cached
+  return Pack(ComputeRule(pc));  // a crowded neighbourhood: not cached
 }
+
+// Each thread's previous walk: the code address looked up at each depth and its packed rule.
+// Allocations repeat their call paths, so a walk mostly meets, depth by depth, the addresses of
+// the walk before; the expected address and rule are then read from this small array in order
+// (independent of the stack loads, so the processor fetches them ahead) instead of probing the
+// shared table, whose slots lie a page apart. A rule depends only on its address: an entry is
+// right whatever walk wrote it. Zero-initialised: address 0 is never looked up.
+constexpr int kCachedDepth = 128;
+struct WalkCache {
+  std::uintptr_t pc[kCachedDepth];
+  std::uint64_t rule[kCachedDepth];
+};
+constinit thread_local WalkCache t_walk = {};
 
 }  // namespace
 
@@ -464,18 +470,33 @@ __attribute__((noinline)) int FastBacktrace(std::uintptr_t* frames, int max) {
       "mov %%rsp, %1\n\t"
       "lea 0(%%rip), %0"
       : "=r"(ip), "=r"(sp), "=r"(bp));
+  WalkCache& cache = t_walk;
   int count = 0;
   std::uintptr_t pc = ip;  // the first frame's own address; callers' are return address - 1
   while (count < max) {
-    const Rule rule = Lookup(pc);
-    if (rule.kind == kEnd) return count;
-    if (rule.kind == kGiveUp) break;
-    const std::uintptr_t cfa =
-        (rule.cfa_is_rbp ? bp : sp) + static_cast<std::uintptr_t>(rule.cfa_offset);
+    std::uint64_t rule;
+    if (count < kCachedDepth && cache.pc[count] == pc) {
+      rule = cache.rule[count];
+    } else {
+      rule = Lookup(pc);
+      if (count < kCachedDepth) {
+        cache.pc[count] = pc;
+        cache.rule[count] = rule;
+      }
+    }
+    // Unpacked in registers (see Pack): a Rule struct here went through the stack.
+    const auto kind = static_cast<RuleKind>((rule >> 34) & 3);
+    if (kind == kEnd) return count;
+    if (kind == kGiveUp) break;
+    const std::uintptr_t cfa = (((rule >> 32) & 1) != 0 ? bp : sp) +
+                               static_cast<std::uintptr_t>(static_cast<std::int32_t>(rule));
     if (cfa <= sp || cfa - sp > kMaxFrameBytes) break;
     std::uintptr_t ra;
     memcpy(&ra, reinterpret_cast<const void*>(cfa - 8), sizeof(ra));
-    if (rule.rbp_saved) memcpy(&bp, reinterpret_cast<const void*>(cfa + rule.rbp_offset), 8);
+    if (((rule >> 33) & 1) != 0) {
+      const auto rbp_offset = static_cast<std::int16_t>(static_cast<std::uint16_t>(rule >> 48));
+      memcpy(&bp, reinterpret_cast<const void*>(cfa + rbp_offset), 8);
+    }
     if (ra == 0) return count;
     frames[count++] = ra;
     sp = cfa;
