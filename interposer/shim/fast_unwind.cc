@@ -46,6 +46,7 @@ struct Slot {
 constinit Slot g_rules[kSlots] = {};
 constinit std::atomic<std::uint64_t> g_rules_computed{0};
 constinit std::atomic<std::uint64_t> g_walks_given_up{0};
+constinit std::atomic<std::uint64_t> g_shared_lookups{0};
 
 // --- Reading .eh_frame ---------------------------------------------------------------------------
 
@@ -450,12 +451,19 @@ std::uint64_t Lookup(std::uintptr_t pc) {
 // Allocations repeat their call paths, so a walk mostly meets, depth by depth, the addresses of
 // the walk before; the expected address and rule are then read from this small array in order
 // (independent of the stack loads, so the processor fetches them ahead) instead of probing the
-// shared table, whose slots lie a page apart. A rule depends only on its address: an entry is
-// right whatever walk wrote it. Zero-initialised: address 0 is never looked up.
+// shared table, whose slots lie a page apart. Addresses that differ from the previous walk's
+// (another call site near the top of the stack) go to a small direct-mapped table of the
+// thread's recent addresses next, and to the shared table last. A rule depends only on its
+// address: an entry is right whatever walk wrote it. Zero-initialised: address 0 is never
+// looked up. Not for signal handlers that allocate during an allocation (the pool's locks rule
+// that out already): an interrupted entry update could pair an address with another's rule.
 constexpr int kCachedDepth = 128;
+constexpr int kRecentSlots = 256;
 struct WalkCache {
   std::uintptr_t pc[kCachedDepth];
   std::uint64_t rule[kCachedDepth];
+  std::uintptr_t recent_pc[kRecentSlots];
+  std::uint64_t recent_rule[kRecentSlots];
 };
 constinit thread_local WalkCache t_walk = {};
 
@@ -478,7 +486,15 @@ __attribute__((noinline)) int FastBacktrace(std::uintptr_t* frames, int max) {
     if (count < kCachedDepth && cache.pc[count] == pc) {
       rule = cache.rule[count];
     } else {
-      rule = Lookup(pc);
+      const std::size_t recent = (pc * 0x9E3779B97F4A7C15ull) >> 56;  // 8 bits
+      if (cache.recent_pc[recent] == pc) {
+        rule = cache.recent_rule[recent];
+      } else {
+        g_shared_lookups.fetch_add(1, std::memory_order_relaxed);
+        rule = Lookup(pc);
+        cache.recent_pc[recent] = pc;
+        cache.recent_rule[recent] = rule;
+      }
       if (count < kCachedDepth) {
         cache.pc[count] = pc;
         cache.rule[count] = rule;
@@ -509,7 +525,8 @@ __attribute__((noinline)) int FastBacktrace(std::uintptr_t* frames, int max) {
 
 UnwindCounters GetUnwindCounters() {
   return {g_rules_computed.load(std::memory_order_relaxed),
-          g_walks_given_up.load(std::memory_order_relaxed)};
+          g_walks_given_up.load(std::memory_order_relaxed),
+          g_shared_lookups.load(std::memory_order_relaxed)};
 }
 
 }  // namespace vramscope::interposer
