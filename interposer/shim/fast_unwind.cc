@@ -459,13 +459,33 @@ std::uint64_t Lookup(std::uintptr_t pc) {
 // that out already): an interrupted entry update could pair an address with another's rule.
 constexpr int kCachedDepth = 128;
 constexpr int kRecentSlots = 256;
+struct CacheEntry {
+  std::uintptr_t pc;
+  std::uint64_t rule;
+};
 struct WalkCache {
-  std::uintptr_t pc[kCachedDepth];
-  std::uint64_t rule[kCachedDepth];
-  std::uintptr_t recent_pc[kRecentSlots];
-  std::uint64_t recent_rule[kRecentSlots];
+  CacheEntry depth[kCachedDepth];
+  CacheEntry recent[kRecentSlots];
 };
 constinit thread_local WalkCache t_walk = {};
+
+// The rule of `pc` when the walk before had another address at this depth: from the thread's
+// recent addresses, else the shared table (and then kept among the recent ones). Out of line,
+// so the walk's loop keeps its registers.
+__attribute__((noinline)) std::uint64_t RecentOrShared(WalkCache* cache, std::uintptr_t pc) {
+  CacheEntry& recent = cache->recent[(pc * 0x9E3779B97F4A7C15ull) >> 56];  // 8 bits
+  if (recent.pc == pc) return recent.rule;
+  g_shared_lookups.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t rule = Lookup(pc);
+  recent.pc = pc;
+  recent.rule = rule;
+  return rule;
+}
+
+// Packed rule fields the walk tests (see Pack).
+constexpr std::uint64_t kKindBits = std::uint64_t{3} << 34;  // kFollow is 0
+constexpr std::uint64_t kCfaIsRbpBit = std::uint64_t{1} << 32;
+constexpr std::uint64_t kRbpSavedBit = std::uint64_t{1} << 33;
 
 }  // namespace
 
@@ -479,46 +499,37 @@ __attribute__((noinline)) int FastBacktrace(std::uintptr_t* frames, int max) {
       "lea 0(%%rip), %0"
       : "=r"(ip), "=r"(sp), "=r"(bp));
   WalkCache& cache = t_walk;
+  const int limit = max < kCachedDepth ? max : kCachedDepth;
   int count = 0;
   std::uintptr_t pc = ip;  // the first frame's own address; callers' are return address - 1
-  while (count < max) {
-    std::uint64_t rule;
-    if (count < kCachedDepth && cache.pc[count] == pc) {
-      rule = cache.rule[count];
-    } else {
-      const std::size_t recent = (pc * 0x9E3779B97F4A7C15ull) >> 56;  // 8 bits
-      if (cache.recent_pc[recent] == pc) {
-        rule = cache.recent_rule[recent];
-      } else {
-        g_shared_lookups.fetch_add(1, std::memory_order_relaxed);
-        rule = Lookup(pc);
-        cache.recent_pc[recent] = pc;
-        cache.recent_rule[recent] = rule;
-      }
-      if (count < kCachedDepth) {
-        cache.pc[count] = pc;
-        cache.rule[count] = rule;
-      }
+  for (; count < limit; ++count) {
+    CacheEntry& entry = cache.depth[count];
+    std::uint64_t rule = entry.rule;
+    if (__builtin_expect(entry.pc != pc, 0)) {
+      rule = RecentOrShared(&cache, pc);
+      entry.pc = pc;
+      entry.rule = rule;
     }
-    // Unpacked in registers (see Pack): a Rule struct here went through the stack.
-    const auto kind = static_cast<RuleKind>((rule >> 34) & 3);
-    if (kind == kEnd) return count;
-    if (kind == kGiveUp) break;
-    const std::uintptr_t cfa = (((rule >> 32) & 1) != 0 ? bp : sp) +
+    // Fields tested in place: a Rule struct here went through the stack.
+    if (__builtin_expect((rule & kKindBits) != 0, 0)) {
+      if ((rule & kKindBits) == std::uint64_t{kEnd} << 34) return count;
+      break;  // kGiveUp
+    }
+    const std::uintptr_t cfa = ((rule & kCfaIsRbpBit) != 0 ? bp : sp) +
                                static_cast<std::uintptr_t>(static_cast<std::int32_t>(rule));
-    if (cfa <= sp || cfa - sp > kMaxFrameBytes) break;
+    if (cfa - sp - 1 >= kMaxFrameBytes) break;  // the CFA must grow, by at most kMaxFrameBytes
     std::uintptr_t ra;
     memcpy(&ra, reinterpret_cast<const void*>(cfa - 8), sizeof(ra));
-    if (((rule >> 33) & 1) != 0) {
+    if ((rule & kRbpSavedBit) != 0) {
       const auto rbp_offset = static_cast<std::int16_t>(static_cast<std::uint16_t>(rule >> 48));
       memcpy(&bp, reinterpret_cast<const void*>(cfa + rbp_offset), 8);
     }
     if (ra == 0) return count;
-    frames[count++] = ra;
+    frames[count] = ra;
     sp = cfa;
     pc = ra - 1;
   }
-  if (count == max) return count;
+  if (count == limit) return count;
   g_walks_given_up.fetch_add(1, std::memory_order_relaxed);
   return -1;
 }

@@ -34,8 +34,9 @@
 
 namespace vramscope::interposer {
 
-// Writes at most `max` return addresses into `frames`, innermost first; returns how many, or
-// -1 when the walk met a frame it cannot follow (the caller then uses _Unwind_Backtrace).
+// Writes at most `max` (and at most 128) return addresses into `frames`, innermost first;
+// returns how many, or -1 when the walk met a frame it cannot follow (the caller then uses
+// _Unwind_Backtrace).
 int FastBacktrace(std::uintptr_t* frames, int max);
 
 // Counters for tests and benchmarks: rules computed (shared table misses), walks given up, and
