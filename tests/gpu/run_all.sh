@@ -786,7 +786,7 @@ for depth in 20 40; do
   if [ $st -eq 1 ]; then verdict="FAIL ${extra:-?} ns extra per allocation (goal <= 300)"
   elif [ $st -ne 0 ] || [ -z "$extra" ]; then verdict="FAIL status $st (see $logs/stacks.cost.$depth.err)"
   fi
-  row "stacks cost, $depth frames (ns/pair)" "stacks off ${off:-?}" "stacks on ${on:-?}" "$verdict"
+  row "stacks cost, $depth deep (ns/pair)" "stacks off ${off:-?}" "stacks on ${on:-?}" "$verdict"
 done
 fi  # section
 echo
