@@ -24,10 +24,11 @@
 //
 // Thread safety: any thread, any time; the shared rule table is lock-free (a slot is claimed by
 // CAS, filled, then published; readers take only published slots), the caches are thread_local.
-// No allocation, no exceptions, no system call on the fast path. Fork: the table stays valid in the
-// child (same mappings). Rules of code unloaded by dlclose stay in the table: an address reused by
-// another library would be walked with the old rule, so the walk checks each CFA (it must grow, and
-// by less than the stack bound) and stops on doubt rather than read far away.
+// No allocation, no exceptions, no system call on the fast path. Fork: the table and caches stay
+// valid in the child (same mappings). Rules of code unloaded by dlclose stay in the tables and
+// caches: an address reused by another library would be walked with the old rule, so the walk
+// checks each CFA (it must grow, and by less than the stack bound) and stops on doubt rather than
+// read far away.
 #pragma once
 
 #include <cstdint>
