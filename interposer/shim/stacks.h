@@ -6,10 +6,10 @@
 // VRAMSCOPE_STACKS_UNWIND=libgcc), skips the shim's own frames, keeps at most
 // VRAMSCOPE_RING_MAX_SITE_FRAMES return addresses and hashes them (four lanes) into the site id.
 // A fixed-size open-addressing table of seen ids (CAS insert, no lock) decides who writes a
-// site's frames: the thread that inserts it, once, as SITE records (vramscope/ring.h). Addresses outside every known module make it refresh the module map with
-// dl_iterate_phdr (under a spin lock; only on a new site) and write a MODULE record per new
-// module. When the table is full, sites are still named in ALLOC records but their frames are
-// not sent (the report shows the bare id).
+// site's frames: the thread that inserts it, once, as SITE records (vramscope/ring.h). Addresses
+// outside every known module make it refresh the module map with dl_iterate_phdr (under a spin
+// lock; only on a new site) and write a MODULE record per new module. When the table is full, sites
+// are still named in ALLOC records but their frames are not sent (the report shows the bare id).
 //
 // Thread safety: any thread, any time. Costs: the walk dominates (tests/stacks/stack_bench
 // measures the extra per allocation; see README.md); then one hash and a probe.
