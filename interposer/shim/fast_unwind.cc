@@ -1,6 +1,7 @@
 #include "fast_unwind.h"
 
 #include <dlfcn.h>  // _dl_find_object (glibc >= 2.35)
+#include <pthread.h>
 #include <string.h>
 
 #include <atomic>
@@ -467,7 +468,54 @@ struct WalkCache {
   CacheEntry depth[kCachedDepth];
   CacheEntry recent[kRecentSlots];
 };
-constinit thread_local WalkCache t_walk = {};
+
+// The caches live in a fixed pool, a thread holding one from its first walk to its exit (a
+// pthread key's destructor gives it back): thread-local storage holds only the pointer, because
+// the shim's thread-local block must fit the loader's static TLS surplus when the driver dlopens
+// it as an injection (CUDA_INJECTION64_PATH), and 6 KiB a thread does not. Entries need no reset
+// when a cache changes hands (a rule is right whoever wrote it). Threads beyond the pool walk
+// through the shared table alone.
+constexpr int kCachePool = 512;
+constinit WalkCache g_caches[kCachePool] = {};
+constinit std::atomic<std::uint64_t> g_cache_used[kCachePool / 64] = {};
+constinit std::atomic<int> g_cache_key_state{0};  // 0 none, 1 being made, 2 made, 3 failed
+constinit pthread_key_t g_cache_key = 0;
+__attribute__((tls_model("initial-exec"))) constinit thread_local WalkCache* t_walk = nullptr;
+
+void ReleaseCache(void* cache) {
+  const auto index = static_cast<WalkCache*>(cache) - g_caches;
+  g_cache_used[index / 64].fetch_and(~(std::uint64_t{1} << (index % 64)),
+                                     std::memory_order_release);
+}
+
+// The calling thread's cache, claimed on its first walk; null when the pool is empty (tried
+// again on later walks) or no thread-exit hook could be made.
+__attribute__((noinline)) WalkCache* ClaimCache() {
+  int state = g_cache_key_state.load(std::memory_order_acquire);
+  if (state == 0 && g_cache_key_state.compare_exchange_strong(state, 1)) {
+    state = pthread_key_create(&g_cache_key, ReleaseCache) == 0 ? 2 : 3;
+    g_cache_key_state.store(state, std::memory_order_release);
+  }
+  while (state == 1) state = g_cache_key_state.load(std::memory_order_acquire);
+  if (state != 2) return nullptr;
+  for (int word = 0; word < kCachePool / 64; ++word) {
+    std::uint64_t used = g_cache_used[word].load(std::memory_order_relaxed);
+    while (~used != 0) {
+      const int bit = __builtin_ctzll(~used);
+      if (g_cache_used[word].compare_exchange_weak(used, used | std::uint64_t{1} << bit,
+                                                   std::memory_order_acquire)) {
+        WalkCache* cache = &g_caches[word * 64 + bit];
+        if (pthread_setspecific(g_cache_key, cache) != 0) {
+          ReleaseCache(cache);
+          return nullptr;
+        }
+        t_walk = cache;
+        return cache;
+      }
+    }
+  }
+  return nullptr;
+}
 
 // The rule of `pc` when the walk before had another address at this depth: from the thread's
 // recent addresses, else the shared table (and then kept among the recent ones). Out of line,
@@ -487,28 +535,27 @@ constexpr std::uint64_t kKindBits = std::uint64_t{3} << 34;  // kFollow is 0
 constexpr std::uint64_t kCfaIsRbpBit = std::uint64_t{1} << 32;
 constexpr std::uint64_t kRbpSavedBit = std::uint64_t{1} << 33;
 
-}  // namespace
-
-__attribute__((noinline)) int FastBacktrace(std::uintptr_t* frames, int max) {
-  std::uintptr_t ip, sp, bp;
-  // rbp first (an output may be given rbp's register), rip last: `ip` is the address of the
-  // instruction after the lea, where rsp and rbp still hold what was read.
-  asm volatile(
-      "mov %%rbp, %2\n\t"
-      "mov %%rsp, %1\n\t"
-      "lea 0(%%rip), %0"
-      : "=r"(ip), "=r"(sp), "=r"(bp));
-  WalkCache& cache = t_walk;
+// The walk from a frame whose code address, rsp and rbp are given; with the thread's cache, or
+// (kCached false) a shared table lookup for every frame.
+template <bool kCached>
+__attribute__((always_inline)) inline int Walk(WalkCache* cache, std::uintptr_t pc,
+                                               std::uintptr_t sp, std::uintptr_t bp,
+                                               std::uintptr_t* frames, int max) {
   const int limit = max < kCachedDepth ? max : kCachedDepth;
   int count = 0;
-  std::uintptr_t pc = ip;  // the first frame's own address; callers' are return address - 1
   for (; count < limit; ++count) {
-    CacheEntry& entry = cache.depth[count];
-    std::uint64_t rule = entry.rule;
-    if (__builtin_expect(entry.pc != pc, 0)) {
-      rule = RecentOrShared(&cache, pc);
-      entry.pc = pc;
-      entry.rule = rule;
+    std::uint64_t rule;
+    if constexpr (kCached) {
+      CacheEntry& entry = cache->depth[count];
+      rule = entry.rule;
+      if (__builtin_expect(entry.pc != pc, 0)) {
+        rule = RecentOrShared(cache, pc);
+        entry.pc = pc;
+        entry.rule = rule;
+      }
+    } else {
+      g_shared_lookups.fetch_add(1, std::memory_order_relaxed);
+      rule = Lookup(pc);
     }
     // Fields tested in place: a Rule struct here went through the stack.
     if (__builtin_expect((rule & kKindBits) != 0, 0)) {
@@ -527,11 +574,37 @@ __attribute__((noinline)) int FastBacktrace(std::uintptr_t* frames, int max) {
     if (ra == 0) return count;
     frames[count] = ra;
     sp = cfa;
-    pc = ra - 1;
+    pc = ra - 1;  // callers' code addresses are return address - 1
   }
   if (count == limit) return count;
   g_walks_given_up.fetch_add(1, std::memory_order_relaxed);
   return -1;
+}
+
+}  // namespace
+
+__attribute__((noinline)) int FastBacktrace(std::uintptr_t* frames, int max) {
+  std::uintptr_t ip, sp, bp;
+  // rbp first (an output may be given rbp's register), rip last: `ip` is the address of the
+  // instruction after the lea, where rsp and rbp still hold what was read.
+  asm volatile(
+      "mov %%rbp, %2\n\t"
+      "mov %%rsp, %1\n\t"
+      "lea 0(%%rip), %0"
+      : "=r"(ip), "=r"(sp), "=r"(bp));
+  WalkCache* cache = t_walk;
+  if (__builtin_expect(cache == nullptr, 0)) cache = ClaimCache();
+  return cache != nullptr ? Walk<true>(cache, ip, sp, bp, frames, max)
+                          : Walk<false>(nullptr, ip, sp, bp, frames, max);
+}
+
+void UnwindForkChild() {
+  // The other threads' caches are not theirs any more (those threads do not exist here).
+  for (auto& word : g_cache_used) word.store(0, std::memory_order_relaxed);
+  if (t_walk != nullptr) {
+    const auto index = t_walk - g_caches;
+    g_cache_used[index / 64].fetch_or(std::uint64_t{1} << (index % 64), std::memory_order_relaxed);
+  }
 }
 
 UnwindCounters GetUnwindCounters() {

@@ -17,7 +17,8 @@
 // Frames are return addresses, as _Unwind_Backtrace's _Unwind_GetIP gives them: the first is
 // the address in FastBacktrace's caller just after the call to it.
 //
-// Each thread keeps its previous walk's addresses and rules by depth, and a small direct-mapped
+// Each thread (the first 512 alive at once; they are taken from a fixed pool and given back at
+// thread exit) keeps its previous walk's addresses and rules by depth, and a small direct-mapped
 // table of its recent addresses: a walk along a known path reads, per frame, one expected address
 // and its rule from the thread's array and one or two words from the stack, and probes the
 // shared table only for addresses new to the thread.
@@ -39,6 +40,9 @@ namespace vramscope::interposer {
 // returns how many, or -1 when the walk met a frame it cannot follow (the caller then uses
 // _Unwind_Backtrace).
 int FastBacktrace(std::uintptr_t* frames, int max);
+
+// Fork child (single-threaded): gives back the thread caches of the threads that did not follow.
+void UnwindForkChild();
 
 // Counters for tests and benchmarks: rules computed (shared table misses), walks given up, and
 // shared table lookups (addresses found in neither of the calling thread's caches).

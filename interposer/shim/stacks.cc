@@ -254,6 +254,7 @@ std::uint64_t CaptureSite(RingWriter* ring) {
 }
 
 void StacksForkChild() {
+  UnwindForkChild();
   for (auto& site : g_sites) site.store(0, std::memory_order_relaxed);
   g_module_count = 0;
   g_lock.clear(std::memory_order_relaxed);

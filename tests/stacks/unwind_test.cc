@@ -4,7 +4,7 @@
 // code reads no unwind table again; nothing here makes it give up. The per-thread caches: walks
 // that alternate between call paths of the same depth (so the previous walk's address at a depth
 // is another's) still return libgcc's frames, and once each path was walked they are served from
-// the thread's caches without a shared table lookup.
+// the thread's caches without a shared table lookup; threads give their caches back at exit.
 #include <alloca.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -189,6 +189,36 @@ TEST(UnwindTest, AnotherThreadStartsWithEmptyCachesAndSharesTheRules) {
   }).join();
   ExpectSameFrames(thread_walk);
   EXPECT_GT(after.shared_lookups, before.shared_lookups);
+}
+
+// Shared table lookups of the second of two walks along one path (one call site: no branch on
+// the iteration around the call).
+__attribute__((noinline)) std::uint64_t LookupsOfARepeatedWalk(Walks* last) {
+  volatile int n = 2;
+  std::uint64_t before = 0;
+  for (int i = 0; i < n; ++i) {
+    *last = Walks();
+    before = GetUnwindCounters().shared_lookups;
+    PathA(last);
+  }
+  return GetUnwindCounters().shared_lookups - before;
+}
+
+// A thread's cache goes back to the pool when the thread exits: after many more threads than the
+// pool holds have come and gone, one at a time, a new thread still walks from its own cache (a
+// second walk along the same path needs no shared table lookup).
+TEST(UnwindTest, ThreadCachesComeBackAtThreadExit) {
+  for (int i = 0; i < 600; ++i) {
+    std::thread([] {
+      Walks walks;
+      PathA(&walks);
+    }).join();
+  }
+  std::uint64_t lookups = 1;
+  Walks second;
+  std::thread([&] { lookups = LookupsOfARepeatedWalk(&second); }).join();
+  ExpectSameFrames(second);
+  EXPECT_EQ(lookups, 0u) << "the thread had no cache: the pool ran dry";
 }
 
 }  // namespace
