@@ -482,7 +482,9 @@ constinit std::atomic<int> g_cache_key_state{0};  // 0 none, 1 being made, 2 mad
 constinit pthread_key_t g_cache_key = 0;
 __attribute__((tls_model("initial-exec"))) constinit thread_local WalkCache* t_walk = nullptr;
 
+// On the exiting thread (or on a failed claim): a walk after this claims a cache again.
 void ReleaseCache(void* cache) {
+  t_walk = nullptr;
   const auto index = static_cast<WalkCache*>(cache) - g_caches;
   g_cache_used[index / 64].fetch_and(~(std::uint64_t{1} << (index % 64)),
                                      std::memory_order_release);
