@@ -1,6 +1,7 @@
 #include "fast_unwind.h"
 
 #include <dlfcn.h>  // _dl_find_object (glibc >= 2.35)
+#include <pthread.h>
 #include <string.h>
 
 #include <atomic>
@@ -26,21 +27,13 @@ struct Rule {
   std::int16_t rbp_offset = 0;
 };
 
+// A rule in one word: bits 0-31 cfa_offset, 32 cfa_is_rbp, 33 rbp_saved, 34-35 kind, 48-63
+// rbp_offset.
 std::uint64_t Pack(const Rule& r) {
   return std::uint64_t{static_cast<std::uint32_t>(r.cfa_offset)} |
          std::uint64_t{r.cfa_is_rbp} << 32 | std::uint64_t{r.rbp_saved} << 33 |
          std::uint64_t{r.kind} << 34 |
          std::uint64_t{static_cast<std::uint16_t>(r.rbp_offset)} << 48;
-}
-
-Rule Unpack(std::uint64_t v) {
-  Rule r;
-  r.cfa_offset = static_cast<std::int32_t>(static_cast<std::uint32_t>(v));
-  r.cfa_is_rbp = (v >> 32) & 1;
-  r.rbp_saved = (v >> 33) & 1;
-  r.kind = static_cast<RuleKind>((v >> 34) & 3);
-  r.rbp_offset = static_cast<std::int16_t>(static_cast<std::uint16_t>(v >> 48));
-  return r;
 }
 
 // The rule table: key = pc << 1 | published, 0 = empty. A writer claims an empty slot by CAS
@@ -54,6 +47,7 @@ struct Slot {
 constinit Slot g_rules[kSlots] = {};
 constinit std::atomic<std::uint64_t> g_rules_computed{0};
 constinit std::atomic<std::uint64_t> g_walks_given_up{0};
+constinit std::atomic<std::uint64_t> g_shared_lookups{0};
 
 // --- Reading .eh_frame ---------------------------------------------------------------------------
 
@@ -433,24 +427,160 @@ Rule ComputeRule(std::uintptr_t pc) {
   return RuleFromState(state);
 }
 
-Rule Lookup(std::uintptr_t pc) {
+// The packed rule of `pc` from the shared table, computing and inserting it when missing.
+std::uint64_t Lookup(std::uintptr_t pc) {
   const std::uint64_t want = std::uint64_t{pc} << 1 | 1;
   std::size_t slot = (pc * 0x9E3779B97F4A7C15ull) >> 49;  // 15 bits
   for (int probe = 0; probe < kProbes; ++probe, slot = (slot + 1) & (kSlots - 1)) {
     std::uint64_t key = g_rules[slot].key.load(std::memory_order_acquire);
-    if (key == want) return Unpack(g_rules[slot].value.load(std::memory_order_relaxed));
+    if (key == want) return g_rules[slot].value.load(std::memory_order_relaxed);
     if (key != 0) continue;
-    const Rule rule = ComputeRule(pc);
+    const std::uint64_t rule = Pack(ComputeRule(pc));
     g_rules_computed.fetch_add(1, std::memory_order_relaxed);
     if (g_rules[slot].key.compare_exchange_strong(key, want & ~std::uint64_t{1},
                                                   std::memory_order_acq_rel)) {
-      g_rules[slot].value.store(Pack(rule), std::memory_order_relaxed);
+      g_rules[slot].value.store(rule, std::memory_order_relaxed);
       g_rules[slot].key.store(want, std::memory_order_release);
     }
     return rule;
   }
   g_rules_computed.fetch_add(1, std::memory_order_relaxed);
-  return ComputeRule(pc);  // a crowded neighbourhood: not cached
+  return Pack(ComputeRule(pc));  // a crowded neighbourhood: not cached
+}
+
+// Each thread's previous walk: the code address looked up at each depth and its packed rule.
+// Allocations repeat their call paths, so a walk mostly meets, depth by depth, the addresses of
+// the walk before; the expected address and rule are then read from this small array in order
+// (independent of the stack loads, so the processor fetches them ahead) instead of probing the
+// shared table, whose slots lie a page apart. Addresses that differ from the previous walk's
+// (another call site near the top of the stack) go to a small direct-mapped table of the
+// thread's recent addresses next, and to the shared table last. A rule depends only on its
+// address: an entry is right whatever walk wrote it. Zero-initialised: address 0 is never
+// looked up. Not for signal handlers that allocate during an allocation (the pool's locks rule
+// that out already): an interrupted entry update could pair an address with another's rule.
+constexpr int kCachedDepth = 128;
+constexpr int kRecentSlots = 256;
+struct CacheEntry {
+  std::uintptr_t pc;
+  std::uint64_t rule;
+};
+struct WalkCache {
+  CacheEntry depth[kCachedDepth];
+  CacheEntry recent[kRecentSlots];
+};
+
+// The caches live in a fixed pool, a thread holding one from its first walk to its exit (a
+// pthread key's destructor gives it back): thread-local storage holds only the pointer, because
+// the shim's thread-local block must fit the loader's static TLS surplus when the driver dlopens
+// it as an injection (CUDA_INJECTION64_PATH), and 6 KiB a thread does not. Entries need no reset
+// when a cache changes hands (a rule is right whoever wrote it). Threads beyond the pool walk
+// through the shared table alone.
+constexpr int kCachePool = 512;
+constinit WalkCache g_caches[kCachePool] = {};
+constinit std::atomic<std::uint64_t> g_cache_used[kCachePool / 64] = {};
+constinit std::atomic<int> g_cache_key_state{0};  // 0 none, 1 being made, 2 made, 3 failed
+constinit pthread_key_t g_cache_key = 0;
+__attribute__((tls_model("initial-exec"))) constinit thread_local WalkCache* t_walk = nullptr;
+
+// On the exiting thread (or on a failed claim): a walk after this claims a cache again.
+void ReleaseCache(void* cache) {
+  t_walk = nullptr;
+  const auto index = static_cast<WalkCache*>(cache) - g_caches;
+  g_cache_used[index / 64].fetch_and(~(std::uint64_t{1} << (index % 64)),
+                                     std::memory_order_release);
+}
+
+// The calling thread's cache, claimed on its first walk; null when the pool is empty (tried
+// again on later walks) or no thread-exit hook could be made.
+__attribute__((noinline)) WalkCache* ClaimCache() {
+  int state = g_cache_key_state.load(std::memory_order_acquire);
+  if (state == 0 && g_cache_key_state.compare_exchange_strong(state, 1)) {
+    state = pthread_key_create(&g_cache_key, ReleaseCache) == 0 ? 2 : 3;
+    g_cache_key_state.store(state, std::memory_order_release);
+  }
+  while (state == 1) state = g_cache_key_state.load(std::memory_order_acquire);
+  if (state != 2) return nullptr;
+  for (int word = 0; word < kCachePool / 64; ++word) {
+    std::uint64_t used = g_cache_used[word].load(std::memory_order_relaxed);
+    while (~used != 0) {
+      const int bit = __builtin_ctzll(~used);
+      if (g_cache_used[word].compare_exchange_weak(used, used | std::uint64_t{1} << bit,
+                                                   std::memory_order_acquire)) {
+        WalkCache* cache = &g_caches[word * 64 + bit];
+        if (pthread_setspecific(g_cache_key, cache) != 0) {
+          ReleaseCache(cache);
+          return nullptr;
+        }
+        t_walk = cache;
+        return cache;
+      }
+    }
+  }
+  return nullptr;
+}
+
+// The rule of `pc` when the walk before had another address at this depth: from the thread's
+// recent addresses, else the shared table (and then kept among the recent ones). Out of line,
+// so the walk's loop keeps its registers.
+__attribute__((noinline)) std::uint64_t RecentOrShared(WalkCache* cache, std::uintptr_t pc) {
+  CacheEntry& recent = cache->recent[(pc * 0x9E3779B97F4A7C15ull) >> 56];  // 8 bits
+  if (recent.pc == pc) return recent.rule;
+  g_shared_lookups.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t rule = Lookup(pc);
+  recent.pc = pc;
+  recent.rule = rule;
+  return rule;
+}
+
+// Packed rule fields the walk tests (see Pack).
+constexpr std::uint64_t kKindBits = std::uint64_t{3} << 34;  // kFollow is 0
+constexpr std::uint64_t kCfaIsRbpBit = std::uint64_t{1} << 32;
+constexpr std::uint64_t kRbpSavedBit = std::uint64_t{1} << 33;
+
+// The walk from a frame whose code address, rsp and rbp are given; with the thread's cache, or
+// (kCached false) a shared table lookup for every frame.
+template <bool kCached>
+__attribute__((always_inline)) inline int Walk(WalkCache* cache, std::uintptr_t pc,
+                                               std::uintptr_t sp, std::uintptr_t bp,
+                                               std::uintptr_t* frames, int max) {
+  const int limit = max < kCachedDepth ? max : kCachedDepth;
+  int count = 0;
+  for (; count < limit; ++count) {
+    std::uint64_t rule;
+    if constexpr (kCached) {
+      CacheEntry& entry = cache->depth[count];
+      rule = entry.rule;
+      if (__builtin_expect(entry.pc != pc, 0)) {
+        rule = RecentOrShared(cache, pc);
+        entry.pc = pc;
+        entry.rule = rule;
+      }
+    } else {
+      g_shared_lookups.fetch_add(1, std::memory_order_relaxed);
+      rule = Lookup(pc);
+    }
+    // Fields tested in place: a Rule struct here went through the stack.
+    if (__builtin_expect((rule & kKindBits) != 0, 0)) {
+      if ((rule & kKindBits) == std::uint64_t{kEnd} << 34) return count;
+      break;  // kGiveUp
+    }
+    const std::uintptr_t cfa = ((rule & kCfaIsRbpBit) != 0 ? bp : sp) +
+                               static_cast<std::uintptr_t>(static_cast<std::int32_t>(rule));
+    if (cfa - sp - 1 >= kMaxFrameBytes) break;  // the CFA must grow, by at most kMaxFrameBytes
+    std::uintptr_t ra;
+    memcpy(&ra, reinterpret_cast<const void*>(cfa - 8), sizeof(ra));
+    if ((rule & kRbpSavedBit) != 0) {
+      const auto rbp_offset = static_cast<std::int16_t>(static_cast<std::uint16_t>(rule >> 48));
+      memcpy(&bp, reinterpret_cast<const void*>(cfa + rbp_offset), 8);
+    }
+    if (ra == 0) return count;
+    frames[count] = ra;
+    sp = cfa;
+    pc = ra - 1;  // callers' code addresses are return address - 1
+  }
+  if (count == limit) return count;
+  g_walks_given_up.fetch_add(1, std::memory_order_relaxed);
+  return -1;
 }
 
 }  // namespace
@@ -464,31 +594,25 @@ __attribute__((noinline)) int FastBacktrace(std::uintptr_t* frames, int max) {
       "mov %%rsp, %1\n\t"
       "lea 0(%%rip), %0"
       : "=r"(ip), "=r"(sp), "=r"(bp));
-  int count = 0;
-  std::uintptr_t pc = ip;  // the first frame's own address; callers' are return address - 1
-  while (count < max) {
-    const Rule rule = Lookup(pc);
-    if (rule.kind == kEnd) return count;
-    if (rule.kind == kGiveUp) break;
-    const std::uintptr_t cfa =
-        (rule.cfa_is_rbp ? bp : sp) + static_cast<std::uintptr_t>(rule.cfa_offset);
-    if (cfa <= sp || cfa - sp > kMaxFrameBytes) break;
-    std::uintptr_t ra;
-    memcpy(&ra, reinterpret_cast<const void*>(cfa - 8), sizeof(ra));
-    if (rule.rbp_saved) memcpy(&bp, reinterpret_cast<const void*>(cfa + rule.rbp_offset), 8);
-    if (ra == 0) return count;
-    frames[count++] = ra;
-    sp = cfa;
-    pc = ra - 1;
+  WalkCache* cache = t_walk;
+  if (__builtin_expect(cache == nullptr, 0)) cache = ClaimCache();
+  return cache != nullptr ? Walk<true>(cache, ip, sp, bp, frames, max)
+                          : Walk<false>(nullptr, ip, sp, bp, frames, max);
+}
+
+void UnwindForkChild() {
+  // The other threads' caches are not theirs any more (those threads do not exist here).
+  for (auto& word : g_cache_used) word.store(0, std::memory_order_relaxed);
+  if (t_walk != nullptr) {
+    const auto index = t_walk - g_caches;
+    g_cache_used[index / 64].fetch_or(std::uint64_t{1} << (index % 64), std::memory_order_relaxed);
   }
-  if (count == max) return count;
-  g_walks_given_up.fetch_add(1, std::memory_order_relaxed);
-  return -1;
 }
 
 UnwindCounters GetUnwindCounters() {
   return {g_rules_computed.load(std::memory_order_relaxed),
-          g_walks_given_up.load(std::memory_order_relaxed)};
+          g_walks_given_up.load(std::memory_order_relaxed),
+          g_shared_lookups.load(std::memory_order_relaxed)};
 }
 
 }  // namespace vramscope::interposer

@@ -1,18 +1,18 @@
 // Allocation sites (VRAMSCOPE_STACKS=1): the native call stack of each recorded allocation,
 // unwound in the application and resolved to function, file and line outside it.
 //
-// CaptureSite unwinds with libgcc's _Unwind_Backtrace (the unwinder linked into the shim; with
-// glibc >= 2.35 it finds unwind tables through _dl_find_object, without the loader lock),
-// skips the shim's own frames, keeps at most VRAMSCOPE_RING_MAX_SITE_FRAMES return addresses
-// and hashes them into the site id. A fixed-size open-addressing table of seen ids (CAS insert,
-// no lock) decides who writes a site's frames: the thread that inserts it, once, as SITE records
-// (vramscope/ring.h). Addresses outside every known module make it refresh the module map with
-// dl_iterate_phdr (under a spin lock; only on a new site) and write a MODULE record per new
-// module. When the table is full, sites are still named in ALLOC records but their frames are
-// not sent (the report shows the bare id).
+// CaptureSite walks the stack with fast_unwind.h (cached .eh_frame rules, per-thread caches of
+// the paths walked; libgcc's _Unwind_Backtrace where that walk gives up, or for every walk with
+// VRAMSCOPE_STACKS_UNWIND=libgcc), skips the shim's own frames, keeps at most
+// VRAMSCOPE_RING_MAX_SITE_FRAMES return addresses and hashes them (four lanes) into the site id.
+// A fixed-size open-addressing table of seen ids (CAS insert, no lock) decides who writes a
+// site's frames: the thread that inserts it, once, as SITE records (vramscope/ring.h). Addresses
+// outside every known module make it refresh the module map with dl_iterate_phdr (under a spin
+// lock; only on a new site) and write a MODULE record per new module. When the table is full, sites
+// are still named in ALLOC records but their frames are not sent (the report shows the bare id).
 //
-// Thread safety: any thread, any time. Costs: the unwind dominates (measured by shim_bench's
-// BM_AllocFreeWithStacks; see README.md); a known site then costs one hash and a probe.
+// Thread safety: any thread, any time. Costs: the walk dominates (tests/stacks/stack_bench
+// measures the extra per allocation; see README.md); then one hash and a probe.
 // No allocation, no exceptions (the unwinder only reads). Fork: StacksForkChild forgets what was
 // sent (the child's ring starts empty).
 #pragma once

@@ -1,7 +1,10 @@
 // interposer/shim/fast_unwind.h: the fast walk returns exactly the frames libgcc's
 // _Unwind_Backtrace returns, through frames addressed from rsp and from rbp (alloca), through libc
 // (qsort's comparator), on another thread, and past the frame limit; a second walk through the same
-// code reads no unwind table again; nothing here makes it give up.
+// code reads no unwind table again; nothing here makes it give up. The per-thread caches: walks
+// that alternate between call paths of the same depth (so the previous walk's address at a depth
+// is another's) still return libgcc's frames, and once each path was walked they are served from
+// the thread's caches without a shared table lookup; threads give their caches back at exit.
 #include <alloca.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -131,6 +134,91 @@ TEST(UnwindTest, ASecondWalkReadsNoTableAndNothingGaveUp) {
   EXPECT_EQ(counters[1].rules_computed, counters[0].rules_computed);
   EXPECT_EQ(counters[1].walks_given_up, 0u);
   ExpectSameFrames(walks[1]);
+}
+
+// Two call paths whose frames differ at the same depths: one through Recurse, one through
+// WithAlloca (an rbp-based frame) below a Recurse of the same total depth.
+__attribute__((noinline)) int PathA(Walks* walks) {
+  const int r = Recurse(4, walks);
+  asm volatile("" ::: "memory");
+  return r;
+}
+__attribute__((noinline)) int PathB(Walks* walks) {
+  const int r = WithAlloca(static_cast<std::size_t>(getpid() % 50 + 32), walks);
+  asm volatile("" ::: "memory");
+  return r;
+}
+
+TEST(UnwindTest, AlternatingPathsGiveLibgccsFramesFromTheThreadsCaches) {
+  constexpr int kWalks = 12;
+  UnwindCounters before{};
+  volatile int n = kWalks + 2;
+  for (int i = 0; i < n; ++i) {
+    if (i == 2) before = GetUnwindCounters();  // both paths walked once from these call sites
+    Walks walks;
+    if (i % 2 == 0) {
+      PathA(&walks);
+    } else {
+      PathB(&walks);
+    }
+    ExpectSameFrames(walks);
+  }
+  const UnwindCounters after = GetUnwindCounters();
+  // Without the caches every frame (over 10 a walk) probes the shared table. With them, an
+  // address that differs from the previous walk's at its depth is found in the thread's recent
+  // table, unless two of the few alternating addresses share its slot there (a slot is chosen by
+  // a hash of the address, which moves with the load address): a probe a walk per such pair.
+  EXPECT_LE(after.shared_lookups - before.shared_lookups, 3u * kWalks)
+      << "walks along known paths went to the shared table";
+  EXPECT_EQ(after.rules_computed, before.rules_computed);
+  EXPECT_EQ(after.walks_given_up, 0u);
+}
+
+// Another thread has its own caches: its first walk looks its addresses up in the shared table
+// (whose rules all threads share), and gets the same frames.
+TEST(UnwindTest, AnotherThreadStartsWithEmptyCachesAndSharesTheRules) {
+  Walks main_walk;
+  PathA(&main_walk);
+  ExpectSameFrames(main_walk);
+  UnwindCounters before{}, after{};
+  Walks thread_walk;
+  std::thread([&] {
+    before = GetUnwindCounters();
+    PathA(&thread_walk);
+    after = GetUnwindCounters();
+  }).join();
+  ExpectSameFrames(thread_walk);
+  EXPECT_GT(after.shared_lookups, before.shared_lookups);
+}
+
+// Shared table lookups of the second of two walks along one path (one call site: no branch on
+// the iteration around the call).
+__attribute__((noinline)) std::uint64_t LookupsOfARepeatedWalk(Walks* last) {
+  volatile int n = 2;
+  std::uint64_t before = 0;
+  for (int i = 0; i < n; ++i) {
+    *last = Walks();
+    before = GetUnwindCounters().shared_lookups;
+    PathA(last);
+  }
+  return GetUnwindCounters().shared_lookups - before;
+}
+
+// A thread's cache goes back to the pool when the thread exits: after many more threads than the
+// pool holds have come and gone, one at a time, a new thread still walks from its own cache (a
+// second walk along the same path needs no shared table lookup).
+TEST(UnwindTest, ThreadCachesComeBackAtThreadExit) {
+  for (int i = 0; i < 600; ++i) {
+    std::thread([] {
+      Walks walks;
+      PathA(&walks);
+    }).join();
+  }
+  std::uint64_t lookups = 1;
+  Walks second;
+  std::thread([&] { lookups = LookupsOfARepeatedWalk(&second); }).join();
+  ExpectSameFrames(second);
+  EXPECT_EQ(lookups, 0u) << "the thread had no cache: the pool ran dry";
 }
 
 }  // namespace
