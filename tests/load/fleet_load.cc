@@ -84,7 +84,8 @@ struct Options {
   int synthetic_processes = 0;
   int watchers = 0;
   double watch_seconds = 20;
-  int checkpoint_every = 0;  // events between latency checkpoints (0: rate / 20)
+  double drain_timeout_s = 120;  // after writing, how long to wait for every event to be stored
+  int checkpoint_every = 0;      // events between latency checkpoints (0: rate / 20)
   bool tls = false;
   std::string tls_dir;  // ca.pem, server.pem, server.key made elsewhere (empty: openssl here)
   std::vector<std::string> traces;
@@ -721,8 +722,10 @@ int Run(const Options& options) {
     }
     return finished.size();
   };
-  const absl::Time drain_deadline = absl::Now() + absl::Seconds(120);
-  while (finished_processes() < static_cast<size_t>(apps) && absl::Now() < drain_deadline) {
+  const absl::Time drain_deadline = absl::Now() + absl::Seconds(options.drain_timeout_s);
+  bool drained = false;
+  while (!(drained = finished_processes() >= static_cast<size_t>(apps)) &&
+         absl::Now() < drain_deadline) {
     ::usleep(100000);
   }
   const absl::Duration until_stored = absl::Now() - start;
@@ -801,7 +804,11 @@ int Run(const Options& options) {
       resend_ms.empty() ? 0.0 : *std::max_element(resend_ms.begin(), resend_ms.end()),
       resend_ms.size());
   const bool ok = lost == 0 && extra == 0 && stored.doubled == 0;
-  std::printf("count check: %s\n", ok ? "PASS (every event stored once)" : "FAIL");
+  std::printf("count check: %s\n", ok                      ? "PASS (every event stored once)"
+                                   : drained || extra != 0 ? "FAIL"
+                                                           : "FAIL (not all stored within "
+                                                             "--drain-timeout: lost means not yet "
+                                                             "stored)");
   const double stored_seconds = absl::ToDoubleSeconds(until_stored);
   std::printf(
       "result: collectors=%d tls=%d written_per_s=%.0f stored_per_s=%.0f p50_ms=%.0f p99_ms=%.0f "
@@ -820,16 +827,17 @@ int Run(const Options& options) {
 }
 
 int Usage(const std::string& error) {
-  std::fprintf(stderr,
-               "fleet_load: %s\n"
-               "usage: fleet_load --trace=FILE.csv.gz... [--collectors=N] [--agents=N]\n"
-               "         [--processes=N (per agent)] [--rate=EVENTS_PER_S (per process)]\n"
-               "         [--duration=S] [--soak [--kill-every=S] [--down-for=S]]\n"
-               "         [--synthetic-processes=N] [--watchers=N [--watch-seconds=S]]\n"
-               "         [--tls | --tls-dir=DIR] [--collector-args='...'] "
-               "[--agent-args='...']\n"
-               "$VRAMSCOPE_COLLECTOR and $VRAMSCOPE_AGENT name the binaries.\n",
-               error.c_str());
+  std::fprintf(
+      stderr,
+      "fleet_load: %s\n"
+      "usage: fleet_load --trace=FILE.csv.gz... [--collectors=N] [--agents=N]\n"
+      "         [--processes=N (per agent)] [--rate=EVENTS_PER_S (per process)]\n"
+      "         [--duration=S] [--drain-timeout=S] [--soak [--kill-every=S] [--down-for=S]]\n"
+      "         [--synthetic-processes=N] [--watchers=N [--watch-seconds=S]]\n"
+      "         [--tls | --tls-dir=DIR] [--collector-args='...'] "
+      "[--agent-args='...']\n"
+      "$VRAMSCOPE_COLLECTOR and $VRAMSCOPE_AGENT name the binaries.\n",
+      error.c_str());
   return 2;
 }
 
@@ -877,6 +885,8 @@ int Main(int argc, char** argv) {
       options.down_for_s = d;
     } else if (name == "--watchers" && absl::SimpleAtoi(value, &n) && n > 0) {
       options.watchers = static_cast<int>(n);
+    } else if (name == "--drain-timeout" && d > 0) {
+      options.drain_timeout_s = d;
     } else if (name == "--watch-seconds" && d > 0) {
       options.watch_seconds = d;
     } else if (name == "--synthetic-processes" && absl::SimpleAtoi(value, &n) && n > 0) {
