@@ -39,7 +39,7 @@ uint64_t ProcessStats::LastEventWallNs() const { return engine_->LastEventWallNs
 
 v1::Report ProcessStats::Report() const { return engine_->Report(); }
 v1::Report ProcessStats::LiveReport() const {
-  return engine_->Report(ReportAllocations::kLeaveOut);
+  return engine_->Report(ReportAllocations::kFiguresOnly);
 }
 
 }  // namespace vramscope::collector

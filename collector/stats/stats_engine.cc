@@ -837,6 +837,8 @@ v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
 
   const double seconds =
       static_cast<double>(SubtractSaturating(last_time_ns_, first_time_ns_)) / 1e9;
+  // Top sites, timeline and leaks (kFiguresOnly leaves them out).
+  const bool details = allocations != ReportAllocations::kFiguresOnly;
   std::vector<const Device*> sorted;
   for (const auto& device : devices_) sorted.push_back(device.get());
   std::sort(sorted.begin(), sorted.end(),
@@ -900,30 +902,31 @@ v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
       stats->set_total_time_ns(agg->total_time_ns);
     }
 
-    // Top sites by peak live bytes.
-    std::vector<std::pair<std::uint64_t, const Site*>> sites;
-    sites.reserve(d->sites.size());
-    for (const auto& [site, stats] : d->sites) sites.emplace_back(site, &stats);
-    std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) {
-      if (a.second->peak_live_bytes != b.second->peak_live_bytes) {
-        return a.second->peak_live_bytes > b.second->peak_live_bytes;
+    if (details) {
+      // Top sites by peak live bytes.
+      std::vector<std::pair<std::uint64_t, const Site*>> sites;
+      sites.reserve(d->sites.size());
+      for (const auto& [site, stats] : d->sites) sites.emplace_back(site, &stats);
+      std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) {
+        if (a.second->peak_live_bytes != b.second->peak_live_bytes) {
+          return a.second->peak_live_bytes > b.second->peak_live_bytes;
+        }
+        return a.first < b.first;
+      });
+      if (sites.size() > options_.max_top_sites) sites.resize(options_.max_top_sites);
+      for (const auto& [site, stats] : sites) {
+        v1::SiteStats* s = out->add_top_sites();
+        s->set_site(site);
+        auto frames = site_frames_.find(site);
+        if (frames != site_frames_.end()) {
+          for (const std::string& frame : frames->second) s->add_frames(frame);
+        }
+        s->set_alloc_count(stats->alloc_count);
+        s->set_total_bytes(stats->total_bytes);
+        s->set_peak_live_bytes(stats->peak_live_bytes);
       }
-      return a.first < b.first;
-    });
-    if (sites.size() > options_.max_top_sites) sites.resize(options_.max_top_sites);
-    for (const auto& [site, stats] : sites) {
-      v1::SiteStats* s = out->add_top_sites();
-      s->set_site(site);
-      auto frames = site_frames_.find(site);
-      if (frames != site_frames_.end()) {
-        for (const std::string& frame : frames->second) s->add_frames(frame);
-      }
-      s->set_alloc_count(stats->alloc_count);
-      s->set_total_bytes(stats->total_bytes);
-      s->set_peak_live_bytes(stats->peak_live_bytes);
+      d->timeline.AppendTo(out->mutable_timeline());
     }
-
-    d->timeline.AppendTo(out->mutable_timeline());
     for (const RangeInstance& instance : instances) {
       if (d->slot >= instance.devices_seen) continue;
       v1::NvtxRangeInstance* shown = out->add_nvtx_instances();
@@ -961,7 +964,7 @@ v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
   }
 
   // Leaks: what is still live once the process ended, largest first, per device.
-  if (finished_) {
+  if (finished_ && details) {
     std::vector<std::pair<std::uint64_t, const Live*>> leaks;
     for (const auto& [address, live] : live_) leaks.emplace_back(address, &live);
     std::sort(leaks.begin(), leaks.end(), [](const auto& a, const auto& b) {

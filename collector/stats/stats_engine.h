@@ -80,7 +80,10 @@ struct StatsOptions {
 // Whether Report() lists individual allocations (DeviceReport.allocations and the fields after
 // it): live updates (the collector's Watch) leave them out, which keeps Report() at
 // O(devices + sites + ranges + leaks) instead of adding O(live + max_allocations) per device.
-enum class ReportAllocations { kInclude, kLeaveOut };
+// kInclude: the whole report. kLeaveOut: without the allocation list. kFiguresOnly: also without
+// the timeline, top sites, leaks and their sites (what a Watch update shows: built for every
+// process on every tick, so the timeline's points alone were most of its cost).
+enum class ReportAllocations { kInclude, kLeaveOut, kFiguresOnly };
 
 // The accounting rule on the proto enum (mirrors vramscope_ring_alloc_kind_counts_*).
 bool KindCountsBytes(v1::AllocationKind kind);

@@ -16,8 +16,14 @@
 // their port after --down-for seconds, for the whole --duration.
 // --synthetic-processes=N: instead, N processes are started directly over gRPC (one batch each,
 // left running) and the collector's RSS is read: the live-table cost.
+// --tls: TLS and bearer tokens on every connection: a throwaway CA and server certificate (for
+// 127.0.0.1) made with the openssl command in a temporary directory, or copied from --tls-dir=DIR
+// (ca.pem, server.pem, server.key: for machines without openssl), and random writer and reader
+// tokens; the collectors get --tls-cert/--tls-key/--writer-token-file/--reader-token-file, the
+// agents --tls-ca/--token-file (writer), the driver's Watch and ListProcesses the reader token.
 // --collector-args / --agent-args (or $VRAMSCOPE_LOAD_COLLECTOR_ARGS / _AGENT_ARGS): extra flags,
-// split on spaces, for every collector / agent (TLS and token files).
+// split on spaces, for every collector / agent.
+// Last line of a run: "result: key=value ..." (events_per_s, p50_ms, p99_ms, ...) for scripts.
 //
 // Exit codes: 0 the count check passed; 1 events lost or doubled (or not all stored in time); 2
 // usage or a binary that would not start.
@@ -33,6 +39,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,8 +59,10 @@
 
 #include "replay/trace_loader.h"
 #include "tests/collector/test_util.h"
+#include "tests/net/test_certs.h"
 #include "tests/pipeline/subprocess.h"
 #include "vramscope/collector/record_log.h"
+#include "vramscope/net_security.h"
 #include "vramscope/ring/ring_writer.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 
@@ -75,7 +84,10 @@ struct Options {
   int synthetic_processes = 0;
   int watchers = 0;
   double watch_seconds = 20;
-  int checkpoint_every = 0;  // events between latency checkpoints (0: rate / 20)
+  double drain_timeout_s = 120;  // after writing, how long to wait for every event to be stored
+  int checkpoint_every = 0;      // events between latency checkpoints (0: rate / 20)
+  bool tls = false;
+  std::string tls_dir;  // ca.pem, server.pem, server.key made elsewhere (empty: openssl here)
   std::vector<std::string> traces;
   std::vector<std::string> collector_args;
   std::vector<std::string> agent_args;
@@ -100,12 +112,86 @@ uint64_t MonoNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// The one place this driver makes a channel to a collector (TLS and tokens plug in here).
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
-  grpc::ChannelArguments args;
+// The driver's own credentials (the reader token with --tls; a writer's for direct ingest).
+net::ClientCredentials g_reader;
+net::ClientCredentials g_writer;
+
+// The one place this driver makes a channel to a collector. `args` may ask for a connection of
+// its own (a distinct channel argument).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           grpc::ChannelArguments args = {},
+                                           const net::ClientCredentials& credentials = g_reader) {
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return net::MakeChannel(address, credentials, std::move(args));
+}
+
+std::string RandomToken() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[24] = {};
+  urandom.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+  std::string token;
+  for (unsigned char b : bytes) token += absl::StrFormat("%02x", b);
+  return token;
+}
+
+// --tls: writes certificates and token files under `dir` and adds the binaries' flags to
+// `options`; false (with a message) when the files cannot be made.
+bool SetUpSecurity(const std::string& dir, Options* options) {
+  std::string ca = dir + "/ca.pem";
+  std::string cert = dir + "/server.pem";
+  std::string key = dir + "/server.key";
+  auto write_secret = [&](const std::string& name, const std::string& text) {
+    const std::string file = dir + "/" + name;
+    std::ofstream(file, std::ios::trunc) << text;
+    ::chmod(file.c_str(), 0600);  // the binaries refuse secrets others may read
+    return file;
+  };
+  if (options->tls_dir.empty()) {
+    testing::TestCerts certs(dir);
+    if (!certs.ok()) {
+      std::fprintf(stderr,
+                   "fleet_load: cannot make certificates (--tls-dir=DIR gives made ones): %s\n",
+                   certs.error().c_str());
+      return false;
+    }
+  } else {
+    for (const char* name : {"ca.pem", "server.pem", "server.key"}) {
+      std::ifstream in(options->tls_dir + "/" + name);
+      if (!in) {
+        std::fprintf(stderr, "fleet_load: no %s in --tls-dir %s\n", name, options->tls_dir.c_str());
+        return false;
+      }
+      write_secret(name, std::string(std::istreambuf_iterator<char>(in), {}));
+    }
+  }
+  const std::string writer_token = RandomToken();
+  const std::string reader_token = RandomToken();
+  const std::string writers = write_secret("writers", "load-agents " + writer_token + "\n");
+  const std::string readers = write_secret("readers", "load-driver " + reader_token + "\n");
+  const std::string agent_token = write_secret("agent.token", writer_token + "\n");
+  const std::string driver_token = write_secret("driver.token", reader_token + "\n");
+  options->collector_args.insert(
+      options->collector_args.end(),
+      {"--tls-cert=" + cert, "--tls-key=" + key, "--writer-token-file=" + writers,
+       "--reader-token-file=" + readers});
+  options->agent_args.insert(options->agent_args.end(),
+                             {"--tls-ca=" + ca, "--token-file=" + agent_token});
+  net::ClientSecurity reader;
+  reader.ca_file = ca;
+  reader.token_file = driver_token;
+  net::ClientSecurity writer = reader;
+  writer.token_file = agent_token;
+  absl::StatusOr<net::ClientCredentials> loaded = net::LoadClientCredentials(reader);
+  absl::StatusOr<net::ClientCredentials> loaded_writer = net::LoadClientCredentials(writer);
+  if (!loaded.ok() || !loaded_writer.ok()) {
+    std::fprintf(stderr, "fleet_load: %s %s\n", loaded.status().ToString().c_str(),
+                 loaded_writer.status().ToString().c_str());
+    return false;
+  }
+  g_reader = *std::move(loaded);
+  g_writer = *std::move(loaded_writer);
+  return true;
 }
 
 std::vector<std::string> SplitArgs(const std::string& text) {
@@ -331,7 +417,8 @@ int Synthetic(const Options& options) {
   if (!collectors.Start(0)) return 2;
   const pid_t pid = collectors.pids().at(0);
   const ProcSample before = SampleProcess(pid);
-  auto stub = v1::Collector::NewStub(MakeChannel(collectors.Address(0)));
+  auto stub = v1::Collector::NewStub(MakeChannel(collectors.Address(0), {}, g_writer));
+  auto reader_stub = v1::Collector::NewStub(MakeChannel(collectors.Address(0)));
   const absl::Time start = absl::Now();
   constexpr int kPerStream = 1000;
   uint64_t acked = 0;
@@ -357,7 +444,7 @@ int Synthetic(const Options& options) {
   grpc::ClientContext context;
   v1::ListProcessesRequest request;
   v1::ListProcessesResponse list;
-  stub->ListProcesses(&context, request, &list);
+  reader_stub->ListProcesses(&context, request, &list);
   std::printf(
       "synthetic: %d live processes (%d listed, %d acknowledged) in %s; collector RSS %.1f MiB "
       "before, %.1f MiB after (%.1f KiB per process), %d threads\n",
@@ -377,7 +464,7 @@ int Watchers(const Options& options) {
   if (!collectors.Start(0)) return 2;
   const pid_t pid = collectors.pids().at(0);
   {
-    auto stub = v1::Collector::NewStub(MakeChannel(collectors.Address(0)));
+    auto stub = v1::Collector::NewStub(MakeChannel(collectors.Address(0), {}, g_writer));
     grpc::ClientContext context;
     auto stream = stub->Ingest(&context);
     for (int i = 0; i < 10; ++i) {
@@ -397,9 +484,7 @@ int Watchers(const Options& options) {
     if (i % kPerChannel == 0) {
       grpc::ChannelArguments args;
       args.SetInt("vramscope.load.channel", i);  // a connection of its own
-      args.SetMaxReceiveMessageSize(64 << 20);
-      stubs.push_back(v1::Collector::NewStub(grpc::CreateCustomChannel(
-          collectors.Address(0), grpc::InsecureChannelCredentials(), args)));
+      stubs.push_back(v1::Collector::NewStub(MakeChannel(collectors.Address(0), args)));
     }
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     v1::WatchRequest request;
@@ -637,8 +722,10 @@ int Run(const Options& options) {
     }
     return finished.size();
   };
-  const absl::Time drain_deadline = absl::Now() + absl::Seconds(120);
-  while (finished_processes() < static_cast<size_t>(apps) && absl::Now() < drain_deadline) {
+  const absl::Time drain_deadline = absl::Now() + absl::Seconds(options.drain_timeout_s);
+  bool drained = false;
+  while (!(drained = finished_processes() >= static_cast<size_t>(apps)) &&
+         absl::Now() < drain_deadline) {
     ::usleep(100000);
   }
   const absl::Duration until_stored = absl::Now() - start;
@@ -717,21 +804,40 @@ int Run(const Options& options) {
       resend_ms.empty() ? 0.0 : *std::max_element(resend_ms.begin(), resend_ms.end()),
       resend_ms.size());
   const bool ok = lost == 0 && extra == 0 && stored.doubled == 0;
-  std::printf("count check: %s\n", ok ? "PASS (every event stored once)" : "FAIL");
+  std::printf("count check: %s\n", ok                      ? "PASS (every event stored once)"
+                                   : drained || extra != 0 ? "FAIL"
+                                                           : "FAIL (not all stored within "
+                                                             "--drain-timeout: lost means not yet "
+                                                             "stored)");
+  const double stored_seconds = absl::ToDoubleSeconds(until_stored);
+  std::printf(
+      "result: collectors=%d tls=%d written_per_s=%.0f stored_per_s=%.0f p50_ms=%.0f p99_ms=%.0f "
+      "rss_mib=%.1f cpu_s=%.1f events_per_collector_cpu_s=%.0f refused=%llu dropped=%llu lost=%llu "
+      "doubled=%llu kills=%d resend_ms=%.0f resends=%zu\n",
+      options.collectors, options.tls ? 1 : 0, static_cast<double>(written) / seconds,
+      static_cast<double>(stored_events) / stored_seconds, Percentile(latencies_ms, 0.5),
+      Percentile(latencies_ms, 0.99), rss / 1048576.0, cpu,
+      cpu > 0 ? static_cast<double>(stored_events) / cpu : 0.0,
+      static_cast<unsigned long long>(rejected), static_cast<unsigned long long>(dropped),
+      static_cast<unsigned long long>(lost),
+      static_cast<unsigned long long>(extra + stored.doubled), kills,
+      resend_ms.empty() ? 0.0 : *std::max_element(resend_ms.begin(), resend_ms.end()),
+      resend_ms.size());
   return ok ? 0 : 1;
 }
 
 int Usage(const std::string& error) {
-  std::fprintf(stderr,
-               "fleet_load: %s\n"
-               "usage: fleet_load --trace=FILE.csv.gz... [--collectors=N] [--agents=N]\n"
-               "         [--processes=N (per agent)] [--rate=EVENTS_PER_S (per process)]\n"
-               "         [--duration=S] [--soak [--kill-every=S] [--down-for=S]]\n"
-               "         [--synthetic-processes=N] [--watchers=N [--watch-seconds=S]]\n"
-               "         [--collector-args='...'] "
-               "[--agent-args='...']\n"
-               "$VRAMSCOPE_COLLECTOR and $VRAMSCOPE_AGENT name the binaries.\n",
-               error.c_str());
+  std::fprintf(
+      stderr,
+      "fleet_load: %s\n"
+      "usage: fleet_load --trace=FILE.csv.gz... [--collectors=N] [--agents=N]\n"
+      "         [--processes=N (per agent)] [--rate=EVENTS_PER_S (per process)]\n"
+      "         [--duration=S] [--drain-timeout=S] [--soak [--kill-every=S] [--down-for=S]]\n"
+      "         [--synthetic-processes=N] [--watchers=N [--watch-seconds=S]]\n"
+      "         [--tls | --tls-dir=DIR] [--collector-args='...'] "
+      "[--agent-args='...']\n"
+      "$VRAMSCOPE_COLLECTOR and $VRAMSCOPE_AGENT name the binaries.\n",
+      error.c_str());
   return 2;
 }
 
@@ -750,6 +856,11 @@ int Main(int argc, char** argv) {
     int64_t n = 0;
     if (name == "--soak") {
       options.soak = true;
+    } else if (name == "--tls" && eq == std::string::npos) {
+      options.tls = true;
+    } else if (name == "--tls-dir" && !value.empty()) {
+      options.tls = true;
+      options.tls_dir = value;
     } else if (name == "--trace") {
       options.traces.push_back(value);
     } else if (name == "--collector-args") {
@@ -774,6 +885,8 @@ int Main(int argc, char** argv) {
       options.down_for_s = d;
     } else if (name == "--watchers" && absl::SimpleAtoi(value, &n) && n > 0) {
       options.watchers = static_cast<int>(n);
+    } else if (name == "--drain-timeout" && d > 0) {
+      options.drain_timeout_s = d;
     } else if (name == "--watch-seconds" && d > 0) {
       options.watch_seconds = d;
     } else if (name == "--synthetic-processes" && absl::SimpleAtoi(value, &n) && n > 0) {
@@ -786,6 +899,8 @@ int Main(int argc, char** argv) {
     return Usage("$VRAMSCOPE_COLLECTOR and $VRAMSCOPE_AGENT must name the binaries");
   }
   options.checkpoint_every = static_cast<int>(std::max<int64_t>(1, options.rate / 20));
+  TempDir security_dir;
+  if (options.tls && !SetUpSecurity(security_dir.path(), &options)) return 2;
   if (options.synthetic_processes > 0) return Synthetic(options);
   if (options.watchers > 0) return Watchers(options);
   return Run(options);

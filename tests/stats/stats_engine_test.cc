@@ -2,6 +2,7 @@
 // the ring counters, NVTX ranges, leaks, fragmentation, OOM verdicts, the bounded timeline.
 #include "stats/stats_engine.h"
 
+#include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -515,6 +516,36 @@ TEST(StatsEngineTest, LiveReportsLeaveTheAllocationsOut) {
   EXPECT_EQ(live.allocations_size(), 0);
   EXPECT_EQ(live.peak_live_count(), 0u);
   EXPECT_EQ(live.peak_allocated_bytes(), 150u);
+}
+
+TEST(StatsEngineTest, FiguresOnlyReportsLeaveTheListsOutAndKeepTheFigures) {
+  // What a Watch update shows: every figure of the full report, none of its lists (the timeline's
+  // points were most of the cost of building an update for every process on every tick).
+  EventStream s;
+  s.Start().Site(1, kTorchSite).Alloc(0x1, 100, 100, 0, kPooled, 1, 1).Alloc(0x2, 50, 50);
+  s.Free(0x1).Reserve(4096).Exit(0);  // finished with 0x2 live: a leak in the full report
+  ProcessStatsEngine stats;
+  for (const v1::Event& e : s.events()) stats.Add(e);
+  const v1::Report full = stats.Report();
+  ASSERT_GT(full.devices(0).timeline_size(), 0);
+  ASSERT_GT(full.devices(0).top_sites_size(), 0);
+  ASSERT_GT(full.devices(0).leaks_size(), 0);
+  v1::Report figures = stats.Report(ReportAllocations::kFiguresOnly);
+  const v1::DeviceReport& d = figures.devices(0);
+  EXPECT_EQ(d.timeline_size(), 0);
+  EXPECT_EQ(d.top_sites_size(), 0);
+  EXPECT_EQ(d.leaks_size(), 0);
+  EXPECT_EQ(d.allocations_size(), 0);
+  EXPECT_EQ(d.allocation_sites_size(), 0);
+  // Everything else as in the full report without its lists.
+  v1::Report expected = stats.Report(ReportAllocations::kLeaveOut);
+  for (v1::DeviceReport& device : *expected.mutable_devices()) {
+    device.clear_timeline();
+    device.clear_top_sites();
+    device.clear_leaks();
+    device.clear_allocation_sites();
+  }
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(figures, expected));
 }
 
 TEST(StatsEngineTest, ANewPeakReplacesTheStateAtTheOldOne) {

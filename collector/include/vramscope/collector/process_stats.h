@@ -27,7 +27,8 @@ class ProcessStats {
 
   void Consume(const v1::EventBatch& batch);
   v1::Report Report() const;
-  // Without the allocation list (DeviceReport.allocations...), for live updates.
+  // The figures only, for live updates (Watch): no allocation list, timeline, top sites, leaks or
+  // allocation sites (ReportAllocations::kFiguresOnly).
   v1::Report LiveReport() const;
 
   bool finished() const { return finished_; }
