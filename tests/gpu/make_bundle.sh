@@ -11,7 +11,8 @@ targets=(interposer/shim/libvramscope.so viewer-cli/vramscope examples/alloc_chu
          tests/gpu/alloc_bench tests/gpu/alloc_bench_shared tests/gpu/multi_gpu_stress examples/nvtx_phases
          tests/bench/pool_bench tests/gpu/graph_array tests/gpu/ordered_probe
          tests/gpu/ordered_probe_ptds tests/gpu/ipc_multi tests/stacks/stack_bench
-         collector/vramscope-collector agent/vramscope-agent tests/load/fleet_load)
+         collector/vramscope-collector agent/vramscope-agent tests/load/fleet_load
+         tests/pipeline/ingest_bench)
 ninja -C "$build" "${targets[@]}"
 rm -rf .device-bundle
 files=()
