@@ -1,0 +1,168 @@
+// The caching pool's core, templated on its layout (internal; reached through MakePool).
+//
+// The core owns what both layouts share: the blocks and their regions, the best-fit FreeIndex,
+// the quick bins, the pending-fence FIFO, the lock and the statistics. Where memory comes from,
+// where a request goes and what goes back is the layout's (vmm_layout.h, segment_layout.h). The
+// layout is fixed when the pool is made, so it is a template argument: its hot-path hooks inline
+// into the core and no call is virtual but the Pool interface itself.
+//
+// A layout L provides (both do; the core calls nothing else, Core = CachingPool<L>):
+//   static constexpr std::string_view kName;     // Pool::policy()
+//   static constexpr bool kBusyPinsRegion;       // a busy block pins its region's free bytes
+//   L(Upstream*, std::size_t capacity, const Tuning&, SlotPool* nodes);
+//   std::uint8_t HeapFor(std::size_t rounded) const;                  // hot: which FreeIndex
+//   std::size_t Unreleasable(const Block*) const;                     // hot: free, kept bytes
+//   std::size_t LargestRequest(std::uint8_t heap, std::size_t run) const;  // of a free run
+//   void Segment(const Region*, const Block*, BlockInfo*) const;      // Lookup's segment
+//   UpstreamStatus Grow(Core&, rounded, retry, Block**, std::uintptr_t*);  // mu_ held
+//   std::size_t Release(Core&, std::size_t want);                     // mu_ held, bins merged
+//   void GiveBack(Core&);                                             // the destructor's
+// The layouts are friends: they grow and shrink regions through the core's block helpers.
+//
+// Quick reuse (the hot path): a block freed with a fence goes, once the fence completed (at once
+// for kSettledFence) and unmerged, into a bin of its exact size, and the next request of that size
+// takes it back as it is: no merge, no best fit, no split. (A free with no fence merges at once:
+// what a replay measures.) Bins are merged back into the free index before the pool would ask the
+// upstream for more, before it gives memory back, and under pressure, so they never make it hold
+// more than best fit over merged blocks would.
+//
+// Thread safety: every Pool operation takes one mutex; PendingBytesRelaxed reads an atomic.
+// Errors: PoolStatus; no operation throws, and none touches the heap on the cached path
+// (SlotPool and AddrMap reserve ahead with new(std::nothrow)).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string_view>
+
+#include "addr_map.h"
+#include "free_index.h"
+#include "pool_internal.h"
+#include "slot_pool.h"
+#include "vramscope/pool/pool.h"
+
+namespace vramscope::pool::internal {
+
+inline std::size_t RoundUp(std::size_t bytes, std::size_t unit) {
+  return (bytes + unit - 1) / unit * unit;
+}
+inline std::size_t RoundDown(std::size_t bytes, std::size_t unit) { return bytes / unit * unit; }
+
+// L: VmmLayout or SegmentLayout (the layout interface above).
+template <typename L>
+class CachingPool final : public Pool {
+ public:
+  CachingPool(Upstream* upstream, FenceTracker* fences, const PoolOptions& options,
+              const Tuning& tuning);
+  ~CachingPool() override;
+
+  PoolStatus Allocate(std::size_t size, std::uintptr_t* address) override {
+    return AllocateSized(size, address, nullptr);
+  }
+  PoolStatus AllocateSized(std::size_t size, std::uintptr_t* address, BlockSizes* sizes) override {
+    return AllocateImpl(size, address, sizes, /*may_grow=*/true);
+  }
+  PoolStatus AllocateCached(std::size_t size, std::uintptr_t* address, BlockSizes* sizes) override {
+    return AllocateImpl(size, address, sizes, /*may_grow=*/false);
+  }
+  PoolStatus Free(std::uintptr_t address, std::uint64_t fence) override {
+    return FreeSized(address, fence, nullptr);
+  }
+  PoolStatus FreeSized(std::uintptr_t address, std::uint64_t fence, BlockSizes* sizes) override;
+  PoolStatus Lookup(std::uintptr_t address, BlockInfo* info) const override;
+  std::size_t ReleaseIdle() override;
+  void DrainPending() override;
+  PoolStats Stats() const override;
+  std::size_t PendingBytesRelaxed() const override {
+    return pending_bytes_.load(std::memory_order_relaxed);
+  }
+  std::string_view policy() const override { return L::kName; }
+
+ private:
+  friend L;
+  struct QuickBin {
+    std::size_t size = 0;   // of every block in the bin (when count != 0)
+    Block* head = nullptr;  // last in, first out, through link_next
+    std::uint32_t count = 0;
+  };
+  static constexpr unsigned kQuickBinBits = 6;
+
+  // --- Allocation path (caching_pool.cc) ---
+  PoolStatus AllocateImpl(std::size_t size, std::uintptr_t* address, BlockSizes* sizes,
+                          bool may_grow);
+  bool FindCached(std::size_t rounded, Block** block, std::uintptr_t* position);
+  PoolStatus FindOrGrow(std::size_t rounded, Block** block, std::uintptr_t* position);
+  PoolStatus FailOom(std::size_t rounded);
+  Block* Carve(Block* block, std::uintptr_t position, std::size_t size);
+  std::size_t ReleaseIdleLocked(std::size_t want);
+
+  // --- Quick bins ---
+  static std::size_t QuickIndex(std::size_t rounded);
+  void ReleaseToQuick(Block* b);
+  Block* TakeQuick(std::size_t rounded);
+  void FlushQuick();
+
+  // --- Fences ---
+  void PollPending(std::size_t max_fences, bool to_quick = true);
+  void WaitOldest();
+  void AddPending(std::ptrdiff_t delta);
+  void ReleasePending(Block* b, bool to_quick);
+
+  // --- Blocks, regions, accounting (also the layouts' tools) ---
+  bool ReserveScratch();
+  Block* NewBlock();
+  Block* SplitAt(Block* b, std::uintptr_t at);
+  static Block*& PageOf(std::uintptr_t addr, Region* region) {
+    return region->pages[(addr - region->base) >> region->page_shift];
+  }
+  void Unlink(Block* b);
+  void Absorb(Block* b, Block* upper);
+  Block* MergeFreeNeighbours(Block* b);
+  void MakeFree(Block* b);
+  void InsertFree(Block* b);
+  void UpdateFree(Block* b, std::uintptr_t addr, std::size_t size);
+  void RemoveFree(Block* b);
+  void BusyInc(Region* region);
+  void BusyDec(Region* region);
+  void AddReserved(std::size_t bytes);
+  bool OverCapacity(std::size_t more) const {
+    return capacity_ != 0 && (reserved_ > capacity_ || more > capacity_ - reserved_);
+  }
+  std::size_t LargestFree() const;
+  static Region* NewRegion(std::size_t bytes, std::uint8_t heap);
+  static void DeleteRegion(Region* region);
+
+  Upstream* const upstream_;
+  FenceTracker* const fences_;
+  const bool in_order_;  // fences_->CompletesInOrder()
+  const bool retire_;    // fences_->NeedsRetire(): fence_refs_ is kept
+  const Tuning tuning_;
+  const std::size_t capacity_;
+
+  mutable std::mutex mu_;
+  SlotPool blocks_;
+  SlotPool nodes_;
+  FreeIndex heaps_[2];  // L::HeapFor picks one
+  std::map<std::uintptr_t, Region*, std::less<>,
+           SlotAllocator<std::pair<const std::uintptr_t, Region*>>>
+      regions_;
+  L layout_;            // after nodes_: its containers take nodes from it
+  AddrMap live_;        // address -> Block*
+  AddrMap fence_refs_;  // fence -> pending blocks waiting on it
+  QuickBin quick_[std::size_t{1} << kQuickBinBits];
+  std::size_t quick_blocks_ = 0;
+  std::size_t quick_bytes_ = 0;
+  Block* pending_head_ = nullptr;  // FIFO, oldest first
+  Block* pending_tail_ = nullptr;
+  // Written under mu_ only; atomic so that PendingBytesRelaxed may read it without the lock.
+  std::atomic<std::size_t> pending_bytes_{0};
+  std::size_t reserved_ = 0;
+  std::size_t peak_reserved_ = 0;
+  std::size_t unreleasable_ = 0;
+  PoolStats stats_;
+};
+
+}  // namespace vramscope::pool::internal
