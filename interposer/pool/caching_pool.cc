@@ -1,6 +1,6 @@
 // The caching pool's core (caching_pool.h): allocation, fences, quick bins, blocks and
 // statistics, the same for both layouts; the layouts are vmm_layout.cc and segment_layout.cc.
-// Both instantiations live here, next to the factory.
+// MakeCachingPool, at the end, instantiates the core for both layouts.
 #include "caching_pool.h"
 
 #include <algorithm>
@@ -58,11 +58,11 @@ PoolStatus CachingPool<L>::AllocateImpl(std::size_t size, std::uintptr_t* addres
   if (block == nullptr) {
     if (!ReserveScratch()) return FailOom(rounded);
     std::uintptr_t position = 0;
-    if (may_grow) {
-      const PoolStatus status = FindOrGrow(rounded, &block, &position);
+    if (!FindCached(rounded, &block, &position)) {
+      // Not recorded when the caller may not grow: it goes on to AllocateSized.
+      if (!may_grow) return PoolStatus::kOutOfMemory;
+      const PoolStatus status = Grow(rounded, &block, &position);
       if (status != PoolStatus::kOk) return status;
-    } else if (!FindCached(rounded, &block, &position)) {
-      return PoolStatus::kOutOfMemory;  // not recorded: the caller goes on to AllocateSized
     }
     block = Carve(block, position, rounded);
     BusyInc(block->region);
@@ -217,13 +217,11 @@ bool CachingPool<L>::FindCached(std::size_t rounded, Block** block, std::uintptr
   return true;
 }
 
-// Finds a free block for `rounded` bytes at `*position`, growing, releasing and waiting as
-// needed; on failure records the OOM.
+// After FindCached found nothing: a free block for `rounded` bytes at `*position` from the
+// layout's upstream, releasing and waiting as needed; on failure records the OOM.
 template <typename L>
-PoolStatus CachingPool<L>::FindOrGrow(std::size_t rounded, Block** block,
-                                      std::uintptr_t* position) {
+PoolStatus CachingPool<L>::Grow(std::size_t rounded, Block** block, std::uintptr_t* position) {
   FreeIndex& heap = heaps_[layout_.HeapFor(rounded)];
-  if (FindCached(rounded, block, position)) return PoolStatus::kOk;
   UpstreamStatus status = layout_.Grow(*this, rounded, /*retry=*/false, block, position);
   if (status == UpstreamStatus::kOutOfMemory) {
     // Pressure: give idle memory back, wait on the oldest fences (a completed one may free a
@@ -435,79 +433,6 @@ void CachingPool<L>::ReleasePending(Block* b, bool to_quick) {
 
 // --- Blocks --------------------------------------------------------------------------------
 
-template <typename L>
-bool CachingPool<L>::ReserveScratch() {
-  // Worst single step: two remainders into the ordered index, one region node, a few blocks.
-  return nodes_.Reserve(8) && blocks_.Reserve(8);
-}
-
-template <typename L>
-Block* CachingPool<L>::NewBlock() {
-  // Reserved by ReserveScratch; a null here means the host heap is gone.
-  void* raw = blocks_.Take();
-  if (raw == nullptr) std::abort();
-  return new (raw) Block();
-}
-
-// Splits `b` at `at`; returns the new upper block (same state, heap and region).
-template <typename L>
-Block* CachingPool<L>::SplitAt(Block* b, std::uintptr_t at) {
-  Block* upper = NewBlock();
-  upper->addr = at;
-  upper->size = b->addr + b->size - at;
-  upper->region = b->region;
-  upper->heap = b->heap;
-  upper->state = b->state;
-  b->size = at - b->addr;
-  upper->prev = b;
-  upper->next = b->next;
-  if (b->next != nullptr) b->next->prev = upper;
-  b->next = upper;
-  Region* region = b->region;
-  Block*& page = region->pages[(at - region->base) >> region->page_shift];
-  if (page == nullptr || page->addr > at) page = upper;
-  return upper;
-}
-
-// Takes `b` out of the address list and the page map and drops it (its bytes now belong to
-// a neighbour).
-template <typename L>
-void CachingPool<L>::Unlink(Block* b) {
-  Region* region = b->region;
-  Block*& page = PageOf(b->addr, region);
-  if (page == b) {
-    Block* after = b->next;
-    page = after != nullptr && &PageOf(after->addr, region) == &page ? after : nullptr;
-  }
-  if (b->prev != nullptr) b->prev->next = b->next;
-  if (b->next != nullptr) b->next->prev = b->prev;
-  b->~Block();
-  blocks_.Give(b);
-}
-
-// Appends `upper` (the next block) to `b` and drops it.
-template <typename L>
-void CachingPool<L>::Absorb(Block* b, Block* upper) {
-  b->size += upper->size;
-  Unlink(upper);
-}
-
-template <typename L>
-Block* CachingPool<L>::MergeFreeNeighbours(Block* b) {
-  if (b->prev != nullptr && b->prev->state == BlockState::kFree) {
-    Block* prev = b->prev;
-    RemoveFree(prev);
-    Absorb(prev, b);
-    b = prev;
-  }
-  if (b->next != nullptr && b->next->state == BlockState::kFree) {
-    Block* next = b->next;
-    RemoveFree(next);
-    Absorb(b, next);
-  }
-  return b;
-}
-
 // A live or pending block becomes reusable: merge with free neighbours, index.
 // Neighbours already free grow in place over it (no index insert in the common case).
 template <typename L>
@@ -545,30 +470,6 @@ void CachingPool<L>::MakeFree(Block* b) {
 }
 
 template <typename L>
-void CachingPool<L>::InsertFree(Block* b) {
-  b->state = BlockState::kFree;
-  heaps_[b->heap].Insert(b);
-  b->region->free_bytes += b->size;
-  unreleasable_ += layout_.Unreleasable(b);
-}
-
-// Moves or resizes a free block that stays free and indexed.
-template <typename L>
-void CachingPool<L>::UpdateFree(Block* b, std::uintptr_t addr, std::size_t size) {
-  unreleasable_ -= layout_.Unreleasable(b);
-  b->region->free_bytes = b->region->free_bytes - b->size + size;
-  heaps_[b->heap].Update(b, addr, size);
-  unreleasable_ += layout_.Unreleasable(b);
-}
-
-template <typename L>
-void CachingPool<L>::RemoveFree(Block* b) {
-  heaps_[b->heap].Remove(b);
-  b->region->free_bytes -= b->size;
-  unreleasable_ -= layout_.Unreleasable(b);
-}
-
-template <typename L>
 void CachingPool<L>::BusyInc(Region* region) {
   if constexpr (L::kBusyPinsRegion) {
     if (region->busy_blocks++ == 0) unreleasable_ += region->free_bytes;
@@ -584,12 +485,6 @@ void CachingPool<L>::BusyDec(Region* region) {
   } else {
     --region->busy_blocks;
   }
-}
-
-template <typename L>
-void CachingPool<L>::AddReserved(std::size_t bytes) {
-  reserved_ += bytes;
-  peak_reserved_ = std::max(peak_reserved_, reserved_);
 }
 
 // The largest request served with no upstream call: the largest indexed block, or a run of
@@ -618,37 +513,6 @@ std::size_t CachingPool<L>::LargestFree() const {
   }
   return largest;
 }
-
-template <typename L>
-Region* CachingPool<L>::NewRegion(std::size_t bytes, std::uint8_t heap) {
-  Region* region = new (std::nothrow) Region();
-  if (region == nullptr) return nullptr;
-  // Lookup pages: at most 2^20 per region (8 MiB for a 1 TiB range), at least 64 KiB each.
-  unsigned shift = 16;
-  while ((bytes >> shift) >= (std::size_t{1} << 20)) ++shift;
-  region->page_shift = shift;
-  region->page_count = ((bytes - 1) >> shift) + 1;
-  // calloc: the page map of a large reserved range is mostly never touched, and fresh pages
-  // from the kernel are zero already.
-  region->pages = static_cast<Block**>(std::calloc(region->page_count, sizeof(Block*)));
-  if (region->pages == nullptr) {
-    delete region;
-    return nullptr;
-  }
-  region->size = bytes;
-  region->heap = heap;
-  return region;
-}
-
-template <typename L>
-void CachingPool<L>::DeleteRegion(Region* region) {
-  std::free(region->pages);
-  std::free(region->edges);
-  delete region;
-}
-
-template class CachingPool<VmmLayout>;
-template class CachingPool<SegmentLayout>;
 
 std::unique_ptr<Pool> MakeCachingPool(Upstream* upstream, FenceTracker* fences,
                                       const PoolOptions& options, Layout layout,

@@ -31,11 +31,14 @@
 // (SlotPool and AddrMap reserve ahead with new(std::nothrow)).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <new>
 #include <string_view>
 
 #include "addr_map.h"
@@ -55,9 +58,9 @@ inline std::size_t RoundDown(std::size_t bytes, std::size_t unit) { return bytes
 template <typename L>
 class CachingPool final : public Pool {
  public:
-  CachingPool(Upstream* upstream, FenceTracker* fences, const PoolOptions& options,
-              const Tuning& tuning);
-  ~CachingPool() override;
+  inline CachingPool(Upstream* upstream, FenceTracker* fences, const PoolOptions& options,
+                     const Tuning& tuning);
+  inline ~CachingPool() override;
 
   PoolStatus Allocate(std::size_t size, std::uintptr_t* address) override {
     return AllocateSized(size, address, nullptr);
@@ -71,17 +74,22 @@ class CachingPool final : public Pool {
   PoolStatus Free(std::uintptr_t address, std::uint64_t fence) override {
     return FreeSized(address, fence, nullptr);
   }
-  PoolStatus FreeSized(std::uintptr_t address, std::uint64_t fence, BlockSizes* sizes) override;
-  PoolStatus Lookup(std::uintptr_t address, BlockInfo* info) const override;
-  std::size_t ReleaseIdle() override;
-  void DrainPending() override;
-  PoolStats Stats() const override;
+  inline PoolStatus FreeSized(std::uintptr_t address, std::uint64_t fence,
+                              BlockSizes* sizes) override;
+  inline PoolStatus Lookup(std::uintptr_t address, BlockInfo* info) const override;
+  inline std::size_t ReleaseIdle() override;
+  inline void DrainPending() override;
+  inline PoolStats Stats() const override;
   std::size_t PendingBytesRelaxed() const override {
     return pending_bytes_.load(std::memory_order_relaxed);
   }
   std::string_view policy() const override { return L::kName; }
 
  private:
+  // Every member is inline, so that GCC's inliner folds the allocation path into Allocate and
+  // Free (without it, the -fPIC build kept FindCached, Carve and ReserveScratch as calls). Those
+  // the layouts use are defined below the class; the rest in caching_pool.cc, which alone uses
+  // them.
   friend L;
   struct QuickBin {
     std::size_t size = 0;   // of every block in the bin (when count != 0)
@@ -91,25 +99,25 @@ class CachingPool final : public Pool {
   static constexpr unsigned kQuickBinBits = 6;
 
   // --- Allocation path (caching_pool.cc) ---
-  PoolStatus AllocateImpl(std::size_t size, std::uintptr_t* address, BlockSizes* sizes,
-                          bool may_grow);
-  bool FindCached(std::size_t rounded, Block** block, std::uintptr_t* position);
-  PoolStatus FindOrGrow(std::size_t rounded, Block** block, std::uintptr_t* position);
-  PoolStatus FailOom(std::size_t rounded);
-  Block* Carve(Block* block, std::uintptr_t position, std::size_t size);
-  std::size_t ReleaseIdleLocked(std::size_t want);
+  inline PoolStatus AllocateImpl(std::size_t size, std::uintptr_t* address, BlockSizes* sizes,
+                                 bool may_grow);
+  inline bool FindCached(std::size_t rounded, Block** block, std::uintptr_t* position);
+  inline PoolStatus Grow(std::size_t rounded, Block** block, std::uintptr_t* position);
+  inline PoolStatus FailOom(std::size_t rounded);
+  inline Block* Carve(Block* block, std::uintptr_t position, std::size_t size);
+  inline std::size_t ReleaseIdleLocked(std::size_t want);
 
   // --- Quick bins ---
-  static std::size_t QuickIndex(std::size_t rounded);
-  void ReleaseToQuick(Block* b);
-  Block* TakeQuick(std::size_t rounded);
-  void FlushQuick();
+  static inline std::size_t QuickIndex(std::size_t rounded);
+  inline void ReleaseToQuick(Block* b);
+  inline Block* TakeQuick(std::size_t rounded);
+  inline void FlushQuick();
 
   // --- Fences ---
-  void PollPending(std::size_t max_fences, bool to_quick = true);
-  void WaitOldest();
-  void AddPending(std::ptrdiff_t delta);
-  void ReleasePending(Block* b, bool to_quick);
+  inline void PollPending(std::size_t max_fences, bool to_quick = true);
+  inline void WaitOldest();
+  inline void AddPending(std::ptrdiff_t delta);
+  inline void ReleasePending(Block* b, bool to_quick);
 
   // --- Blocks, regions, accounting (also the layouts' tools) ---
   bool ReserveScratch();
@@ -121,17 +129,17 @@ class CachingPool final : public Pool {
   void Unlink(Block* b);
   void Absorb(Block* b, Block* upper);
   Block* MergeFreeNeighbours(Block* b);
-  void MakeFree(Block* b);
+  inline void MakeFree(Block* b);
   void InsertFree(Block* b);
   void UpdateFree(Block* b, std::uintptr_t addr, std::size_t size);
   void RemoveFree(Block* b);
-  void BusyInc(Region* region);
-  void BusyDec(Region* region);
+  inline void BusyInc(Region* region);
+  inline void BusyDec(Region* region);
   void AddReserved(std::size_t bytes);
   bool OverCapacity(std::size_t more) const {
     return capacity_ != 0 && (reserved_ > capacity_ || more > capacity_ - reserved_);
   }
-  std::size_t LargestFree() const;
+  inline std::size_t LargestFree() const;
   static Region* NewRegion(std::size_t bytes, std::uint8_t heap);
   static void DeleteRegion(Region* region);
 
@@ -164,5 +172,138 @@ class CachingPool final : public Pool {
   std::size_t unreleasable_ = 0;
   PoolStats stats_;
 };
+
+// --- Blocks and regions: the layouts' tools, here so that they inline everywhere ---
+
+template <typename L>
+inline bool CachingPool<L>::ReserveScratch() {
+  // Worst single step: two remainders into the ordered index, one region node, a few blocks.
+  return nodes_.Reserve(8) && blocks_.Reserve(8);
+}
+
+template <typename L>
+inline Block* CachingPool<L>::NewBlock() {
+  // Reserved by ReserveScratch; a null here means the host heap is gone.
+  void* raw = blocks_.Take();
+  if (raw == nullptr) std::abort();
+  return new (raw) Block();
+}
+
+// Splits `b` at `at`; returns the new upper block (same state, heap and region).
+template <typename L>
+inline Block* CachingPool<L>::SplitAt(Block* b, std::uintptr_t at) {
+  Block* upper = NewBlock();
+  upper->addr = at;
+  upper->size = b->addr + b->size - at;
+  upper->region = b->region;
+  upper->heap = b->heap;
+  upper->state = b->state;
+  b->size = at - b->addr;
+  upper->prev = b;
+  upper->next = b->next;
+  if (b->next != nullptr) b->next->prev = upper;
+  b->next = upper;
+  Region* region = b->region;
+  Block*& page = region->pages[(at - region->base) >> region->page_shift];
+  if (page == nullptr || page->addr > at) page = upper;
+  return upper;
+}
+
+// Takes `b` out of the address list and the page map and drops it (its bytes now belong to
+// a neighbour).
+template <typename L>
+inline void CachingPool<L>::Unlink(Block* b) {
+  Region* region = b->region;
+  Block*& page = PageOf(b->addr, region);
+  if (page == b) {
+    Block* after = b->next;
+    page = after != nullptr && &PageOf(after->addr, region) == &page ? after : nullptr;
+  }
+  if (b->prev != nullptr) b->prev->next = b->next;
+  if (b->next != nullptr) b->next->prev = b->prev;
+  b->~Block();
+  blocks_.Give(b);
+}
+
+// Appends `upper` (the next block) to `b` and drops it.
+template <typename L>
+inline void CachingPool<L>::Absorb(Block* b, Block* upper) {
+  b->size += upper->size;
+  Unlink(upper);
+}
+
+template <typename L>
+inline Block* CachingPool<L>::MergeFreeNeighbours(Block* b) {
+  if (b->prev != nullptr && b->prev->state == BlockState::kFree) {
+    Block* prev = b->prev;
+    RemoveFree(prev);
+    Absorb(prev, b);
+    b = prev;
+  }
+  if (b->next != nullptr && b->next->state == BlockState::kFree) {
+    Block* next = b->next;
+    RemoveFree(next);
+    Absorb(b, next);
+  }
+  return b;
+}
+
+template <typename L>
+inline void CachingPool<L>::InsertFree(Block* b) {
+  b->state = BlockState::kFree;
+  heaps_[b->heap].Insert(b);
+  b->region->free_bytes += b->size;
+  unreleasable_ += layout_.Unreleasable(b);
+}
+
+// Moves or resizes a free block that stays free and indexed.
+template <typename L>
+inline void CachingPool<L>::UpdateFree(Block* b, std::uintptr_t addr, std::size_t size) {
+  unreleasable_ -= layout_.Unreleasable(b);
+  b->region->free_bytes = b->region->free_bytes - b->size + size;
+  heaps_[b->heap].Update(b, addr, size);
+  unreleasable_ += layout_.Unreleasable(b);
+}
+
+template <typename L>
+inline void CachingPool<L>::RemoveFree(Block* b) {
+  heaps_[b->heap].Remove(b);
+  b->region->free_bytes -= b->size;
+  unreleasable_ -= layout_.Unreleasable(b);
+}
+
+template <typename L>
+inline void CachingPool<L>::AddReserved(std::size_t bytes) {
+  reserved_ += bytes;
+  peak_reserved_ = std::max(peak_reserved_, reserved_);
+}
+
+template <typename L>
+inline Region* CachingPool<L>::NewRegion(std::size_t bytes, std::uint8_t heap) {
+  Region* region = new (std::nothrow) Region();
+  if (region == nullptr) return nullptr;
+  // Lookup pages: at most 2^20 per region (8 MiB for a 1 TiB range), at least 64 KiB each.
+  unsigned shift = 16;
+  while ((bytes >> shift) >= (std::size_t{1} << 20)) ++shift;
+  region->page_shift = shift;
+  region->page_count = ((bytes - 1) >> shift) + 1;
+  // calloc: the page map of a large reserved range is mostly never touched, and fresh pages
+  // from the kernel are zero already.
+  region->pages = static_cast<Block**>(std::calloc(region->page_count, sizeof(Block*)));
+  if (region->pages == nullptr) {
+    delete region;
+    return nullptr;
+  }
+  region->size = bytes;
+  region->heap = heap;
+  return region;
+}
+
+template <typename L>
+inline void CachingPool<L>::DeleteRegion(Region* region) {
+  std::free(region->pages);
+  std::free(region->edges);
+  delete region;
+}
 
 }  // namespace vramscope::pool::internal

@@ -5,9 +5,6 @@
 
 namespace vramscope::pool::internal {
 
-// The core's members are instantiated in caching_pool.cc.
-extern template class CachingPool<SegmentLayout>;
-
 UpstreamStatus SegmentLayout::Grow(Core& core, std::size_t rounded, bool /*retry*/, Block** block,
                                    std::uintptr_t* position) {
   const Tuning& tuning = core.tuning_;

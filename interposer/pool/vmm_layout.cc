@@ -9,9 +9,6 @@
 
 namespace vramscope::pool::internal {
 
-// The core's members are instantiated in caching_pool.cc.
-extern template class CachingPool<VmmLayout>;
-
 VmmLayout::VmmLayout(Upstream* upstream, std::size_t capacity, const Tuning& tuning,
                      SlotPool* nodes)
     : granularity_(upstream->MapGranularity()),
