@@ -86,10 +86,10 @@ class CachingPool final : public Pool {
   std::string_view policy() const override { return L::kName; }
 
  private:
-  // Every member is inline, so that GCC's inliner folds the allocation path into Allocate and
-  // Free (without it, the -fPIC build kept FindCached, Carve and ReserveScratch as calls). Those
-  // the layouts use are defined below the class; the rest in caching_pool.cc, which alone uses
-  // them.
+  // Members are inline, Grow noinline, so that GCC's inliner folds the cached path into
+  // Allocate and Free (without `inline`, the -fPIC build kept FindCached, Carve and
+  // ReserveScratch as calls). Those the layouts use are defined below the class; the rest in
+  // caching_pool.cc, which alone uses them.
   friend L;
   struct QuickBin {
     std::size_t size = 0;   // of every block in the bin (when count != 0)
@@ -102,7 +102,9 @@ class CachingPool final : public Pool {
   inline PoolStatus AllocateImpl(std::size_t size, std::uintptr_t* address, BlockSizes* sizes,
                                  bool may_grow);
   inline bool FindCached(std::size_t rounded, Block** block, std::uintptr_t* position);
-  inline PoolStatus Grow(std::size_t rounded, Block** block, std::uintptr_t* position);
+  // Cold (the upstream, pressure): kept out of AllocateImpl so that its hot steps inline.
+  __attribute__((noinline)) PoolStatus Grow(std::size_t rounded, Block** block,
+                                            std::uintptr_t* position);
   inline PoolStatus FailOom(std::size_t rounded);
   inline Block* Carve(Block* block, std::uintptr_t position, std::size_t size);
   inline std::size_t ReleaseIdleLocked(std::size_t want);
