@@ -23,21 +23,7 @@ class AddrMap {
   bool Reserve(std::size_t extra) {
     const std::size_t want = size_ + extra;
     if (slots_ != nullptr && want * 2 <= mask_ + 1) return true;
-    std::size_t capacity = slots_ == nullptr ? 64 : (mask_ + 1);
-    while (want * 2 > capacity) capacity *= 2;
-    Slot* fresh = new (std::nothrow) Slot[capacity]();
-    if (fresh == nullptr) return false;
-    Slot* old = slots_;
-    const std::size_t old_capacity = slots_ == nullptr ? 0 : mask_ + 1;
-    slots_ = fresh;
-    mask_ = capacity - 1;
-    shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
-    size_ = 0;
-    for (std::size_t i = 0; i < old_capacity; ++i) {
-      if (old[i].key != 0) Insert(old[i].key, old[i].value);
-    }
-    delete[] old;
-    return true;
+    return Grow(want);
   }
 
   // `key` must be absent and room reserved.
@@ -91,6 +77,25 @@ class AddrMap {
   std::size_t size() const { return size_; }
 
  private:
+  // Rehashes into a table where `want` keys fit (the rare part of Reserve, out of its way).
+  bool Grow(std::size_t want) {
+    std::size_t capacity = slots_ == nullptr ? 64 : (mask_ + 1);
+    while (want * 2 > capacity) capacity *= 2;
+    Slot* fresh = new (std::nothrow) Slot[capacity]();
+    if (fresh == nullptr) return false;
+    Slot* old = slots_;
+    const std::size_t old_capacity = slots_ == nullptr ? 0 : mask_ + 1;
+    slots_ = fresh;
+    mask_ = capacity - 1;
+    shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
+    size_ = 0;
+    for (std::size_t i = 0; i < old_capacity; ++i) {
+      if (old[i].key != 0) Insert(old[i].key, old[i].value);
+    }
+    delete[] old;
+    return true;
+  }
+
   struct Slot {
     std::uint64_t key;
     std::uint64_t value;

@@ -39,6 +39,8 @@ struct Tuning {
   std::uint32_t quick_depth = 4096;
 };
 
+// A CachingPool<VmmLayout> (kVmm, when the upstream's MapGranularity() is a power of two) or a
+// CachingPool<SegmentLayout>; nullptr without an upstream or fence tracker.
 std::unique_ptr<Pool> MakeCachingPool(Upstream* upstream, FenceTracker* fences,
                                       const PoolOptions& options, Layout layout,
                                       const Tuning& tuning);
