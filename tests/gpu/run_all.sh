@@ -768,6 +768,33 @@ VRAMSCOPE_MODE=pool VRAMSCOPE_IPC=0 timeout 60 "${under_shim[@]}" "$bin/ipc_mult
 gon=$(tf ipc.grow.on grow_ms); goff=$(tf ipc.grow.off grow_ms)
 row "pool growth 64x32 MiB, shareable" "IPC off ${goff:-?} ms" "IPC on ${gon:-?} ms" "$(awk -v a="${gon:-0}" -v b="${goff:-0}" 'BEGIN{ if (a<=0 || b<=0) print "FAIL no timing"; else printf "reported %+.1f%%\n", 100*(a-b)/b}')"
 fi  # section
+if want 13; then
+echo "== 13. collector: ingest with the run history and with /metrics scraped; the 10,000-process exposition (2 cores)"
+# No GPU: the collector on two cores of this quiet machine (taskset -c 0,1, a 2-core collector).
+# tests/pipeline/ingest_history_bench: a fresh collector per measurement, 1,000 idle live
+# processes, one agent-like client streaming 64 processes of 8 x 4096 events over gRPC, each
+# finishing (a history row each); off / SQLite / PostgreSQL (skipped: no server here) / /metrics
+# fetched every 100 ms; 5 alternating rounds, medians. Goal (issue 21): each within 5% of off.
+# Then /metrics of 10,000 live processes, goal < 100 ms. About 30 s.
+if [ -x "$bin/ingest_history_bench" ]; then
+  timeout 120 taskset -c 0,1 env LD_LIBRARY_PATH="$bundle_libs" "$bin/ingest_history_bench" \
+    >"$logs/ingest_history.out" 2>"$logs/ingest_history.err"
+  ih_status=$?
+  cat "$logs/ingest_history.out"
+  ih_field() { awk -F' *[|] *' -v c="$1" -v f="$2" '$1 == c {print $f}' "$logs/ingest_history.out"; }
+  ih_off=$(ih_field off 2)
+  for c in sqlite postgres scrape; do
+    row "ingest, $c (2 cores)" "off ${ih_off:-?} M ev/s" "$c $(ih_field $c 2) M ev/s" \
+      "$(v=$(ih_field $c 6); echo "${v:-FAIL no figure (exit status $ih_status)}")"
+  done
+  ih_fleet=$(grep '^fleet scrape' "$logs/ingest_history.out")
+  row "/metrics of 10,000 processes" "render $(echo "$ih_fleet" | grep -o 'render [0-9.]* ms' | cut -d' ' -f2) ms" \
+    "HTTP $(echo "$ih_fleet" | grep -o 'HTTP [0-9.]* ms' | cut -d' ' -f2) ms" \
+    "$(v=${ih_fleet##*): }; echo "${v:-FAIL no figure (exit status $ih_status)}")"
+else
+  row "ingest with history (2 cores)" "-" "-" "FAIL ingest_history_bench not in the bundle"
+fi
+fi  # section
 echo
 echo "== summary (logs in $logs)"
 printf '%-34s | %-24s | %-24s | %s\n' "check" "without shim" "with shim" "verdict"
