@@ -429,10 +429,15 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Open(CollectorOptions opti
     absl::StatusOr<std::unique_ptr<HistoryStore>> store =
         OpenHistoryStore(collector->options_.database, collector->options_.data_dir);
     if (!store.ok()) return store.status();
-    absl::StatusOr<std::unique_ptr<HistoryWriter>> writer =
-        HistoryWriter::Start({.queue_dir = collector->options_.data_dir + "/history-queue",
-                              .retry_max = collector->options_.history_retry_max},
-                             *std::move(store));
+    absl::StatusOr<std::unique_ptr<HistoryWriter>> writer = HistoryWriter::Start(
+        {.queue_dir = collector->options_.data_dir + "/history-queue",
+         .retry_max = collector->options_.history_retry_max,
+         .rebuild = [](const std::string& log_path) -> absl::StatusOr<v1::Report> {
+           absl::StatusOr<std::unique_ptr<ProcessStats>> stats = RebuildStats(log_path);
+           if (!stats.ok()) return stats.status();
+           return (*stats)->Report();
+         }},
+        *std::move(store));
     if (!writer.ok()) return writer.status();
     collector->history_ = *std::move(writer);
   }
@@ -676,26 +681,27 @@ absl::StatusOr<std::shared_ptr<Collector::Process>> Collector::FindOrCreate(
   return created;
 }
 
-void Collector::Retire(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+std::unique_ptr<ProcessStats> Collector::Retire(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Called with process->mu held; takes mu_ after it, the order LoadFile uses.
   process->summary.Clear();
   process->live.Clear();
   FillSummary(process->key, *process->stats, process->held, &process->summary);
   FillLiveStats(process->key, *process->stats, process->held, &process->live);
   process->gauges = GaugeSnapshot(process->key, *process->stats);
-  process->stats.reset();
+  std::unique_ptr<ProcessStats> released = std::move(process->stats);
   if (process->fd >= 0) ::close(process->fd);
   process->fd = -1;
   const std::string name = ProcessKeyString(process->key);
   absl::MutexLock lock(&mu_);
   auto it = processes_.find(name);
-  if (it == processes_.end()) return;
+  if (it == processes_.end()) return released;
   if (auto held = processes_by_writer_.find(process->writer);
       held != processes_by_writer_.end() && held->second > 0) {
     --held->second;
   }
   finished_.emplace(name, std::move(it->second));
   processes_.erase(it);
+  return released;
 }
 
 absl::Status Collector::Revive(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -848,15 +854,21 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
   const bool was_finished = process->stats->finished();
   process->stats->Consume(batch);
   CountStored(process, batch, was_finished);
-  if (history_ != nullptr && !was_finished && process->stats->finished()) {
-    // Its row goes to a queue file; the database is written by the history thread.
-    if (absl::Status queued = history_->Enqueue(process->stats->Report()); !queued.ok()) {
+  const bool newly_finished = !was_finished && process->stats->finished();
+  const uint64_t acked = process->acked;
+  if (!process->stats->finished()) return acked;
+  std::shared_ptr<const ProcessStats> released = Retire(process);
+  if (history_ != nullptr && newly_finished) {
+    // Its row: the history thread builds the report from the released engine (a report of a
+    // long run costs milliseconds: not on the ingest thread) and writes the database; here only
+    // a marker naming the log is written (README "Run history").
+    if (absl::Status queued =
+            history_->EnqueueBuild(process->path, [released] { return released->Report(); });
+        !queued.ok()) {
       Log(LogLevel::kError, absl::StrFormat("history: run of %s not queued: %s",
                                             ProcessKeyString(process->key), queued.message()));
     }
   }
-  const uint64_t acked = process->acked;
-  if (process->stats->finished()) Retire(process);
   return acked;
 }
 

@@ -22,6 +22,7 @@ namespace vramscope::collector {
 namespace {
 
 constexpr absl::string_view kSuffix = ".run";
+constexpr absl::string_view kJournal = "journal";
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
   const std::string tmp = path + ".tmp";
@@ -68,6 +69,11 @@ HistoryWriter::~HistoryWriter() {
     stop_ = true;
   }
   if (thread_.joinable()) thread_.join();
+  if (journal_fd_ >= 0) ::close(journal_fd_);
+}
+
+std::string HistoryWriter::PathOf(uint64_t number, absl::string_view suffix) const {
+  return absl::StrFormat("%s/%020d%s", options_.queue_dir, number, suffix);
 }
 
 absl::Status HistoryWriter::ScanQueue() {
@@ -75,25 +81,60 @@ absl::Status HistoryWriter::ScanQueue() {
   if (dir == nullptr) {
     return absl::InternalError(absl::StrCat(options_.queue_dir, ": ", strerror(errno)));
   }
-  std::vector<std::pair<uint64_t, std::string>> found;
+  std::vector<uint64_t> found;
   while (const dirent* entry = ::readdir(dir)) {
     absl::string_view name = entry->d_name;
     uint64_t number;
-    if (!absl::ConsumeSuffix(&name, kSuffix) || !absl::SimpleAtoi(name, &number)) continue;
-    found.emplace_back(number, absl::StrCat(options_.queue_dir, "/", entry->d_name));
+    if (absl::ConsumeSuffix(&name, kSuffix) && absl::SimpleAtoi(name, &number)) {
+      found.push_back(number);
+    }
   }
   ::closedir(dir);
+  // The journal names the runs handed to EnqueueBuild since the thread last had built them all:
+  // those without a .run were not built when the collector stopped, and are built now from their
+  // logs. One built and already sent is sent again, which changes nothing (HistoryStore::Insert).
+  const std::string journal = absl::StrCat(options_.queue_dir, "/", kJournal);
+  std::ifstream in(journal);
+  std::vector<uint64_t> numbers;
+  for (std::string line; std::getline(in, line);) {
+    const size_t space = line.find(' ');
+    uint64_t number;
+    if (space == std::string::npos || !absl::SimpleAtoi(line.substr(0, space), &number)) continue;
+    numbers.push_back(number);
+    if (std::find(found.begin(), found.end(), number) != found.end()) continue;
+    if (RebuildRun(number, line.substr(space + 1))) found.push_back(number);
+  }
+  in.close();
+  journal_fd_ = ::open(journal.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+  if (journal_fd_ < 0) return absl::InternalError(absl::StrCat(journal, ": ", strerror(errno)));
   std::sort(found.begin(), found.end());
   absl::MutexLock lock(&mu_);
-  for (const auto& [number, path] : found) {
-    queue_.push_back(path);
+  for (uint64_t number : found) {
+    queue_.push_back(PathOf(number, kSuffix));
     next_number_ = std::max(next_number_, number + 1);
   }
+  for (uint64_t number : numbers) next_number_ = std::max(next_number_, number + 1);
   if (!found.empty()) {
     Log(LogLevel::kInfo, absl::StrFormat("history: %d run(s) queued from before in %s",
                                          found.size(), options_.queue_dir));
   }
   return absl::OkStatus();
+}
+
+bool HistoryWriter::RebuildRun(uint64_t number, const std::string& log_path) {
+  absl::StatusOr<v1::Report> report =
+      options_.rebuild ? options_.rebuild(log_path)
+                       : absl::StatusOr<v1::Report>(absl::UnimplementedError("no rebuild"));
+  absl::Status status = report.status();
+  if (status.ok()) {
+    status = WriteFileAtomically(PathOf(number, kSuffix), report->SerializeAsString());
+  }
+  if (!status.ok()) {
+    Log(LogLevel::kError, absl::StrFormat("history: the run of %s is not in the history: its "
+                                          "report cannot be rebuilt (%s)",
+                                          log_path, status.message()));
+  }
+  return status.ok();
 }
 
 absl::Status HistoryWriter::Enqueue(const v1::Report& report) {
@@ -102,12 +143,52 @@ absl::Status HistoryWriter::Enqueue(const v1::Report& report) {
     absl::MutexLock lock(&mu_);
     number = next_number_++;
   }
-  const std::string path = absl::StrFormat("%s/%020d%s", options_.queue_dir, number, kSuffix);
+  const std::string path = PathOf(number, kSuffix);
   if (absl::Status s = WriteFileAtomically(path, report.SerializeAsString()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   // Numbers are taken in order but files may land out of order: keep the queue sorted.
   queue_.insert(std::upper_bound(queue_.begin(), queue_.end(), path), path);
   return absl::OkStatus();
+}
+
+absl::Status HistoryWriter::EnqueueBuild(const std::string& log_path,
+                                         std::function<v1::Report()> build) {
+  // One line appended to the open journal (no file created: that costs the ingest thread as much
+  // as a large batch on ext4), so the run survives a crash before the thread has built it.
+  absl::MutexLock lock(&mu_);
+  const uint64_t number = next_number_++;
+  const std::string line = absl::StrCat(number, " ", log_path, "\n");
+  const ssize_t n = ::write(journal_fd_, line.data(), line.size());
+  if (n != static_cast<ssize_t>(line.size())) {
+    return absl::InternalError(absl::StrCat(options_.queue_dir, "/", kJournal, ": ",
+                                            n < 0 ? strerror(errno) : "short write"));
+  }
+  to_build_.push_back({number, std::move(build)});
+  return absl::OkStatus();
+}
+
+void HistoryWriter::BuildOldest() {
+  // Called with mu_ held and to_build_ not empty; only this thread pops it.
+  const uint64_t number = to_build_.front().number;
+  std::function<v1::Report()> build = std::move(to_build_.front().build);
+  mu_.Unlock();
+  const std::string path = PathOf(number, kSuffix);
+  absl::Status written = WriteFileAtomically(path, build().SerializeAsString());
+  build = nullptr;  // what it held (a finished process's engine) goes now, not with the queue
+  if (!written.ok()) {
+    Log(LogLevel::kError, absl::StrFormat("history: %s; the run is rebuilt from its log at the "
+                                          "next start",
+                                          written.message()));
+  }
+  mu_.Lock();
+  to_build_.pop_front();
+  if (written.ok()) queue_.insert(std::upper_bound(queue_.begin(), queue_.end(), path), path);
+  // Every run handed over has its .run now: the journal's lines are done with. A failed one
+  // keeps them all, for the next start.
+  if (to_build_.empty() && written.ok() && !build_failed_) {
+    if (::ftruncate(journal_fd_, 0) != 0) build_failed_ = true;
+  }
+  if (!written.ok()) build_failed_ = true;
 }
 
 bool HistoryWriter::SendOldest(const std::string& path, bool* failing) {
@@ -137,14 +218,20 @@ bool HistoryWriter::SendOldest(const std::string& path, bool* failing) {
   return true;
 }
 
-bool HistoryWriter::WorkOrStop() const { return stop_ || !queue_.empty(); }
-bool HistoryWriter::Idle() const { return queue_.empty(); }
+bool HistoryWriter::WorkOrStop() const { return stop_ || !queue_.empty() || !to_build_.empty(); }
+bool HistoryWriter::StopOrBuild() const { return stop_ || !to_build_.empty(); }
+bool HistoryWriter::Idle() const { return queue_.empty() && to_build_.empty(); }
 
 void HistoryWriter::Run() {
   absl::Duration backoff = options_.retry_min;
   bool failing = false;
   absl::MutexLock lock(&mu_);
   while (!stop_) {
+    // Built first, whatever the database does: an outage must not hold engines in memory.
+    if (!to_build_.empty()) {
+      BuildOldest();
+      continue;
+    }
     if (queue_.empty()) {
       mu_.Await(absl::Condition(this, &HistoryWriter::WorkOrStop));
       continue;
@@ -159,15 +246,16 @@ void HistoryWriter::Run() {
       backoff = options_.retry_min;
       continue;
     }
-    // The database is down or refused: wait (a stop ends the wait), then try again.
-    mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff);
+    // The database is down or refused: wait (a stop or a run to build ends the wait), then try
+    // again.
+    mu_.AwaitWithTimeout(absl::Condition(this, &HistoryWriter::StopOrBuild), backoff);
     backoff = std::min(backoff * 2, options_.retry_max);
   }
 }
 
 std::size_t HistoryWriter::pending() const {
   absl::MutexLock lock(&mu_);
-  return queue_.size();
+  return queue_.size() + to_build_.size();
 }
 
 uint64_t HistoryWriter::written() const {

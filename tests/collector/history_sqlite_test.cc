@@ -1,9 +1,13 @@
 // The run history in SQLite: the store contract (history_contract.h), a version-1 database
 // migrated on open, the writer's on-disk queue while the database refuses and after a restart,
-// and the collector turning a finished process into a row.
+// and the collector turning a finished process into a row: its report built on the writer's thread
+// (not the ingest thread), and rebuilt from its log at start when a crash came first.
+#include <absl/synchronization/notification.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <thread>
 
 #include "history/history_schema.h"
 #include "history/history_writer.h"
@@ -87,7 +91,8 @@ TEST(HistoryWriter, RowsWaitOnDiskWhileTheDatabaseIsDownAndSurviveARestart) {
   const std::string db = dir.path() + "/h.sqlite";
   const HistoryWriterOptions options{.queue_dir = dir.path() + "/queue",
                                      .retry_min = absl::Milliseconds(5),
-                                     .retry_max = absl::Milliseconds(20)};
+                                     .retry_max = absl::Milliseconds(20),
+                                     .rebuild = {}};
   {
     auto store = std::make_unique<SwitchableStore>(*OpenSqliteStore(db));
     SwitchableStore* raw = store.get();
@@ -143,6 +148,70 @@ TEST(HistoryCollector, AFinishedProcessBecomesARowWithItsLabels) {
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->labels().at("job"), "train");
   EXPECT_TRUE(report->finished());
+}
+
+// EnqueueBuild returns before the report is built: the writer's thread builds it (the ingest
+// thread only appends a journal line), and the journal is emptied once every run is built.
+TEST(HistoryWriter, EnqueueBuildBuildsOnTheWritersThread) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<HistoryWriter>> writer =
+      HistoryWriter::Start({.queue_dir = dir.path() + "/queue", .rebuild = {}},
+                           *OpenSqliteStore(dir.path() + "/h.sqlite"));
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  absl::Notification release;
+  std::thread::id built_on;
+  ASSERT_TRUE((*writer)
+                  ->EnqueueBuild("/nowhere/run.vslog",
+                                 [&] {
+                                   release.WaitForNotification();
+                                   built_on = std::this_thread::get_id();
+                                   return RunReport(5, 5000, 0, 100, {});
+                                 })
+                  .ok());
+  // Here the report is not built yet (the builder waits for `release`): only the journal knows.
+  EXPECT_EQ((*writer)->pending(), 1u);
+  EXPECT_NE(testing::ReadFile(dir.path() + "/queue/journal").find("/nowhere/run.vslog"),
+            std::string::npos);
+  release.Notify();
+  ASSERT_TRUE((*writer)->WaitIdle(absl::Seconds(30)));
+  EXPECT_NE(built_on, std::this_thread::get_id());
+  ASSERT_EQ((*writer)->store()->List({})->runs_size(), 1);
+  EXPECT_EQ(testing::ReadFile(dir.path() + "/queue/journal"), "");
+}
+
+// A run whose report was not built when the collector stopped (its journal line and its log are
+// all there is) becomes a row at the next start, rebuilt from the log.
+TEST(HistoryCollector, AnUnbuiltRunIsRebuiltFromItsLogAtStart) {
+  TempDir dir;
+  CollectorOptions options;
+  options.data_dir = dir.path();
+  const v1::ProcessKey key = testing::Key(78);
+  {
+    absl::StatusOr<std::unique_ptr<Collector>> collector = Collector::Open(options);  // no history
+    ASSERT_TRUE(collector.ok()) << collector.status();
+    v1::EventBatch first = testing::Batch(key, 1, 5);
+    (*first.mutable_events(0)->mutable_process_start()->mutable_labels())["job"] = "crash";
+    ASSERT_TRUE((*collector)->Ingest(first).ok());
+    ASSERT_TRUE((*collector)->Ingest(testing::ExitBatch(key, 2, 0)).ok());
+  }
+  std::string log;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    if (entry.path().extension() == ".vslog") log = entry.path().string();
+  }
+  ASSERT_FALSE(log.empty());
+  std::filesystem::create_directory(dir.path() + "/history-queue");
+  testing::WriteFile(dir.path() + "/history-queue/journal", "7 " + log + "\n");
+  options.database = "";
+  absl::StatusOr<std::unique_ptr<Collector>> collector = Collector::Open(options);
+  ASSERT_TRUE(collector.ok()) << collector.status();
+  HistoryWriter* history = (*collector)->history();
+  ASSERT_TRUE(history->WaitIdle(absl::Seconds(30)));
+  absl::StatusOr<v1::ListRunsResponse> runs = history->store()->List({});
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->runs_size(), 1);
+  EXPECT_EQ(runs->runs(0).process().pid(), 78u);
+  EXPECT_EQ(runs->runs(0).labels().at("job"), "crash");
+  EXPECT_EQ(runs->runs(0).devices(0).alloc_count(), 4u);
 }
 
 }  // namespace

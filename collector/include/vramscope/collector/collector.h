@@ -52,6 +52,7 @@
 namespace vramscope::collector {
 
 class HistoryWriter;
+class ProcessStats;
 
 struct CollectorOptions {
   std::string data_dir;
@@ -193,7 +194,8 @@ class Collector {
   absl::StatusOr<uint64_t> Append(Process* process, const v1::EventBatch& batch,
                                   absl::string_view wire, bool takeover);
   // Moves a finished process (lock held) out of the live table; Revive brings it back.
-  void Retire(Process* process);
+  // Returns the released stats engine (the history thread may still build a report from it).
+  std::unique_ptr<ProcessStats> Retire(Process* process);
   absl::Status Revive(Process* process);
   absl::Status CreateLog(Process* process);
   std::vector<std::shared_ptr<Process>> Matching(const std::vector<v1::ProcessKey>& keys) const;
