@@ -10,7 +10,7 @@
 #include "config.h"
 #include "device_pools.h"
 #include "log.h"
-#include "shim.h"
+#include "state.h"
 #include "stream_fence.h"
 
 namespace vramscope::interposer {

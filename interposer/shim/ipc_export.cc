@@ -27,7 +27,7 @@
 #include "log.h"
 #include "ordered.h"
 #include "ring_events.h"
-#include "shim.h"
+#include "state.h"
 
 namespace vramscope::interposer {
 

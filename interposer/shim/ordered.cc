@@ -13,7 +13,7 @@
 #include "device_pools.h"
 #include "driver.h"
 #include "log.h"
-#include "shim.h"
+#include "state.h"
 
 namespace vramscope::interposer {
 

@@ -25,16 +25,6 @@
 #include "stacks.h"
 
 namespace vramscope::interposer {
-namespace shim_internal {
-
-constinit std::atomic<int> g_state{static_cast<int>(State::kUninitialised)};
-constinit std::atomic<bool> g_disabled{false};
-constinit std::atomic<bool> g_exiting{false};
-constinit Config g_config{};
-__attribute__((tls_model("initial-exec"))) constinit thread_local bool t_in_init = false;
-
-}  // namespace shim_internal
-
 namespace {
 
 using shim_internal::g_config;
@@ -152,7 +142,7 @@ bool Initialise(bool may_load) {
       OpenRingAtInit(ModeName(g_config.mode));
       // Started by the next hook entry, outside this lock (CUPTI calls the driver, and dlopen
       // must not run under the init lock). Its records go to the ring: none, no CUPTI.
-      ArmCupti(g_config.cupti && Ring() != nullptr);
+      ArmCupti(g_config.CuptiWanted(/*as_injection=*/false) && Ring() != nullptr);
       g_state.store(static_cast<int>(State::kReady), std::memory_order_release);
       ready = true;
     }
