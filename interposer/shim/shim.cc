@@ -23,6 +23,7 @@
 #include "registry.h"
 #include "ring_events.h"
 #include "stacks.h"
+#include "stream_fence.h"
 
 namespace vramscope::interposer {
 namespace {
