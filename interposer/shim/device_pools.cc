@@ -12,6 +12,7 @@
 #include "ipc.h"
 #include "log.h"
 #include "ordered.h"
+#include "pool_records.h"
 #include "reuse_policy.h"
 #include "ring_events.h"
 #include "state.h"
@@ -64,7 +65,6 @@ Slot* CreateSlot(CUcontext ctx, int index) {
   const std::size_t granularity =
       ConfigureDriverUpstream(&slot->upstream, ctx, device, config, policy);
   const bool use_vmm = slot->upstream.vmm();
-  if (use_vmm) slot->upstream.SetShareableType(IpcShareableType(device));
   slot->fences.Configure(ctx, device, OrderedOn());
   slot->upstream.SetFences(&slot->fences);
   slot->fences.batch_bytes = config.fence_batch_bytes;
@@ -208,7 +208,7 @@ __attribute__((always_inline)) inline ShimStatus AfterFree(Slot* slot, bool stri
 ShimStatus FreePooled(std::uintptr_t address, bool strict) {
   // An exported block that importers hold open stays allocated until they closed it (ipc.h).
   if (IpcExportsLive()) [[unlikely]] {
-    if (const int deferred = IpcDeferFree(address); deferred != 0) {
+    if (const int deferred = IpcDeferFree(address, FreePooled); deferred != 0) {
       return deferred > 0 ? ShimStatus::kOk : ShimStatus::kInvalidValue;
     }
   }

@@ -22,6 +22,24 @@ constexpr std::size_t kPolicyBytes = 32;
 
 DeviceCounters& DevCounters(int device) { return DeviceCountersFor(device); }
 
+// The handle type the pools create physical memory with, for IPC of pooled memory (ipc.h): POSIX
+// fd where the device supports it and VRAMSCOPE_IPC is not 0, else CU_MEM_HANDLE_TYPE_NONE.
+CUmemAllocationHandleType ShareableTypeFor(int device) {
+  const RealDriver& real = Real();
+  if (!Cfg().ipc || real.cuDeviceGetAttribute == nullptr ||
+      real.cuMemExportToShareableHandle == nullptr || real.cuMemRetainAllocationHandle == nullptr) {
+    return CU_MEM_HANDLE_TYPE_NONE;
+  }
+  int supported = 0;
+  if (real.cuDeviceGetAttribute(&supported,
+                                CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                device) != CUDA_SUCCESS ||
+      !supported) {
+    return CU_MEM_HANDLE_TYPE_NONE;
+  }
+  return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
 }  // namespace
 
 CUresult LastUpstreamError() { return t_upstream_error; }
@@ -83,6 +101,7 @@ std::size_t ConfigureDriverUpstream(DriverUpstream* upstream, CUcontext ctx, int
     }
   }
   upstream->Configure(ctx, device, use_vmm, granularity, access, access_count);
+  if (use_vmm) upstream->SetShareableType(ShareableTypeFor(device));
   return granularity;
 }
 

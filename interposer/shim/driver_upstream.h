@@ -98,8 +98,9 @@ class DriverUpstream final : public pool::Upstream {
 // device and the driver support virtual memory management and VRAMSCOPE_VMM allows it, else
 // "segments"; Config::policy overrides), the map granularity and every peer that can access the
 // device (granted access, so pooled memory behaves like cuMemAlloc memory); configures
-// `upstream` with them. Writes the policy's name into `policy` (at least 32 bytes) and returns
-// the granularity found (for the log line; 0 when none was asked).
+// `upstream` with them, VMM memory shareable for IPC where the device allows (ipc.h). Writes the
+// policy's name into `policy` (at least 32 bytes) and returns the granularity found (for the log
+// line; 0 when none was asked).
 std::size_t ConfigureDriverUpstream(DriverUpstream* upstream, CUcontext ctx, int device,
                                     const Config& config, char* policy);
 

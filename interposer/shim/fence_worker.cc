@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "config.h"
-#include "device_pools.h"
 #include "log.h"
+#include "slots.h"
 #include "state.h"
 #include "stream_fence.h"
 

@@ -10,9 +10,9 @@
 
 #include "capture.h"
 #include "counters.h"
-#include "device_pools.h"
 #include "driver.h"
 #include "log.h"
+#include "slots.h"
 #include "state.h"
 
 namespace vramscope::interposer {

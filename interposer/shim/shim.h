@@ -41,8 +41,4 @@ bool EnsureDriverFromDlsym();
 // Writes the VRAMSCOPE_SUMMARY line to stderr.
 void PrintSummary();
 
-// Fork child: the runtime-level cudaMalloc forwards until the child's runtime has answered
-// (hooks_runtime.cc).
-void RuntimeHooksForkChild();
-
 }  // namespace vramscope::interposer

@@ -92,7 +92,8 @@ void InvalidateSlotCaches() { g_generation.fetch_add(1, std::memory_order_acq_re
 void LockSlotsForFork() { pthread_mutex_lock(&g_slots_mu); }
 void UnlockSlotsAfterFork() { pthread_mutex_unlock(&g_slots_mu); }
 
-void ForgetSlotsInChild() {
+void SlotsForkChild() {
+  UnlockSlotsAfterFork();
   // The child must not touch the parent's pools (their locks may be held by threads that do
   // not exist here, their memory belongs to the parent's context): leak them.
   const int count = g_slot_count.load(std::memory_order_relaxed);

@@ -89,11 +89,11 @@ void PublishSlot(int index, Slot* slot);
 // Invalidates every thread's cached slot (a slot died).
 void InvalidateSlotCaches();
 
-// Fork: the table lock in the prepare/parent/child order (shim.cc's table); the child forgets
-// every slot without touching it.
+// Fork (shim.cc's table): the table lock in the prepare/parent order; the child releases it and
+// forgets every slot without touching it.
 void LockSlotsForFork();
 void UnlockSlotsAfterFork();
-void ForgetSlotsInChild();
+void SlotsForkChild();
 // Copies the pools' exact figures into Counters() and returns the policy name in use.
 const char* RefreshPoolFigures();
 

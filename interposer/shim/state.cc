@@ -9,5 +9,6 @@ constinit std::atomic<bool> g_disabled{false};
 constinit std::atomic<bool> g_exiting{false};
 constinit Config g_config{};
 __attribute__((tls_model("initial-exec"))) constinit thread_local bool t_in_init = false;
+constinit std::atomic<bool> g_runtime_seen{false};
 
 }  // namespace vramscope::interposer::shim_internal

@@ -21,6 +21,9 @@ extern constinit std::atomic<bool> g_disabled;
 extern constinit std::atomic<bool> g_exiting;
 extern constinit Config g_config;
 extern __attribute__((tls_model("initial-exec"))) constinit thread_local bool t_in_init;
+// The shared CUDA runtime answered a forwarded cudaMalloc/cudaFree with success, so it is
+// initialised in this process (hooks_runtime.cc reads and sets it; a fork child clears it).
+extern constinit std::atomic<bool> g_runtime_seen;
 
 inline bool Ready() {
   return g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady);
@@ -36,6 +39,10 @@ inline bool Active() {
 }
 inline const Config& Cfg() { return shim_internal::g_config; }
 inline bool Exiting() { return shim_internal::g_exiting.load(std::memory_order_acquire); }
+// Fork child (shim.cc's table): the shared runtime has not answered in the child yet.
+inline void ForgetRuntimeInChild() {
+  shim_internal::g_runtime_seen.store(false, std::memory_order_relaxed);
+}
 // The pools may be consulted (frees routed, pointers looked up) also after exit began: frees
 // then touch only the pools' books.
 inline bool CanRouteFrees() { return Active() || Exiting(); }
