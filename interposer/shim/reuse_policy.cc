@@ -1,11 +1,8 @@
 #include "reuse_policy.h"
 
+// The out-of-line halves of reuse_policy.h: what its inline checks decided is due.
 namespace vramscope::interposer::reuse {
 
-// Amortised fence after a pooled free (pool mode). One batch of frees or pending bytes asks the
-// helper thread for a synchronisation; if the helper lags so far behind that kInlineBatches
-// batches are pending, the freeing thread synchronises itself (what the driver's free always
-// does), which bounds the memory held for pending frees.
 __attribute__((noinline)) void MaybeSyncDue(Slot* slot, std::uint64_t frees,
                                             std::uint64_t pending) {
   const Config& config = Cfg();
@@ -34,8 +31,6 @@ __attribute__((noinline)) void AskForRound(Slot* slot) {
   if (!RequestBackgroundSync(slot) && !IssueEventRound()) (void)slot->fences.Sync();
 }
 
-// Event mode, much freed memory still waiting: wait for the oldest fences (issuing a round
-// first when none is queued) until a held block serves the request. False: grow instead.
 bool EventLagWait(Slot* slot, std::size_t bytes, std::uintptr_t* address, pool::BlockSizes* sizes) {
   for (int i = 0; i < kMaxLagWaits && LagWaitDue(slot, bytes); ++i) {
     if (!WaitOldestEventFence(slot) && !IssueEventRound()) return false;

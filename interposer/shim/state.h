@@ -1,7 +1,9 @@
 // The shim's process-wide lifecycle state, read by every layer: whether initialisation finished,
 // whether the shim disabled itself, whether exit began, and the settings read at
-// initialisation. Only the lifecycle (shim.cc) writes it; everything else reads it through the
-// inline checks below, which are most of a pooled allocation's bookkeeping outside the pool.
+// initialisation, and whether the shared CUDA runtime has answered. Only the lifecycle (shim.cc)
+// writes the flags and the settings (the runtime hooks set g_runtime_seen); everything else reads
+// them through the inline checks below, which are most of a pooled allocation's bookkeeping
+// outside the pool.
 //
 // Thread safety: the flags are atomics; g_config is written only under the lifecycle's init lock
 // before g_state becomes kReady (release) and in a fork child, so a reader that saw Ready() reads
