@@ -340,4 +340,27 @@ pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t b
   return status;
 }
 
+int DriverUpstream::MappingsCovering(std::uintptr_t address, std::size_t bytes,
+                                     std::pair<std::uintptr_t, std::size_t>* out,
+                                     int capacity) const {
+  pthread_mutex_lock(&mu_);
+  int count = 0;
+  auto it = mapped_.upper_bound(address);
+  if (it != mapped_.begin()) --it;
+  std::uintptr_t at = it == mapped_.end() ? 0 : it->first;
+  const std::uintptr_t end = address + bytes;
+  bool ok = it != mapped_.end() && it->first <= address;
+  while (ok && at < end) {
+    if (it == mapped_.end() || it->first != at || count == capacity) {
+      ok = false;
+      break;
+    }
+    out[count++] = *it;
+    at += it->second;
+    ++it;
+  }
+  pthread_mutex_unlock(&mu_);
+  return ok ? count : -1;
+}
+
 }  // namespace vramscope::interposer

@@ -52,7 +52,7 @@ class DriverUpstream final : public pool::Upstream {
 
   // IPC (ipc.h): the handle type new physical memory is created with (set before the first
   // Map), and the mappings that tile [address, address + bytes), in address order, into `out`
-  // (defined in ipc_export.cc). Returns how many, or -1 if they do not tile it or exceed
+  // (for ipc_export.cc). Returns how many, or -1 if they do not tile it or exceed
   // `capacity`.
   // A device that reports the type but refuses to create such memory turns it off for good.
   void SetShareableType(CUmemAllocationHandleType type) {
