@@ -102,7 +102,9 @@ Config ReadConfig() {
   if (const char* unwind = getenv("VRAMSCOPE_STACKS_UNWIND")) {
     config.stacks_libgcc = strcmp(unwind, "libgcc") == 0;
   }
-  if (ReadU64("VRAMSCOPE_CUPTI", &value)) config.cupti = value != 0;
+  if (ReadU64("VRAMSCOPE_CUPTI", &value)) {
+    config.cupti = value != 0 ? CuptiSetting::kOn : CuptiSetting::kOff;
+  }
   if (ReadU64("VRAMSCOPE_ORDERED", &value)) config.ordered = value != 0;
   if (ReadU64("VRAMSCOPE_IPC", &value)) config.ipc = value != 0;
   if (ReadU64("VRAMSCOPE_IPC_PIDFD", &value)) config.ipc_pidfd = value != 0;

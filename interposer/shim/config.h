@@ -15,6 +15,8 @@ enum class Mode : std::uint32_t {
 
 const char* ModeName(Mode mode);
 
+enum class CuptiSetting : std::uint8_t { kAuto = 0, kOff, kOn };
+
 struct Config {
   Mode mode = Mode::kPool;
   bool summary = false;  // VRAMSCOPE_SUMMARY=1: one line to stderr at exit
@@ -68,9 +70,16 @@ struct Config {
   // VRAMSCOPE_STACKS_UNWIND=libgcc: walk stacks with libgcc's _Unwind_Backtrace only (the fast
   // walk of unwind.h off), to compare or to work around a walk that stops early.
   bool stacks_libgcc = false;
-  // VRAMSCOPE_CUPTI=1: CUPTI memory activity records into the ring (cupti.h); `vramscope run`
-  // sets it. Off by default under plain LD_PRELOAD.
-  bool cupti = false;
+  // VRAMSCOPE_CUPTI: CUPTI memory activity records into the ring (cupti.h). 1 (any non-zero
+  // number): on; 0: off; unset, empty or not a number: kAuto, on only when the library was loaded
+  // as a CUDA injection (CUDA_INJECTION64_PATH: InitializeInjection) and off under plain
+  // LD_PRELOAD. `vramscope run` sets 1 unless the environment sets it (--no-cupti: 0).
+  CuptiSetting cupti = CuptiSetting::kAuto;
+  // The one reading of `cupti`: whether CUPTI should be started, `as_injection` when the driver
+  // loaded the library through CUDA_INJECTION64_PATH.
+  bool CuptiWanted(bool as_injection) const {
+    return cupti == CuptiSetting::kOn || (cupti == CuptiSetting::kAuto && as_injection);
+  }
   // VRAMSCOPE_ORDERED=0: no ordered reuse (ordered.h); every pooled free waits for the fence.
   bool ordered = true;
   // VRAMSCOPE_IPC=0: pooled physical memory is not created shareable, so cuIpcGetMemHandle of a

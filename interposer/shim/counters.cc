@@ -1,5 +1,7 @@
 #include "counters.h"
 
+#include <new>
+
 namespace vramscope::interposer {
 namespace {
 
@@ -47,6 +49,11 @@ bool IsDeviceMemory(Kind kind) {
 }
 
 ShimCounters& Counters() { return g_counters; }
+
+void ResetCountersInChild() {
+  g_counters.~ShimCounters();
+  new (&g_counters) ShimCounters();
+}
 
 DeviceCounters& DeviceCountersFor(int device) {
   if (device < 0 || device >= kMaxDevices) device = kMaxDevices - 1;

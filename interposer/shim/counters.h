@@ -103,8 +103,9 @@ struct ShimCounters {
   Counter event_fence_waits;  // allocations that waited for the oldest event fence
 };
 
-// The process's counters (zeroed in a fork child).
+// The process's counters (zeroed in a fork child: ResetCountersInChild, shim.cc's fork table).
 ShimCounters& Counters();
+void ResetCountersInChild();
 // Counters of a device ordinal; out-of-range ordinals share the last slot.
 DeviceCounters& DeviceCountersFor(int device);
 

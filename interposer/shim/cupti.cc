@@ -13,7 +13,6 @@
 #include "driver.h"
 #include "log.h"
 #include "ring_events.h"
-#include "shim.h"
 
 namespace vramscope::interposer {
 namespace cupti_internal {
@@ -472,16 +471,3 @@ bool CuptiActive() {
 std::uint64_t CuptiDroppedRecords() { return g_dropped.load(std::memory_order_relaxed); }
 
 }  // namespace vramscope::interposer
-
-// CUDA_INJECTION64_PATH entry point: the driver dlopens the library named there during cuInit
-// and calls this. As an injection CUPTI is on unless VRAMSCOPE_CUPTI=0 (and, as always, only
-// with a ring to record into: VRAMSCOPE_RING_DIR). Returns 1 (success: the driver goes on either
-// way).
-extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) {
-  using namespace vramscope::interposer;
-  if (!EnsureDriver()) return 1;
-  const char* env = getenv("VRAMSCOPE_CUPTI");
-  ArmCupti((env == nullptr || env[0] == '\0' || strcmp(env, "0") != 0) && Ring() != nullptr);
-  MaybeStartCupti();
-  return 1;
-}

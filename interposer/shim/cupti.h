@@ -2,10 +2,11 @@
 // the shim does not pool: stream-ordered pools, libraries, VMM), written into the event ring as
 // CUPTI_MEMORY records beside the shim's own, on the ring's clock (CLOCK_MONOTONIC ns).
 //
-// libcupti is opened with dlopen only when enabled (VRAMSCOPE_CUPTI=1; `vramscope run` sets it;
-// plain LD_PRELOAD leaves it off) and the event ring is open (no ring, nowhere to record), from the
-// first hook after the shim's initialisation, or from InitializeInjection when the library is
-// loaded as CUDA_INJECTION64_PATH. Where: the file in VRAMSCOPE_CUPTI_LIB, else
+// libcupti is opened with dlopen only when enabled (Config::CuptiWanted: VRAMSCOPE_CUPTI=1;
+// `vramscope run` sets it; unset, plain LD_PRELOAD leaves it off and CUDA_INJECTION64_PATH turns
+// it on) and the event ring is open (no ring, nowhere to record), from the first hook after the
+// shim's initialisation, or from InitializeInjection (injection.cc) when the library is loaded as
+// CUDA_INJECTION64_PATH. Where: the file in VRAMSCOPE_CUPTI_LIB, else
 // dlopen("libcupti.so.13") (the loader's path), else the toolkit's lib directories. Only these
 // CUPTI functions are used, all looked up with the real dlsym: cuptiActivityEnable,
 // cuptiActivityRegisterCallbacks, cuptiActivityFlushAll, cuptiActivityGetNextRecord,

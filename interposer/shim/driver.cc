@@ -8,8 +8,6 @@
 #include <atomic>
 
 #include "log.h"
-#include "ordered.h"
-#include "stream_fence.h"
 
 // Read by the dlsym entry stub (dlsym_hook.cc); written once, before any use, with a release
 // store. Plain pointer because the assembly loads it directly.
@@ -56,6 +54,8 @@ constinit pthread_mutex_t g_load_mu = PTHREAD_MUTEX_INITIALIZER;
 // Names already reported by NoteUnwrapped: FNV-1a hashes in an open-addressing set.
 constexpr int kNotedSlots = 1024;
 constinit std::atomic<std::uint64_t> g_noted[kNotedSlots] = {};
+// What a lookup of an unknown entry point sets off (SetUnknownEntryPointHandler).
+constinit std::atomic<UnknownEntryPointHandler> g_unknown_handler{nullptr};
 
 std::uint64_t HashName(const char* name) {
   std::uint64_t hash = 1469598103934665603ull;
@@ -154,14 +154,20 @@ void* WrapperFor(void* real_function) {
   return nullptr;
 }
 
+void SetUnknownEntryPointHandler(UnknownEntryPointHandler handler) {
+  g_unknown_handler.store(handler, std::memory_order_release);
+}
+
 void NoteUnwrapped(const char* route, const char* requested, void* function) {
   if (function == nullptr) return;
   if (requested != nullptr && requested[0] != '\0' && !IsKnownDriverEntryPoint(requested)) {
     // A newer driver's entry point: it may queue work the shim does not watch.
     VRAMSCOPE_LOG_ONCE(kInfo, "%s(\"%s\"): an entry point <cuda.h> %d does not declare", route,
                        requested, CUDA_VERSION);
-    BreakOrdered("unknown_entry_point");
-    NoteUnknownStreamWork();
+    if (const UnknownEntryPointHandler handler = g_unknown_handler.load(std::memory_order_acquire);
+        handler != nullptr) {
+      handler();
+    }
   }
   if (!LogEnabled(LogLevel::kDebug)) return;
   Dl_info info{};

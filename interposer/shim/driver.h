@@ -45,7 +45,16 @@ inline const RealDriver& Real() { return driver_internal::g_real; }
 // The shim's wrapper for a real driver entry point, or nullptr if it is not one we hook.
 void* WrapperFor(void* real_function);
 
-// Debug log, once per exact name, of a driver entry point handed out unwrapped.
+// Debug log, once per exact name, of a driver entry point handed out unwrapped. A requested
+// name <cuda.h> does not declare (IsKnownDriverEntryPoint) also calls the registered
+// UnknownEntryPointHandler.
 void NoteUnwrapped(const char* route, const char* requested, void* function);
+
+// What a lookup of an entry point unknown to <cuda.h> sets off, passed down by the lifecycle
+// (shim.cc: ordered reuse ends, the event fences synchronise the device), since the driver
+// table sits below the modules that react. Registered before ordered reuse and the event fences
+// are configured (before then both have nothing to end).
+using UnknownEntryPointHandler = void (*)();
+void SetUnknownEntryPointHandler(UnknownEntryPointHandler handler);
 
 }  // namespace vramscope::interposer

@@ -8,9 +8,9 @@
 #include <cstdint>
 
 #include "config.h"
-#include "device_pools.h"
 #include "log.h"
-#include "shim.h"
+#include "slots.h"
+#include "state.h"
 #include "stream_fence.h"
 
 namespace vramscope::interposer {

@@ -8,7 +8,7 @@
 #include "driver.h"
 #include "registry.h"
 #include "ring_events.h"
-#include "shim.h"
+#include "state.h"
 
 namespace vramscope::interposer {
 namespace {

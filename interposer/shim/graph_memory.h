@@ -39,6 +39,8 @@ void NoteGraphMemAllocNode(int device);
 // (-1: none), and records changes. Returns at once (one relaxed load) if no node was ever made.
 void RefreshGraphMemory(int also_device = -1);
 
+// Fork (shim.cc's table): the graph pools' lock in the prepare/parent order; the child releases
+// it and forgets the recorded pools.
 void LockGraphMemoryForFork();
 void UnlockGraphMemoryAfterFork();
 void ResetGraphMemoryInChild();

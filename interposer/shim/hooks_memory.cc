@@ -42,7 +42,7 @@ bool AnyPools() {
 }  // namespace
 
 bool FlushCachesForRetry() {
-  IpcPollDeferred();  // blocks whose importers all closed go back to their pools first
+  IpcPollDeferred(FreePooled);  // blocks whose importers all closed go back to their pools first
   if (!FlushCaches()) return false;
   CUcontext ctx = nullptr;
   int device = 0;
@@ -219,7 +219,8 @@ VRAMSCOPE_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttribu
 VRAMSCOPE_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   VRAMSCOPE_PROLOGUE(cuIpcGetMemHandle);
   if (CanRouteFrees() && AnyPools()) {
-    if (CUresult result = CUDA_SUCCESS; IpcExportPooled(pHandle, dptr, &result)) return result;
+    if (CUresult result = CUDA_SUCCESS; IpcExportPooled(pHandle, dptr, &result, FreePooled))
+      return result;
     vramscope::pool::BlockInfo info;
     if (Slot* slot = FindPooledBlock(dptr, &info); slot != nullptr) {
       if (!slot->upstream.vmm() && info.address == info.segment_base) {

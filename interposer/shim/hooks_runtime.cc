@@ -43,6 +43,7 @@
 #include "hooks.h"
 #include "log.h"
 #include "shim.h"
+#include "state.h"
 
 extern "C" {
 VRAMSCOPE_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size);
@@ -52,8 +53,9 @@ VRAMSCOPE_EXPORT cudaError_t cudaFree(void* devPtr);
 namespace vramscope::interposer {
 namespace {
 
-// The real runtime answered a forwarded call with success: it is initialised in this process.
-std::atomic<bool> g_runtime_seen{false};
+// The real runtime answered a forwarded call with success: it is initialised in this process
+// (state.h, where the fork child's handler clears it).
+using shim_internal::g_runtime_seen;
 
 constexpr const char* kRuntime = "libcudart.so.13";
 
@@ -102,8 +104,6 @@ __attribute__((noinline)) cudaError_t Forward(Args... args) {
 }
 
 }  // namespace
-
-void RuntimeHooksForkChild() { g_runtime_seen.store(false, std::memory_order_relaxed); }
 
 }  // namespace vramscope::interposer
 

@@ -29,6 +29,8 @@
 
 #include <cuda.h>
 
+#include "status.h"
+
 namespace vramscope::interposer {
 
 // --- wire formats (shared between exporter and importer; versioned by the magics) -----------
@@ -133,12 +135,13 @@ int IpcServiceAddress(int pid, std::uint64_t start, char* out, int capacity);
 
 // --- exporter (ipc_export.cc) --------------------------------------------------------------
 
-// The handle type the pools should create physical memory with (POSIX fd where the device
-// supports it and VRAMSCOPE_IPC is not 0), else CU_MEM_HANDLE_TYPE_NONE.
-CUmemAllocationHandleType IpcShareableType(int device);
+// The pooled free (device_pools.h's FreePooled), passed down by the callers above the pools: a
+// deferred block whose importers all closed goes back to its pool through it.
+using PooledFree = ShimStatus (*)(std::uintptr_t address, bool strict);
 // cuIpcGetMemHandle of `dptr`: true with *result set when the shim answered (a vramscope
 // handle, or an error); false: not a block of a shareable VMM pool, the caller decides.
-bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result);
+bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result,
+                     PooledFree free_pooled);
 // Exports live, deferred ones included (ipc_export.cc).
 extern std::atomic<int> g_ipc_live_exports;
 // Any export live: one relaxed load, inlined, the free path's only cost while nothing is
@@ -148,9 +151,9 @@ inline bool IpcExportsLive() { return g_ipc_live_exports.load(std::memory_order_
 // still hold open, so its free is deferred (the block stays allocated until the last importer
 // closed); -1 if it was freed before (deferred already); 0 otherwise (an exported block nobody
 // holds stops being exported and is freed normally).
-int IpcDeferFree(std::uintptr_t address);
+int IpcDeferFree(std::uintptr_t address, PooledFree free_pooled);
 // Frees deferred blocks whose importers all closed. Called on export/free/OOM paths.
-void IpcPollDeferred();
+void IpcPollDeferred(PooledFree free_pooled);
 // The exporter's table and chunk descriptors for a service request; fills `fds` (the table's
 // first) and returns how many, or -errno. Holds the export lock while `send` runs.
 int IpcServeRequest(const IpcRequest& request, int (*send)(int socket, const int* fds, int n),

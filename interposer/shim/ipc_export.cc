@@ -21,40 +21,18 @@
 #include "capture.h"
 #include "config.h"
 #include "counters.h"
-#include "device_pools.h"
 #include "driver.h"
 #include "ipc.h"
 #include "log.h"
 #include "ordered.h"
+#include "origin.h"
 #include "ring_events.h"
-#include "shim.h"
+#include "slots.h"
+#include "state.h"
 
 namespace vramscope::interposer {
 
 constinit std::atomic<int> g_ipc_live_exports{0};
-
-int DriverUpstream::MappingsCovering(std::uintptr_t address, std::size_t bytes,
-                                     std::pair<std::uintptr_t, std::size_t>* out,
-                                     int capacity) const {
-  pthread_mutex_lock(&mu_);
-  int count = 0;
-  auto it = mapped_.upper_bound(address);
-  if (it != mapped_.begin()) --it;
-  std::uintptr_t at = it == mapped_.end() ? 0 : it->first;
-  const std::uintptr_t end = address + bytes;
-  bool ok = it != mapped_.end() && it->first <= address;
-  while (ok && at < end) {
-    if (it == mapped_.end() || it->first != at || count == capacity) {
-      ok = false;
-      break;
-    }
-    out[count++] = *it;
-    at += it->second;
-    ++it;
-  }
-  pthread_mutex_unlock(&mu_);
-  return ok ? count : -1;
-}
 
 std::uint64_t ProcessStartTime(int pid) {
   char path[64];
@@ -273,23 +251,8 @@ bool IpcSlotHeld(IpcSlot& slot, bool check_alive) {
   return held;
 }
 
-CUmemAllocationHandleType IpcShareableType(int device) {
-  const RealDriver& real = Real();
-  if (!Cfg().ipc || real.cuDeviceGetAttribute == nullptr ||
-      real.cuMemExportToShareableHandle == nullptr || real.cuMemRetainAllocationHandle == nullptr) {
-    return CU_MEM_HANDLE_TYPE_NONE;
-  }
-  int supported = 0;
-  if (real.cuDeviceGetAttribute(&supported,
-                                CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                                device) != CUDA_SUCCESS ||
-      !supported) {
-    return CU_MEM_HANDLE_TYPE_NONE;
-  }
-  return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-}
-
-bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result) {
+bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result,
+                     PooledFree free_pooled) {
   pool::BlockInfo info;
   Slot* slot = FindPooledBlock(dptr, &info);
   if (slot == nullptr || !slot->upstream.vmm() ||
@@ -303,7 +266,7 @@ bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result)
   // Another process's work on the block is invisible to ordered reuse: it ends here, after the
   // work queued so far finished.
   BreakOrderedAndWait("cuIpcGetMemHandle");
-  IpcPollDeferred();
+  IpcPollDeferred(free_pooled);
   std::pair<std::uintptr_t, std::size_t> maps[kIpcMaxChunks];
   const int count = slot->upstream.MappingsCovering(info.address, info.requested, maps,
                                                     static_cast<int>(kIpcMaxChunks));
@@ -409,7 +372,7 @@ namespace {
 // Frees deferred blocks that no importer holds any more. `check_alive`: also look whether the
 // holders are still alive (a read of /proc per holder), which the free path does only every
 // kAliveEvery frees.
-void PollDeferred(bool check_alive) {
+void PollDeferred(bool check_alive, PooledFree free_pooled) {
   if (g_deferred.load(std::memory_order_relaxed) == 0 || t_polling) return;
   t_polling = true;
   std::uintptr_t ready[64];
@@ -430,7 +393,7 @@ void PollDeferred(bool check_alive) {
   pthread_mutex_unlock(&g_mu);
   // Every importer closed (and synchronised before unmapping): the block is the pool's again,
   // under the usual fence of a free happening now.
-  for (int i = 0; i < count; ++i) (void)FreePooled(ready[i], strict[i]);
+  for (int i = 0; i < count; ++i) (void)free_pooled(ready[i], strict[i]);
   t_polling = false;
 }
 
@@ -438,7 +401,7 @@ constexpr std::uint32_t kAliveEvery = 64;
 
 }  // namespace
 
-int IpcDeferFree(std::uintptr_t address) {
+int IpcDeferFree(std::uintptr_t address, PooledFree free_pooled) {
   int verdict = 0;
   pthread_mutex_lock(&g_mu);
   auto it = g_by_block == nullptr ? decltype(g_by_block->end()){} : g_by_block->find(address);
@@ -465,12 +428,12 @@ int IpcDeferFree(std::uintptr_t address) {
   pthread_mutex_unlock(&g_mu);
   if (g_deferred.load(std::memory_order_relaxed) != 0) {
     const std::uint32_t n = g_frees_polled.fetch_add(1, std::memory_order_relaxed);
-    PollDeferred(/*check_alive=*/n % kAliveEvery == 0);
+    PollDeferred(/*check_alive=*/n % kAliveEvery == 0, free_pooled);
   }
   return verdict;
 }
 
-void IpcPollDeferred() { PollDeferred(/*check_alive=*/true); }
+void IpcPollDeferred(PooledFree free_pooled) { PollDeferred(/*check_alive=*/true, free_pooled); }
 
 int IpcServeRequest(const IpcRequest& request, int (*send)(int socket, const int* fds, int n),
                     int socket) {

@@ -24,7 +24,7 @@
 #include "log.h"
 #include "registry.h"
 #include "ring_events.h"
-#include "shim.h"
+#include "state.h"
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434

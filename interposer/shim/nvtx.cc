@@ -5,6 +5,7 @@
 
 #include <cstddef>
 
+#include "nvtx_ranges.h"
 #include "ring_events.h"
 #include "shim.h"
 
@@ -13,15 +14,13 @@
 #include <nvtx3/nvToolsExt.h>
 
 namespace vramscope::interposer {
-namespace nvtx_internal {
-constinit std::atomic<bool> g_any_range{false};
-}  // namespace nvtx_internal
-
 namespace {
 
 using nvtx_internal::g_any_range;
+using nvtx_internal::kMaxDepth;
+using nvtx_internal::t_stack;
+using nvtx_internal::ThreadStack;
 
-constexpr int kMaxDepth = 64;
 constexpr int kMaxDomains = 256;  // index 0 = the default domain
 constexpr int kDomainNameBytes = 64;
 constexpr int kMaxStrings = 4096;
@@ -48,14 +47,6 @@ constinit std::atomic<std::uint32_t> g_next_range{1};
 // Set once the shim's initialisation was attempted for NVTX (the first push may precede every
 // driver call; the ring opens with the shim).
 constinit std::atomic<bool> g_init_tried{false};
-
-struct ThreadStack {
-  int depth;
-  int overflow;  // pushes beyond kMaxDepth not on the stack
-  std::uint32_t ids[kMaxDepth];
-  std::uint16_t domains[kMaxDepth];
-};
-constinit thread_local ThreadStack t_stack = {};
 
 RingWriter* NvtxRing() {
   RingWriter* ring = Ring();
@@ -339,11 +330,6 @@ void Assign(NvtxFunctionTable table, unsigned int size, unsigned int id, F funct
 }
 
 }  // namespace
-
-std::uint32_t nvtx_internal::InnermostRangeSlow() {
-  const ThreadStack& stack = t_stack;
-  return stack.depth > 0 ? stack.ids[stack.depth - 1] : 0;
-}
 
 }  // namespace vramscope::interposer
 

@@ -12,9 +12,9 @@
 // the id. Start/end ranges are recorded the same way, outside the thread's stack (parent 0).
 // Marks, category and thread names are not recorded.
 //
-// Per-thread range stacks: one thread_local array (kMaxDepth entries, every domain together:
-// a pop of domain D removes the innermost entry of D). Deeper pushes are counted and popped
-// without records. InnermostRange() is what the ALLOC records carry in `aux`.
+// Per-thread range stacks (nvtx_ranges.h): a pop of domain D removes the innermost entry of D.
+// Deeper pushes are counted and popped without records. InnermostRange() is what the ALLOC
+// records carry in `aux`.
 //
 // Thread safety: every callback may run on any thread at any time. Domains and registered
 // strings live in fixed-size static tables claimed with an atomic counter, never freed (handles
@@ -24,24 +24,7 @@
 // block for this library in a thread when the shim was dlopen'ed rather than preloaded).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
-
-namespace vramscope::interposer {
-
-namespace nvtx_internal {
-// Set once any range was pushed: lets the allocation path skip the thread_local access.
-extern constinit std::atomic<bool> g_any_range;
-std::uint32_t InnermostRangeSlow();
-}  // namespace nvtx_internal
-
-// The calling thread's innermost open NVTX range id (push/pop ranges of any domain), 0 if none.
-inline std::uint32_t InnermostRange() {
-  if (!nvtx_internal::g_any_range.load(std::memory_order_relaxed)) return 0;
-  return nvtx_internal::InnermostRangeSlow();
-}
-
-}  // namespace vramscope::interposer
 
 extern "C" {
 // NVTX v3's injection entry point (nvtxDetail/nvtxInit.h). Returns 1 (success).

@@ -95,10 +95,6 @@ inline void WatchStream(CUstream stream, bool per_thread, const char* where) {
 // A pool is being created for `ctx`: a second context ends ordered reuse.
 void NoteOrderedContext(CUcontext ctx);
 
-// `name` (exact or base) is declared by the <cuda.h> the shim was built with
-// (hooks_streams_gen.cc).
-bool IsKnownDriverEntryPoint(const char* name);
-
 // For the summary: "on", "off" (not allowed) or the name of what ended it (an entry point,
 // "second_context", "second_context_pool", "unknown_entry_point").
 const char* OrderedStatus();

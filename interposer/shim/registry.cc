@@ -4,6 +4,7 @@
 
 #include <unordered_map>
 
+#include "origin.h"
 #include "ring_events.h"
 
 namespace vramscope::interposer {
@@ -108,7 +109,8 @@ void UnlockRegistriesAfterFork() {
   }
 }
 
-void ClearRegistriesInChild() {
+void RegistriesForkChild() {
+  UnlockRegistriesAfterFork();
   for (auto& registry : g_shards) {
     for (Shard& shard : registry) {
       if (shard.map != nullptr) shard.map->clear();

@@ -45,8 +45,10 @@ void RecordAlloc(RegistryId registry, std::uintptr_t key, std::uint64_t size, Ki
 bool RecordFree(RegistryId registry, std::uintptr_t key, RegistryEntry* entry = nullptr,
                 std::uint64_t stream = 0);
 
+// Fork (shim.cc's table): every shard's lock in the prepare/parent order; the child releases
+// them and forgets every entry.
 void LockRegistriesForFork();
 void UnlockRegistriesAfterFork();
-void ClearRegistriesInChild();
+void RegistriesForkChild();
 
 }  // namespace vramscope::interposer

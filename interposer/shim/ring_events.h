@@ -1,5 +1,6 @@
-// The shim's side of the event ring (interposer/ring, layout vramscope/ring.h): opening it, and
-// the records the hooks and the pools write.
+// The shim's side of the event ring (interposer/ring, layout vramscope/ring.h): opening it, fork
+// and exit. The records carry their caller's origin (origin.h); the pools' own records are
+// pool_records.h's.
 //
 // Where the ring goes is interposer/ring/ring_dir.h's rule: VRAMSCOPE_RING_DIR when set (`vramscope
 // run` sets a private one), none when it is `off` or empty, and when it is unset the default
@@ -26,8 +27,6 @@
 #include "vramscope/ring/ring_writer.h"
 
 namespace vramscope::interposer {
-
-struct Slot;
 
 namespace ring_internal {
 enum class RingState : int { kOff = 0, kPending, kOpen, kFailed };
@@ -64,32 +63,5 @@ int CurrentDeviceOrZero();
 // The ring's allocation kind of a passthrough Kind; UNSPECIFIED for kinds that are not
 // allocations in the ring's sense (VMM mappings and address reservations).
 std::uint8_t RingAllocKind(Kind kind);
-
-// What an ALLOC record carries about its caller: the thread's innermost NVTX range (nvtx.h) and,
-// with VRAMSCOPE_STACKS=1, the allocation site (stacks.h; unwinds the calling thread).
-struct RingAllocOrigin {
-  std::uint32_t nvtx_range = 0;
-  std::uint64_t site = 0;
-};
-RingAllocOrigin RingCallerOrigin(RingWriter* ring);
-
-// Pooled memory. `slot` holds the block; sizes come from the pool (AllocateSized/FreeSized).
-void RingPooledAllocRecord(RingWriter* ring, Slot* slot, std::uintptr_t address,
-                           std::uint64_t requested, std::uint64_t allocated);
-void RingPooledFreeRecord(RingWriter* ring, Slot* slot, std::uintptr_t address,
-                          std::uint64_t requested, std::uint64_t allocated);
-// The pool's hot path: the check is inline, the record (when a ring is open) is not.
-inline void RingPooledAlloc(Slot* slot, std::uintptr_t address, std::uint64_t requested,
-                            std::uint64_t allocated) {
-  if (RingWriter* ring = Ring()) RingPooledAllocRecord(ring, slot, address, requested, allocated);
-}
-inline void RingPooledFree(Slot* slot, std::uintptr_t address, std::uint64_t requested,
-                           std::uint64_t allocated) {
-  if (RingWriter* ring = Ring()) RingPooledFreeRecord(ring, slot, address, requested, allocated);
-}
-// The pool could not serve `requested`: an OOM record with the pool's verdict, then its state.
-void RingPooledOom(Slot* slot, std::uint64_t requested);
-// A POOL_STATE record from the pool's Stats() (never call with the pool's lock held).
-void RingPoolState(Slot* slot);
 
 }  // namespace vramscope::interposer

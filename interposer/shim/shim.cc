@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include <atomic>
-#include <new>
+#include <iterator>
 
 #include "capture.h"
 #include "counters.h"
@@ -22,19 +22,12 @@
 #include "ordered.h"
 #include "registry.h"
 #include "ring_events.h"
+#include "slots.h"
 #include "stacks.h"
+#include "state.h"
+#include "stream_fence.h"
 
 namespace vramscope::interposer {
-namespace shim_internal {
-
-constinit std::atomic<int> g_state{static_cast<int>(State::kUninitialised)};
-constinit std::atomic<bool> g_disabled{false};
-constinit std::atomic<bool> g_exiting{false};
-constinit Config g_config{};
-__attribute__((tls_model("initial-exec"))) constinit thread_local bool t_in_init = false;
-
-}  // namespace shim_internal
-
 namespace {
 
 using shim_internal::g_config;
@@ -61,20 +54,11 @@ void OnExit() {
 // header reports. Registered before OnExit, so it runs after it (the fence helper is quiet).
 void OnExitStatus(int status, void* /*arg*/) { MarkRingExited(status); }
 
-void ForkPrepare() {
-  pthread_mutex_lock(&g_init_mu);
-  LockSlotsForFork();
-  LockGraphMemoryForFork();  // before the registries: RefreshGraphMemory's order
-  LockRegistriesForFork();
-  LockFenceWorkerForFork();
-}
-
-void ForkParent() {
-  UnlockFenceWorkerAfterFork();
-  UnlockRegistriesAfterFork();
-  UnlockGraphMemoryAfterFork();
-  UnlockSlotsAfterFork();
-  pthread_mutex_unlock(&g_init_mu);
+// A looked-up entry point <cuda.h> does not declare may queue work the shim does not watch
+// (driver.h calls this, registered in Initialise).
+void OnUnknownEntryPoint() {
+  BreakOrdered("unknown_entry_point");
+  NoteUnknownStreamWork();
 }
 
 // Ordered reuse serves pool mode only, and needs the context query its watch makes.
@@ -82,32 +66,75 @@ bool OrderedAllowed(const Config& config) {
   return config.mode == Mode::kPool && config.ordered && Real().cuCtxGetCurrent != nullptr;
 }
 
-void ForkChild() {
-  ResetFenceWorkerInChild();
-  UnlockRegistriesAfterFork();
-  UnlockSlotsAfterFork();
-  pthread_mutex_unlock(&g_init_mu);
-  // A clean shim: no pools, no records, zeroed counters. The driver table stays valid (the
-  // mapping of libcuda is inherited); the driver itself decides what works in a child.
-  ForgetSlotsInChild();
-  IpcForgetInChild();
-  ResetStreamFenceInChild();
-  ClearRegistriesInChild();
-  ResetGraphMemoryInChild();
-  ResetCapturesAfterFork();
-  ShimCounters& counters = Counters();
-  counters.~ShimCounters();
-  new (&counters) ShimCounters();
-  InitLogLevel();
-  g_config = ReadConfig();
+// Configures what depends on the settings (at init and in a fork child).
+void ApplyConfig() {
   ConfigureOrdered(OrderedAllowed(g_config));
   ConfigureStreamFence(g_config.mode == Mode::kPool && g_config.fence_events);
-  counters.mode = static_cast<std::uint32_t>(g_config.mode);
-  // The child records into its own ring, opened by its first hook.
-  RingForkChild(ModeName(g_config.mode));
-  StacksForkChild();
-  RuntimeHooksForkChild();
-  CuptiForkChild();
+  Counters().mode = static_cast<std::uint32_t>(g_config.mode);
+}
+
+void LockInit() { pthread_mutex_lock(&g_init_mu); }
+void UnlockInit() { pthread_mutex_unlock(&g_init_mu); }
+
+// A fork child re-reads the settings (a clean shim: its driver table stays valid, since the
+// mapping of libcuda is inherited; the driver itself decides what works in a child).
+void ReadConfigInChild() {
+  InitLogLevel();
+  g_config = ReadConfig();
+  ApplyConfig();
+}
+
+// The child records into its own ring, opened by its first hook.
+void RingInChild() { RingForkChild(ModeName(g_config.mode)); }
+
+// The fork handlers of every module, as one table. Its order IS the shim's lock order: a thread
+// that holds the lock of one entry may take the locks of later entries only (the init lock
+// around everything; a slot's creation under the table lock; RefreshGraphMemory records into the
+// registries under its own lock; the helper thread's lock last). ForkPrepare takes the locks in
+// this order, ForkParent releases them in reverse, and ForkChild walks it in order: each module
+// releases (or re-creates) its locks and forgets the parent's state (pools, exports, streams,
+// entries, threads) without touching it, then the counters are zeroed, the settings re-read,
+// and the ring, stacks, runtime and CUPTI start afresh. Entries without a lock have only a
+// child handler.
+struct ForkHandlers {
+  const char* module;
+  void (*prepare)();
+  void (*parent)();
+  void (*child)();
+};
+constexpr ForkHandlers kForkTable[] = {
+    {"init", LockInit, UnlockInit, UnlockInit},
+    {"slots", LockSlotsForFork, UnlockSlotsAfterFork, SlotsForkChild},
+    {"graph_memory", LockGraphMemoryForFork, UnlockGraphMemoryAfterFork, ResetGraphMemoryInChild},
+    {"registry", LockRegistriesForFork, UnlockRegistriesAfterFork, RegistriesForkChild},
+    {"fence_worker", LockFenceWorkerForFork, UnlockFenceWorkerAfterFork, ResetFenceWorkerInChild},
+    {"ipc", nullptr, nullptr, IpcForgetInChild},
+    {"stream_fence", nullptr, nullptr, ResetStreamFenceInChild},
+    {"capture", nullptr, nullptr, ResetCapturesAfterFork},
+    {"counters", nullptr, nullptr, ResetCountersInChild},
+    {"config", nullptr, nullptr, ReadConfigInChild},
+    {"ring_events", nullptr, nullptr, RingInChild},
+    {"stacks", nullptr, nullptr, StacksForkChild},
+    {"runtime", nullptr, nullptr, ForgetRuntimeInChild},
+    {"cupti", nullptr, nullptr, CuptiForkChild},
+};
+
+void ForkPrepare() {
+  for (const ForkHandlers& entry : kForkTable) {
+    if (entry.prepare != nullptr) entry.prepare();
+  }
+}
+
+void ForkParent() {
+  for (auto it = std::rbegin(kForkTable); it != std::rend(kForkTable); ++it) {
+    if (it->parent != nullptr) it->parent();
+  }
+}
+
+void ForkChild() {
+  for (const ForkHandlers& entry : kForkTable) {
+    if (entry.child != nullptr) entry.child();
+  }
 }
 
 bool RequiredForPooling(const RealDriver& real) {
@@ -125,6 +152,7 @@ bool Initialise(bool may_load) {
   if (!ready) {
     InitLogLevel();
     g_config = ReadConfig();
+    SetUnknownEntryPointHandler(OnUnknownEntryPoint);
     if (!LoadDriver(may_load)) {
       if (may_load) {
         const char* why = dlerror();
@@ -145,14 +173,12 @@ bool Initialise(bool may_load) {
           VRAMSCOPE_LOG(kWarn, "cannot register fork/exit handlers; running without vramscope");
         }
       }
-      Counters().mode = static_cast<std::uint32_t>(g_config.mode);
-      ConfigureOrdered(OrderedAllowed(g_config));
-      ConfigureStreamFence(g_config.mode == Mode::kPool && g_config.fence_events);
+      ApplyConfig();
       VRAMSCOPE_LOG(kInfo, "active, mode=%s", ModeName(g_config.mode));
       OpenRingAtInit(ModeName(g_config.mode));
       // Started by the next hook entry, outside this lock (CUPTI calls the driver, and dlopen
       // must not run under the init lock). Its records go to the ring: none, no CUPTI.
-      ArmCupti(g_config.cupti && Ring() != nullptr);
+      ArmCupti(g_config.CuptiWanted(/*as_injection=*/false) && Ring() != nullptr);
       g_state.store(static_cast<int>(State::kReady), std::memory_order_release);
       ready = true;
     }

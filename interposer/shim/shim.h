@@ -16,28 +16,13 @@
 
 #include <atomic>
 
-#include "config.h"
 #include "cupti.h"
 #include "ring_events.h"
+#include "state.h"
 
 namespace vramscope::interposer {
 namespace shim_internal {
-
-// The state the checks below read on every hook: inline, since they are most of a pooled
-// allocation's bookkeeping outside the pool (defined in shim.cc).
-enum class State : int { kUninitialised = 0, kReady = 1 };
-extern constinit std::atomic<int> g_state;
-extern constinit std::atomic<bool> g_disabled;
-extern constinit std::atomic<bool> g_exiting;
-extern constinit Config g_config;
-extern __attribute__((tls_model("initial-exec"))) constinit thread_local bool t_in_init;
-
 bool EnsureDriverSlow();
-
-inline bool Ready() {
-  return g_state.load(std::memory_order_acquire) == static_cast<int>(State::kReady);
-}
-
 }  // namespace shim_internal
 
 // The real driver table is usable (loads libcuda.so.1 on first need).
@@ -52,23 +37,8 @@ inline bool EnsureDriver() {
 // For the dlsym hook: initialise only if libcuda is already loaded and this thread is not
 // initialising already.
 bool EnsureDriverFromDlsym();
-// The shim's own machinery may run on this thread now: initialised, enabled, not exiting, not
-// inside initialisation.
-inline bool Active() {
-  return shim_internal::Ready() && !shim_internal::g_disabled.load(std::memory_order_relaxed) &&
-         !shim_internal::g_exiting.load(std::memory_order_relaxed) && !shim_internal::t_in_init;
-}
-inline const Config& Cfg() { return shim_internal::g_config; }
-inline bool Exiting() { return shim_internal::g_exiting.load(std::memory_order_acquire); }
-// The pools may be consulted (frees routed, pointers looked up) also after exit began: frees
-// then touch only the pools' books.
-inline bool CanRouteFrees() { return Active() || Exiting(); }
 
 // Writes the VRAMSCOPE_SUMMARY line to stderr.
 void PrintSummary();
-
-// Fork child: the runtime-level cudaMalloc forwards until the child's runtime has answered
-// (hooks_runtime.cc).
-void RuntimeHooksForkChild();
 
 }  // namespace vramscope::interposer

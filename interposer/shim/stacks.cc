@@ -9,7 +9,7 @@
 #include <cstddef>
 
 #include "fast_unwind.h"
-#include "shim.h"
+#include "state.h"
 
 namespace vramscope::interposer {
 namespace {

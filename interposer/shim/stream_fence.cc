@@ -5,10 +5,10 @@
 #include "capture.h"
 #include "config.h"
 #include "counters.h"
-#include "device_pools.h"
 #include "driver.h"
 #include "log.h"
-#include "shim.h"
+#include "slots.h"
+#include "state.h"
 
 namespace vramscope::interposer {
 

@@ -203,3 +203,11 @@ CUresult CUDAAPI cuWaitExternalSemaphoresAsync_ptsz(const CUexternalSemaphore *e
   X(cuStreamWriteValue64_v2_ptsz) \
   X(cuWaitExternalSemaphoresAsync_ptsz) \
 
+namespace vramscope::interposer {
+
+// True if <cuda.h> (or the interop and profiler headers) declares `name`, exactly or as the base
+// of an ABI variant (known_entry_points_gen.cc). The driver table (driver.cc) asks it of every
+// looked-up name: an unknown one may queue work the shim does not watch.
+bool IsKnownDriverEntryPoint(const char* name);
+
+}  // namespace vramscope::interposer

@@ -1,0 +1,366 @@
+#include "driver_upstream.h"
+
+#include <string.h>
+
+#include <algorithm>
+
+#include "capture.h"
+#include "driver.h"
+#include "epoch_fences.h"
+#include "log.h"
+#include "ring_events.h"
+#include "state.h"
+
+namespace vramscope::interposer {
+namespace {
+
+__attribute__((tls_model("initial-exec"))) constinit thread_local CUresult t_upstream_error =
+    CUDA_SUCCESS;
+
+// The policy name buffers the slot table hands out (slots.h) hold 32 bytes.
+constexpr std::size_t kPolicyBytes = 32;
+
+DeviceCounters& DevCounters(int device) { return DeviceCountersFor(device); }
+
+// The handle type the pools create physical memory with, for IPC of pooled memory (ipc.h): POSIX
+// fd where the device supports it and VRAMSCOPE_IPC is not 0, else CU_MEM_HANDLE_TYPE_NONE.
+CUmemAllocationHandleType ShareableTypeFor(int device) {
+  const RealDriver& real = Real();
+  if (!Cfg().ipc || real.cuDeviceGetAttribute == nullptr ||
+      real.cuMemExportToShareableHandle == nullptr || real.cuMemRetainAllocationHandle == nullptr) {
+    return CU_MEM_HANDLE_TYPE_NONE;
+  }
+  int supported = 0;
+  if (real.cuDeviceGetAttribute(&supported,
+                                CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                device) != CUDA_SUCCESS ||
+      !supported) {
+    return CU_MEM_HANDLE_TYPE_NONE;
+  }
+  return CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+}  // namespace
+
+CUresult LastUpstreamError() { return t_upstream_error; }
+void ClearUpstreamError() { t_upstream_error = CUDA_SUCCESS; }
+
+std::size_t ConfigureDriverUpstream(DriverUpstream* upstream, CUcontext ctx, int device,
+                                    const Config& config, char* policy_buffer) {
+  const RealDriver& real = Real();
+  int vmm_supported = 0;
+  if (real.cuDeviceGetAttribute != nullptr) {
+    (void)real.cuDeviceGetAttribute(
+        &vmm_supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device);
+  }
+  const bool vmm_calls = real.cuMemAddressReserve != nullptr && real.cuMemCreate != nullptr &&
+                         real.cuMemMap != nullptr && real.cuMemSetAccess != nullptr &&
+                         real.cuMemUnmap != nullptr && real.cuMemRelease != nullptr &&
+                         real.cuMemAddressFree != nullptr &&
+                         real.cuMemGetAllocationGranularity != nullptr;
+  char* policy = policy_buffer;
+  if (config.policy[0] != '\0') {
+    memcpy(policy, config.policy, kPolicyBytes - 1);
+  } else {
+    strcpy(policy, vmm_supported && vmm_calls && config.use_vmm ? "vmm" : "segments");
+  }
+  bool use_vmm = vmm_supported && vmm_calls && config.use_vmm && strcmp(policy, "segments") != 0;
+  std::size_t granularity = 0;
+  if (use_vmm) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    if (real.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+            CUDA_SUCCESS ||
+        granularity == 0) {
+      use_vmm = false;
+      strcpy(policy, "segments");
+    }
+  }
+  // VMM memory is reachable only from devices granted access, whereas cuMemAlloc memory is
+  // reachable from any peer once the application enables peer access: grant every device that
+  // can access this one, so pooled memory behaves like cuMemAlloc memory.
+  CUmemAccessDesc access[kMaxDevices] = {};
+  int access_count = 0;
+  access[access_count].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access[access_count].location.id = device;
+  access[access_count++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  int device_count = 0;
+  if (use_vmm && real.cuDeviceGetCount != nullptr && real.cuDeviceCanAccessPeer != nullptr &&
+      real.cuDeviceGetCount(&device_count) == CUDA_SUCCESS) {
+    for (int peer = 0; peer < device_count && access_count < kMaxDevices; ++peer) {
+      int can = 0;
+      if (peer == device || real.cuDeviceCanAccessPeer(&can, peer, device) != CUDA_SUCCESS ||
+          !can) {
+        continue;
+      }
+      access[access_count].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      access[access_count].location.id = peer;
+      access[access_count++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+  }
+  upstream->Configure(ctx, device, use_vmm, granularity, access, access_count);
+  if (use_vmm) upstream->SetShareableType(ShareableTypeFor(device));
+  return granularity;
+}
+
+void DriverUpstream::Configure(CUcontext ctx, int device, bool vmm, std::size_t granularity,
+                               const CUmemAccessDesc* access, int access_count) {
+  ctx_ = ctx;
+  device_ = device;
+  vmm_ = vmm;
+  granularity_ = granularity;
+  access_count_ = std::min(access_count, kMaxDevices);
+  for (int i = 0; i < access_count_; ++i) access_[i] = access[i];
+}
+
+void DriverUpstream::Reserved(std::uintptr_t address, std::size_t bytes) {
+  DevCounters(device_).reserved_bytes.Add(bytes);
+  if (RingWriter* ring = Ring()) {
+    (void)ring->RecordPoolReserve(static_cast<std::uint32_t>(device_), address, bytes);
+    state_due_.store(true, std::memory_order_relaxed);
+  }
+}
+
+void DriverUpstream::Released(std::uintptr_t address, std::size_t bytes) {
+  DevCounters(device_).reserved_bytes.Sub(bytes);
+  if (RingWriter* ring = Ring()) {
+    (void)ring->RecordPoolRelease(static_cast<std::uint32_t>(device_), address, bytes);
+    state_due_.store(true, std::memory_order_relaxed);
+  }
+}
+
+bool DriverUpstream::Usable() const { return !dead_.load(std::memory_order_acquire) && !Exiting(); }
+
+pool::UpstreamStatus DriverUpstream::FromDriver(CUresult result) {
+  t_upstream_error = result;
+  switch (result) {
+    case CUDA_SUCCESS:
+      return pool::UpstreamStatus::kOk;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return pool::UpstreamStatus::kOutOfMemory;
+    case CUDA_ERROR_INVALID_VALUE:
+      return pool::UpstreamStatus::kInvalidArgument;
+    case CUDA_ERROR_NOT_SUPPORTED:
+      return pool::UpstreamStatus::kNotSupported;
+    default:
+      return pool::UpstreamStatus::kError;
+  }
+}
+
+bool DriverUpstream::OwnsAddress(std::uintptr_t address) const {
+  pthread_mutex_lock(&mu_);
+  bool owns = false;
+  auto it = held_.upper_bound(address);
+  if (it != held_.begin()) {
+    --it;
+    owns = address < it->first + it->second;
+  }
+  pthread_mutex_unlock(&mu_);
+  return owns;
+}
+
+void DriverUpstream::Abandon(bool context_alive) {
+  if (dead_.exchange(true, std::memory_order_acq_rel)) return;
+  std::map<std::uintptr_t, std::size_t> mapped;
+  std::map<std::uintptr_t, std::size_t> held;
+  pthread_mutex_lock(&mu_);
+  mapped.swap(mapped_);
+  held.swap(held_);
+  pthread_mutex_unlock(&mu_);
+  for (const auto& [address, size] : (vmm_ ? mapped : held)) Released(address, size);
+  if (!vmm_ || Exiting()) return;
+  const RealDriver& real = Real();
+  if (context_alive) {
+    DriverCallScope scope(ctx_);
+    if (scope.ok()) (void)real.cuCtxSynchronize();
+  }
+  DriverCallScope scope(nullptr);
+  for (const auto& [address, size] : mapped) (void)real.cuMemUnmap(address, size);
+  for (const auto& [address, size] : held) (void)real.cuMemAddressFree(address, size);
+}
+
+pool::UpstreamStatus DriverUpstream::Allocate(std::size_t bytes, std::uintptr_t* address) {
+  if (!Usable()) return FromDriver(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  DriverCallScope scope(ctx_);
+  if (!scope.ok()) return FromDriver(CUDA_ERROR_INVALID_CONTEXT);
+  CUdeviceptr pointer = 0;
+  const CUresult result = Real().cuMemAlloc_v2(&pointer, bytes);
+  DevCounters(device_).driver_alloc_calls.Add(1);
+  if (result != CUDA_SUCCESS) return FromDriver(result);
+  pthread_mutex_lock(&mu_);
+  held_[pointer] = bytes;
+  pthread_mutex_unlock(&mu_);
+  Reserved(pointer, bytes);
+  *address = pointer;
+  return pool::UpstreamStatus::kOk;
+}
+
+pool::UpstreamStatus DriverUpstream::Free(std::uintptr_t address, std::size_t bytes) {
+  pthread_mutex_lock(&mu_);
+  auto it = held_.find(address);
+  const bool known = it != held_.end();
+  if (known) {
+    bytes = it->second;
+    held_.erase(it);
+  }
+  pthread_mutex_unlock(&mu_);
+  if (!known) return FromDriver(CUDA_ERROR_INVALID_VALUE);
+  Released(address, bytes);
+  // A dead context took the memory with it; after exit began the driver may be gone.
+  if (!Usable()) return pool::UpstreamStatus::kOk;
+  if (fences_ != nullptr) fences_->BeforeReturningMemory();
+  DriverCallScope scope(ctx_);
+  const CUresult result = Real().cuMemFree_v2(address);
+  DevCounters(device_).driver_free_calls.Add(1);
+  if (result == CUDA_SUCCESS || result == CUDA_ERROR_DEINITIALIZED) {
+    return pool::UpstreamStatus::kOk;
+  }
+  return FromDriver(result);
+}
+
+pool::UpstreamStatus DriverUpstream::ReserveRange(std::size_t bytes, std::uintptr_t* address) {
+  if (!vmm_) return pool::UpstreamStatus::kNotSupported;
+  if (!Usable()) return FromDriver(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  DriverCallScope scope(ctx_);
+  if (!scope.ok()) return FromDriver(CUDA_ERROR_INVALID_CONTEXT);
+  CUdeviceptr pointer = 0;
+  const CUresult result = Real().cuMemAddressReserve(&pointer, bytes, granularity_, 0, 0);
+  if (result != CUDA_SUCCESS) return FromDriver(result);
+  pthread_mutex_lock(&mu_);
+  held_[pointer] = bytes;
+  pthread_mutex_unlock(&mu_);
+  *address = pointer;
+  return pool::UpstreamStatus::kOk;
+}
+
+pool::UpstreamStatus DriverUpstream::ReleaseRange(std::uintptr_t address, std::size_t bytes) {
+  if (!vmm_) return pool::UpstreamStatus::kNotSupported;
+  pthread_mutex_lock(&mu_);
+  auto it = held_.find(address);
+  const bool known = it != held_.end();
+  if (known) {
+    bytes = it->second;
+    held_.erase(it);
+  }
+  pthread_mutex_unlock(&mu_);
+  if (!known) return FromDriver(CUDA_ERROR_INVALID_VALUE);
+  if (!Usable()) return pool::UpstreamStatus::kOk;
+  DriverCallScope scope(ctx_);
+  const CUresult result = Real().cuMemAddressFree(address, bytes);
+  if (result == CUDA_SUCCESS || result == CUDA_ERROR_DEINITIALIZED) {
+    return pool::UpstreamStatus::kOk;
+  }
+  return FromDriver(result);
+}
+
+pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t bytes) {
+  if (!vmm_) return pool::UpstreamStatus::kNotSupported;
+  if (!Usable()) return FromDriver(CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  const RealDriver& real = Real();
+  DriverCallScope scope(ctx_);
+  if (!scope.ok()) return FromDriver(CUDA_ERROR_INVALID_CONTEXT);
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device_;
+  prop.requestedHandleTypes = shareable_type();  // exportable for IPC (ipc.h)
+  CUmemGenericAllocationHandle handle = 0;
+  DevCounters(device_).driver_alloc_calls.Add(1);
+  CUresult result = real.cuMemCreate(&handle, bytes, &prop, 0);
+  if (result != CUDA_SUCCESS && result != CUDA_ERROR_OUT_OF_MEMORY &&
+      prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+    // The device reported shareable memory but does not make it: plain memory from now on, and
+    // IPC of pooled memory falls back to the old rule (ipc.h).
+    VRAMSCOPE_LOG_ONCE(kWarn,
+                       "device %d: cuMemCreate of shareable memory failed (%d); the pool's memory "
+                       "is not shareable by IPC (VRAMSCOPE_MODE=passthrough shares it)",
+                       device_, static_cast<int>(result));
+    SetShareableType(CU_MEM_HANDLE_TYPE_NONE);
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    result = real.cuMemCreate(&handle, bytes, &prop, 0);
+  }
+  if (result != CUDA_SUCCESS) return FromDriver(result);
+  result = real.cuMemMap(address, bytes, 0, handle, 0);
+  if (result != CUDA_SUCCESS) {
+    (void)real.cuMemRelease(handle);
+    return FromDriver(result);
+  }
+  result = real.cuMemSetAccess(address, bytes, access_, static_cast<std::size_t>(access_count_));
+  if (result != CUDA_SUCCESS && access_count_ > 1) {
+    // A peer refused: fall back to the owning device alone, like cuMemAlloc without peers.
+    access_count_ = 1;
+    result = real.cuMemSetAccess(address, bytes, access_, 1);
+  }
+  // The mapping keeps the physical memory alive; releasing the handle now means cuMemUnmap
+  // alone gives the memory back.
+  (void)real.cuMemRelease(handle);
+  if (result != CUDA_SUCCESS) {
+    (void)real.cuMemUnmap(address, bytes);
+    return FromDriver(result);
+  }
+  pthread_mutex_lock(&mu_);
+  mapped_[address] = bytes;
+  pthread_mutex_unlock(&mu_);
+  Reserved(address, bytes);
+  return pool::UpstreamStatus::kOk;
+}
+
+pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t bytes) {
+  if (!vmm_) return pool::UpstreamStatus::kNotSupported;
+  // Unmap every mapping Map made inside [address, address + bytes): the pool may give back
+  // several adjacent mappings at once, and the driver unmaps whole mappings only.
+  std::pair<std::uintptr_t, std::size_t> ranges[64];
+  int count = 0;
+  bool more = true;
+  pool::UpstreamStatus status = pool::UpstreamStatus::kOk;
+  while (more) {
+    count = 0;
+    pthread_mutex_lock(&mu_);
+    auto it = mapped_.lower_bound(address);
+    while (it != mapped_.end() && it->first + it->second <= address + bytes && count < 64) {
+      ranges[count++] = *it;
+      it = mapped_.erase(it);
+    }
+    more = count == 64;
+    pthread_mutex_unlock(&mu_);
+    if (count != 0 && fences_ != nullptr && Usable()) fences_->BeforeReturningMemory();
+    for (int i = 0; i < count; ++i) {
+      Released(ranges[i].first, ranges[i].second);
+      if (!Usable()) continue;
+      DriverCallScope scope(ctx_);
+      const CUresult result = Real().cuMemUnmap(ranges[i].first, ranges[i].second);
+      DevCounters(device_).driver_free_calls.Add(1);
+      if (result != CUDA_SUCCESS && result != CUDA_ERROR_DEINITIALIZED) {
+        status = FromDriver(result);
+      }
+    }
+  }
+  return status;
+}
+
+int DriverUpstream::MappingsCovering(std::uintptr_t address, std::size_t bytes,
+                                     std::pair<std::uintptr_t, std::size_t>* out,
+                                     int capacity) const {
+  pthread_mutex_lock(&mu_);
+  int count = 0;
+  auto it = mapped_.upper_bound(address);
+  if (it != mapped_.begin()) --it;
+  std::uintptr_t at = it == mapped_.end() ? 0 : it->first;
+  const std::uintptr_t end = address + bytes;
+  bool ok = it != mapped_.end() && it->first <= address;
+  while (ok && at < end) {
+    if (it == mapped_.end() || it->first != at || count == capacity) {
+      ok = false;
+      break;
+    }
+    out[count++] = *it;
+    at += it->second;
+    ++it;
+  }
+  pthread_mutex_unlock(&mu_);
+  return ok ? count : -1;
+}
+
+}  // namespace vramscope::interposer
