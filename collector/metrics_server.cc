@@ -10,7 +10,7 @@
 
 #include <mutex>
 
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
 #include "vramscope/collector/metrics.h"
 
 namespace vramscope::collector {

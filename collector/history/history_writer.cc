@@ -16,35 +16,17 @@
 #include <sstream>
 #include <vector>
 
-#include "vramscope/collector/log.h"
+#include "vramscope/atomic_file.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {
 
 constexpr absl::string_view kSuffix = ".run";
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat(tmp, ": ", strerror(errno)));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::InternalError(absl::StrCat(tmp, ": ", strerror(err)));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("rename ", tmp, ": ", strerror(errno)));
-  }
-  return absl::OkStatus();
-}
+// Queue files: 0600 (reports name hosts and commands), no fsync (the queue protects against the
+// collector dying; the database is the durable copy).
+constexpr AtomicWriteOptions kQueueWrite{.new_file_mode = 0600, .sync = false};
 
 }  // namespace
 
@@ -103,7 +85,7 @@ absl::Status HistoryWriter::Enqueue(const v1::Report& report) {
     number = next_number_++;
   }
   const std::string path = absl::StrFormat("%s/%020d%s", options_.queue_dir, number, kSuffix);
-  if (absl::Status s = WriteFileAtomically(path, report.SerializeAsString()); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(path, report.SerializeAsString(), kQueueWrite); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   // Numbers are taken in order but files may land out of order: keep the queue sorted.
   queue_.insert(std::upper_bound(queue_.begin(), queue_.end(), path), path);

@@ -25,7 +25,7 @@
 
 #include "tests/collector/test_util.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
 #include "vramscope/collector/metrics.h"
 
 namespace vramscope::collector {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "check/atomic_file.h"
+#include "vramscope/atomic_file.h"
 #include "check/check_output.h"
 #include "check/compare.h"
 #include "check/report_file.h"

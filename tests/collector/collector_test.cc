@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "tests/collector/test_util.h"
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
 #include "vramscope/collector/record_log.h"
 
 namespace vramscope::collector {

@@ -18,7 +18,7 @@
 #include "tests/pipeline/subprocess.h"
 #include "tests/report/run_exe.h"
 #include "tests/report/sample_reports.h"
-#include "vramscope/agent/log.h"
+#include "vramscope/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
 
@@ -176,7 +176,7 @@ class ReportCollectorTest : public ReportCliTest {
  protected:
   void SetUp() override {
     ReportCliTest::SetUp();
-    agent::SetMinLogLevel(agent::LogLevel::kError);
+    vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
     ASSERT_TRUE(collector_.Start({BinaryFromEnv("VRAMSCOPE_COLLECTOR"), "--listen=127.0.0.1:0",
                                   "--data-dir=" + dir_.path() + "/data"}));
     const int port = collector_.WaitForPort();

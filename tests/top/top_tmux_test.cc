@@ -26,7 +26,7 @@
 
 #include "tests/collector/test_util.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
 #include "vramscope/collector/service.h"
 
 namespace vramscope::collector {

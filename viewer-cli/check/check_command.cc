@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "args.h"
-#include "check/atomic_file.h"
+#include "vramscope/atomic_file.h"
 #include "check/check_output.h"
 #include "check/compare.h"
 #include "check/history_baseline.h"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "report/merge.h"
+#include "vramscope/process_key.h"
 #include "run/process_end.h"
 #include "run/size.h"
 #include "vramscope/v1/collector.grpc.pb.h"
@@ -83,7 +84,7 @@ absl::StatusOr<v1::Report> MergedReport(const CollectorQuery& query,
   if (parts.empty()) {
     if (!last_error.ok()) return last_error;
     return absl::NotFoundError(
-        absl::StrFormat("no collector of %s holds process %s", query.address, KeyText(key)));
+        absl::StrFormat("no collector of %s holds process %s", query.address, ProcessKeyString(key)));
   }
   return MergeReports(parts);
 }

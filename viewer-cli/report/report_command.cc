@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "args.h"
-#include "check/atomic_file.h"
+#include "vramscope/atomic_file.h"
 #include "check/report_file.h"
 #include "command.h"
 #include "report/collector_source.h"

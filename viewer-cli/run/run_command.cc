@@ -35,7 +35,7 @@
 #include "run/ring_session.h"
 #include "run/size.h"
 #include "run/symbolize.h"
-#include "vramscope/agent/log.h"
+#include "vramscope/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
 #include "vramscope/net_security.h"
@@ -548,7 +548,7 @@ int RunRun(int argc, char** argv) {
   if (!options.collector.empty()) {
     // The uplink's per-retry warnings would interleave with CMD's output; one summary line
     // after the report says how delivery went.
-    agent::SetMinLogLevel(agent::LogLevel::kError);
+    vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
     outbox = std::make_unique<agent::Outbox>(agent::OutboxOptions{});
   }
   collector::StatsOptions stats_options;
