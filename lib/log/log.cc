@@ -27,9 +27,8 @@ void Log(LogLevel level, absl::string_view message) {
   const char tag = level == LogLevel::kInfo ? 'I' : level == LogLevel::kWarning ? 'W' : 'E';
   const char* program = g_log_program.load();
   if (program == nullptr) program = program_invocation_short_name;
-  std::string line =
-      absl::StrFormat("%s %c %02d:%02d:%02d.%03d %s\n", program, tag, utc.tm_hour, utc.tm_min,
-                      utc.tm_sec, ts.tv_nsec / 1000000, message);
+  std::string line = absl::StrFormat("%s %c %02d:%02d:%02d.%03d %s\n", program, tag, utc.tm_hour,
+                                     utc.tm_min, utc.tm_sec, ts.tv_nsec / 1000000, message);
   ssize_t ignored = ::write(2, line.data(), line.size());
   (void)ignored;
 }

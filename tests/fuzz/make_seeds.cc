@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "common/report_text.h"
 #include "drain/ring_reader.h"
-#include "run/report_text.h"
-#include "vramscope/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/collector/collector.h"
+#include "vramscope/log.h"
 #include "vramscope/ring.h"
 #include "vramscope/ring/ring_writer.h"
 

@@ -25,8 +25,8 @@
 
 #include "tests/fuzz/fuzz_check.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/log.h"
 #include "vramscope/collector/record_log.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {

@@ -24,8 +24,8 @@
 #include <string_view>
 
 #include "tests/fuzz/fuzz_check.h"
-#include "vramscope/log.h"
 #include "vramscope/agent/outbox.h"
+#include "vramscope/log.h"
 
 namespace vramscope::agent {
 namespace {

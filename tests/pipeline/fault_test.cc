@@ -25,11 +25,11 @@
 
 #include "tests/collector/test_util.h"
 #include "tests/pipeline/subprocess.h"
-#include "vramscope/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
 #include "vramscope/collector/collector.h"
 #include "vramscope/collector/record_log.h"
+#include "vramscope/log.h"
 #include "vramscope/ring/ring_writer.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 

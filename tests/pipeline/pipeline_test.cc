@@ -18,12 +18,12 @@
 #include "drain/ring_reader.h"
 #include "tests/collector/test_util.h"
 #include "vramscope/agent/agent.h"
-#include "vramscope/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
 #include "vramscope/collector/collector.h"
 #include "vramscope/collector/record_log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 #include "vramscope/ring/ring_writer.h"
 
 namespace vramscope {

@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "check/report_file.h"
-#include "run/report_text.h"
+#include "common/report_file.h"
+#include "common/report_text.h"
 #include "tests/collector/test_util.h"
 #include "tests/pipeline/subprocess.h"
 #include "tests/report/run_exe.h"
 #include "tests/report/sample_reports.h"
-#include "vramscope/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
+#include "vramscope/log.h"
 
 namespace vramscope {
 namespace {

@@ -19,8 +19,8 @@
 #include "run/run_command.h"
 #include "tests/collector/test_util.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 
 namespace vramscope::cli {
 namespace {

@@ -1,12 +1,13 @@
 // Merging several collectors' reports and listings: see merge.h.
 #include "report/merge.h"
-#include "vramscope/process_key.h"
 
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
 #include <map>
 #include <utility>
+
+#include "vramscope/process_key.h"
 
 namespace vramscope::cli {
 namespace {

@@ -11,14 +11,14 @@
 #include <optional>
 #include <string>
 
-#include "args.h"
-#include "command.h"
+#include "common/args.h"
+#include "common/command.h"
 #include "top/dashboard.h"
 #include "top/nvml.h"
 #include "top/top_model.h"
 #include "top/watch_source.h"
-#include "vramscope/process_key.h"
 #include "vramscope/net_security.h"
+#include "vramscope/process_key.h"
 
 namespace vramscope::cli {
 namespace {

@@ -1,5 +1,4 @@
 #include "top/top_model.h"
-#include "vramscope/process_key.h"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
@@ -9,7 +8,8 @@
 #include <cmath>
 #include <set>
 
-#include "run/process_end.h"
+#include "common/process_end.h"
+#include "vramscope/process_key.h"
 
 namespace vramscope::cli::top {
 namespace {
