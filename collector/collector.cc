@@ -20,13 +20,12 @@
 #include "history/history_store.h"
 #include "history/history_writer.h"
 #include "vramscope/collector/batch_check.h"
+#include "vramscope/collector/process_stats.h"
 #include "vramscope/log.h"
 #include "vramscope/process_key.h"
-#include "vramscope/collector/process_stats.h"
 
 namespace vramscope::collector {
 namespace {
-
 
 bool SameKey(const v1::ProcessKey& a, const v1::ProcessKey& b) {
   return a.host() == b.host() && a.pid() == b.pid() && a.start_time_ns() == b.start_time_ns();

@@ -20,11 +20,11 @@
 #include <string>
 #include <thread>
 
-#include "vramscope/collector/collector.h"
 #include "vramscope/atomic_file.h"
-#include "vramscope/log.h"
+#include "vramscope/collector/collector.h"
 #include "vramscope/collector/metrics.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {

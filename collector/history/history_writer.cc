@@ -85,7 +85,10 @@ absl::Status HistoryWriter::Enqueue(const v1::Report& report) {
     number = next_number_++;
   }
   const std::string path = absl::StrFormat("%s/%020d%s", options_.queue_dir, number, kSuffix);
-  if (absl::Status s = WriteFileAtomically(path, report.SerializeAsString(), kQueueWrite); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(path, report.SerializeAsString(), kQueueWrite);
+      !s.ok()) {
+    return s;
+  }
   absl::MutexLock lock(&mu_);
   // Numbers are taken in order but files may land out of order: keep the queue sorted.
   queue_.insert(std::upper_bound(queue_.begin(), queue_.end(), path), path);
