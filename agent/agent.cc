@@ -14,7 +14,7 @@
 
 #include "drain/ring_directory.h"
 #include "drain/ring_reader.h"
-#include "vramscope/agent/log.h"
+#include "vramscope/log.h"
 #include "vramscope/ring.h"
 #include "vramscope/ring/ring_dir.h"
 

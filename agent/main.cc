@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "vramscope/agent/agent.h"
-#include "vramscope/agent/log.h"
+#include "vramscope/log.h"
 #include "vramscope/net_security.h"
 
 namespace vramscope::agent {

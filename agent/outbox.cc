@@ -27,12 +27,12 @@
 #include <utility>
 #include <vector>
 
-#include "vramscope/agent/log.h"
+#include "vramscope/atomic_file.h"
+#include "vramscope/log.h"
+#include "vramscope/process_key.h"
 
 namespace vramscope::agent {
 namespace {
-
-std::atomic<int> g_min_level{static_cast<int>(LogLevel::kInfo)};
 
 // A spool file: this header, then the serialized EventBatch. Host byte order (the spool never
 // leaves the node). The CRC-32 (zlib's) covers the payload; header and name must agree.
@@ -104,35 +104,10 @@ void CreatePrivateDirectory(const std::filesystem::path& dir, std::error_code* e
   }
 }
 
-// Writes `bytes` to `path` + ".tmp", then renames it to `path`: a file under its final name is
-// always complete (against the agent dying; there is no fsync, so not against the machine losing
-// power). The temporary name is one a replay removes.
-bool WriteFileAtomically(const std::string& path, absl::string_view bytes, std::string* error) {
-  const std::string temp = absl::StrCat(path, kTempSuffix);
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    *error = strerror(errno);
-    return false;
-  }
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      *error = n < 0 ? strerror(errno) : "short write";
-      ::close(fd);
-      ::unlink(temp.c_str());
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0 || ::rename(temp.c_str(), path.c_str()) != 0) {
-    *error = strerror(errno);
-    ::unlink(temp.c_str());
-    return false;
-  }
-  return true;
-}
+// Spool files and reject notes: 0600, and no fsync (a spool file is rewritten for every batch
+// and protects against the agent dying, not the machine losing power). A leftover temporary name
+// ends in ".tmp", which a replay removes.
+constexpr AtomicWriteOptions kSpoolWrite{.new_file_mode = 0600, .sync = false};
 
 // Header + `batch`, written atomically to `path`.
 bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64_t ring_end,
@@ -142,7 +117,9 @@ bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64
     *error = std::string(encoded.status().message());
     return false;
   }
-  return WriteFileAtomically(path, *encoded, error);
+  absl::Status written = WriteFileAtomically(path, *encoded, kSpoolWrite);
+  if (!written.ok()) *error = std::string(written.message());
+  return written.ok();
 }
 
 // Validates the contents `bytes` of a file named `name`.
@@ -249,26 +226,6 @@ absl::StatusOr<SpoolFile> ParseSpoolFile(absl::string_view file_name, absl::stri
         "not a spool file name of this agent version (PID_START_SEQUENCE_EVENTS_HOST.batch)");
   }
   return ParseSpoolContents(bytes, *name);
-}
-
-void Log(LogLevel level, absl::string_view message) {
-  if (static_cast<int>(level) < g_min_level.load(std::memory_order_relaxed)) return;
-  timespec ts{};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  tm utc{};
-  ::gmtime_r(&ts.tv_sec, &utc);
-  const char tag = level == LogLevel::kInfo ? 'I' : level == LogLevel::kWarning ? 'W' : 'E';
-  std::string line =
-      absl::StrFormat("vramscope-agent %c %02d:%02d:%02d.%03d %s\n", tag, utc.tm_hour, utc.tm_min,
-                      utc.tm_sec, ts.tv_nsec / 1000000, message);
-  ssize_t ignored = ::write(2, line.data(), line.size());
-  (void)ignored;
-}
-
-void SetMinLogLevel(LogLevel level) { g_min_level.store(static_cast<int>(level)); }
-
-std::string ProcessKeyString(const v1::ProcessKey& key) {
-  return absl::StrFormat("%s/%d/%d", key.host(), key.pid(), key.start_time_ns());
 }
 
 Outbox::Outbox(OutboxOptions options) : options_(std::move(options)) {
@@ -711,10 +668,10 @@ void Outbox::Reject(const v1::ProcessKey& key, uint64_t sequence, const std::str
     CreatePrivateDirectory(dir, &ec);
     if (!ec) std::filesystem::rename(from, to, ec);
     if (!ec) {
-      std::string error;
       const std::string note = to.string() + std::string(kReasonSuffix);
-      if (!WriteFileAtomically(note, absl::StrCat(reason, "\n"), &error)) {
-        Log(LogLevel::kWarning, absl::StrFormat("cannot write %s: %s", note, error));
+      if (absl::Status s = WriteFileAtomically(note, absl::StrCat(reason, "\n"), kSpoolWrite);
+          !s.ok()) {
+        Log(LogLevel::kWarning, std::string(s.message()));
       }
       counters_.spool_bytes -= found->bytes;
       found->spool_path.clear();

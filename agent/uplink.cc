@@ -8,7 +8,7 @@
 #include <chrono>
 #include <utility>
 
-#include "vramscope/agent/log.h"
+#include "vramscope/log.h"
 
 namespace vramscope::agent {
 namespace {

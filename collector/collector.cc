@@ -20,14 +20,12 @@
 #include "history/history_store.h"
 #include "history/history_writer.h"
 #include "vramscope/collector/batch_check.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/process_stats.h"
+#include "vramscope/log.h"
+#include "vramscope/process_key.h"
 
 namespace vramscope::collector {
 namespace {
-
-std::atomic<const char*> g_log_program{"vramscope-collector"};
-std::atomic<int> g_min_level{static_cast<int>(LogLevel::kInfo)};
 
 bool SameKey(const v1::ProcessKey& a, const v1::ProcessKey& b) {
   return a.host() == b.host() && a.pid() == b.pid() && a.start_time_ns() == b.start_time_ns();
@@ -336,28 +334,6 @@ ProcessGaugeSnapshot GaugeSnapshot(const v1::ProcessKey& key, const ProcessStats
 }
 
 }  // namespace
-
-void Log(LogLevel level, absl::string_view message) {
-  if (static_cast<int>(level) < g_min_level.load(std::memory_order_relaxed)) return;
-  timespec ts{};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  tm utc{};
-  ::gmtime_r(&ts.tv_sec, &utc);
-  const char tag = level == LogLevel::kInfo ? 'I' : level == LogLevel::kWarning ? 'W' : 'E';
-  std::string line =
-      absl::StrFormat("%s %c %02d:%02d:%02d.%03d %s\n", g_log_program.load(), tag, utc.tm_hour,
-                      utc.tm_min, utc.tm_sec, ts.tv_nsec / 1000000, message);
-  // One write(2) per line, so lines of concurrent threads do not interleave.
-  ssize_t ignored = ::write(2, line.data(), line.size());
-  (void)ignored;
-}
-
-void SetLogProgram(const char* program) { g_log_program.store(program); }
-void SetMinLogLevel(LogLevel level) { g_min_level.store(static_cast<int>(level)); }
-
-std::string ProcessKeyString(const v1::ProcessKey& key) {
-  return absl::StrFormat("%s/%d/%d", key.host(), key.pid(), key.start_time_ns());
-}
 
 struct Collector::Process {
   v1::ProcessKey key;

@@ -20,10 +20,11 @@
 #include <string>
 #include <thread>
 
+#include "vramscope/atomic_file.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/metrics.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {
@@ -119,11 +120,8 @@ std::optional<uint64_t> ParseSize(absl::string_view text) {
 
 // Writes `port` to `path` (through a temporary file and rename); false, logged, on failure.
 bool WritePortFile(const std::string& path, int port) {
-  std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr || std::fprintf(f, "%d\n", port) < 0 || std::fclose(f) != 0 ||
-      std::rename(tmp.c_str(), path.c_str()) != 0) {
-    Log(LogLevel::kError, absl::StrFormat("cannot write %s", path));
+  if (absl::Status s = WriteFileAtomically(path, absl::StrFormat("%d\n", port)); !s.ok()) {
+    Log(LogLevel::kError, std::string(s.message()));
     return false;
   }
   return true;

@@ -10,8 +10,8 @@
 
 #include <mutex>
 
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/metrics.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 

@@ -14,7 +14,8 @@
 #include "history/history_store.h"
 #include "history/history_writer.h"
 #include "vramscope/collector/batch_check.h"
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
+#include "vramscope/process_key.h"
 #include "vramscope/utf8.h"
 
 namespace vramscope::collector {

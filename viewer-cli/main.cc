@@ -4,7 +4,7 @@
 #include <string_view>
 
 #include "check/check_command.h"
-#include "command.h"
+#include "common/command.h"
 #include "export/export_command.h"
 #include "history/history_command.h"
 #include "replay/replay_command.h"

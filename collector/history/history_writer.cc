@@ -16,7 +16,8 @@
 #include <sstream>
 #include <vector>
 
-#include "vramscope/collector/log.h"
+#include "vramscope/atomic_file.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {
@@ -24,28 +25,9 @@ namespace {
 constexpr absl::string_view kSuffix = ".run";
 constexpr absl::string_view kJournal = "journal";
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat(tmp, ": ", strerror(errno)));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::InternalError(absl::StrCat(tmp, ": ", strerror(err)));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("rename ", tmp, ": ", strerror(errno)));
-  }
-  return absl::OkStatus();
-}
+// Queue files: 0600 (reports name hosts and commands), no fsync (the queue protects against the
+// collector dying; the database is the durable copy).
+constexpr AtomicWriteOptions kQueueWrite{.new_file_mode = 0600, .sync = false};
 
 }  // namespace
 
@@ -127,7 +109,7 @@ bool HistoryWriter::RebuildRun(uint64_t number, const std::string& log_path) {
                        : absl::StatusOr<v1::Report>(absl::UnimplementedError("no rebuild"));
   absl::Status status = report.status();
   if (status.ok()) {
-    status = WriteFileAtomically(PathOf(number, kSuffix), report->SerializeAsString());
+    status = WriteFileAtomically(PathOf(number, kSuffix), report->SerializeAsString(), kQueueWrite);
   }
   if (!status.ok()) {
     Log(LogLevel::kError, absl::StrFormat("history: the run of %s is not in the history: its "
@@ -144,7 +126,10 @@ absl::Status HistoryWriter::Enqueue(const v1::Report& report) {
     number = next_number_++;
   }
   const std::string path = PathOf(number, kSuffix);
-  if (absl::Status s = WriteFileAtomically(path, report.SerializeAsString()); !s.ok()) return s;
+  if (absl::Status s = WriteFileAtomically(path, report.SerializeAsString(), kQueueWrite);
+      !s.ok()) {
+    return s;
+  }
   absl::MutexLock lock(&mu_);
   // Numbers are taken in order but files may land out of order: keep the queue sorted.
   queue_.insert(std::upper_bound(queue_.begin(), queue_.end(), path), path);
@@ -173,7 +158,7 @@ void HistoryWriter::BuildOldest() {
   std::function<v1::Report()> build = std::move(to_build_.front().build);
   mu_.Unlock();
   const std::string path = PathOf(number, kSuffix);
-  absl::Status written = WriteFileAtomically(path, build().SerializeAsString());
+  absl::Status written = WriteFileAtomically(path, build().SerializeAsString(), kQueueWrite);
   build = nullptr;  // what it held (a finished process's engine) goes now, not with the queue
   if (!written.ok()) {
     Log(LogLevel::kError, absl::StrFormat("history: %s; the run is rebuilt from its log at the "

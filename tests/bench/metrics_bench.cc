@@ -25,8 +25,8 @@
 
 #include "tests/collector/test_util.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/metrics.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {

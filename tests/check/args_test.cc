@@ -1,5 +1,5 @@
-// viewer-cli/args.h: the option reader `vramscope check`, `report` and `top` share.
-#include "args.h"
+// viewer-cli/common/args.h: the option reader `vramscope check`, `report` and `top` share.
+#include "common/args.h"
 
 #include <gtest/gtest.h>
 

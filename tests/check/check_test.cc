@@ -10,10 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "check/atomic_file.h"
 #include "check/check_output.h"
 #include "check/compare.h"
-#include "check/report_file.h"
+#include "common/report_file.h"
 
 namespace vramscope::cli {
 namespace {
@@ -215,11 +214,6 @@ TEST(OutputTest, TableListsWhatChangedAligned) {
       << table;
 }
 
-TEST(OutputTest, XmlEscapeCoversMarkupAndControls) {
-  EXPECT_EQ(XmlEscape("a<b>&\"c'\n\x01"), "a&lt;b&gt;&amp;&quot;c&apos;&#10;?");
-  EXPECT_EQ(XmlEscape("caf\xc3\xa9"), "caf\xc3\xa9");
-}
-
 TEST(OutputTest, AnnotationsEscapeWorkflowCommands) {
   v1::Report base = MakeReport({"a"}, kMiB, kMiB, kMiB);
   AddRange(&base, "d", "50%,x\ny", 100 * kMiB);
@@ -234,26 +228,6 @@ TEST(OutputTest, AnnotationsEscapeWorkflowCommands) {
   EXPECT_NE(out.find("::notice title=vramscope%3A cuda%3A0 peak reserved::shrank 50.00%25"),
             std::string::npos)
       << out;
-}
-
-TEST(AtomicFileTest, ReplacesKeepingTheMode) {
-  char dir[] = "/tmp/vramscope-check-test.XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/baseline.json";
-  ASSERT_TRUE(WriteFileAtomically(path, "one").ok());
-  ASSERT_EQ(chmod(path.c_str(), 0640), 0);
-  ASSERT_TRUE(WriteFileAtomically(path, "two").ok());
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  EXPECT_EQ(ss.str(), "two");
-  struct stat st;
-  ASSERT_EQ(stat(path.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0640u);
-  const absl::Status s = WriteFileAtomically(std::string(dir) + "/missing/x", "three");
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  unlink(path.c_str());
-  EXPECT_EQ(rmdir(dir), 0);  // no temporary file left behind
 }
 
 }  // namespace

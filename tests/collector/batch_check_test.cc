@@ -13,7 +13,7 @@
 
 #include "tests/collector/test_util.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
 #include "vramscope/utf8.h"
 
 namespace vramscope::collector {

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "tests/collector/test_util.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/record_log.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "tests/collector/test_util.h"
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {

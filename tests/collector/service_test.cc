@@ -16,7 +16,7 @@
 
 #include "tests/collector/test_util.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 
 namespace vramscope::collector {

@@ -18,8 +18,8 @@
 #include <set>
 #include <string>
 
-#include "export/perfetto_trace.h"
-#include "export/recorded_events.h"
+#include "common/perfetto_trace.h"
+#include "common/recorded_events.h"
 #include "export/torch_snapshot.h"
 #include "perfetto/trace.pb.h"
 #include "replay/snapshot_loader.h"

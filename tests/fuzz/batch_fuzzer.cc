@@ -27,7 +27,7 @@
 #include "tests/fuzz/fuzz_check.h"
 #include "vramscope/collector/batch_check.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
 #include "vramscope/utf8.h"
 
 namespace vramscope::collector {
@@ -153,7 +153,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   // Invalid UTF-8 in a proto string is refused, and logged each time: not news here.
   google::protobuf::SetLogHandler(nullptr);
   // Above kError: each Open would log a line per input.
-  vramscope::collector::SetMinLogLevel(static_cast<vramscope::collector::LogLevel>(3));
+  vramscope::SetMinLogLevel(static_cast<vramscope::LogLevel>(3));
   return 0;
 }
 

@@ -18,12 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "common/report_text.h"
 #include "drain/ring_reader.h"
-#include "run/report_text.h"
-#include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
+#include "vramscope/log.h"
 #include "vramscope/ring.h"
 #include "vramscope/ring/ring_writer.h"
 
@@ -231,8 +230,7 @@ v1::EventBatch Batch(const Events& events, std::uint64_t sequence) {
 }
 
 int Main(const fs::path& corpus) {
-  agent::SetMinLogLevel(agent::LogLevel::kError);
-  collector::SetMinLogLevel(collector::LogLevel::kError);
+  vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
   for (const char* target : {"ring", "spool", "batch", "record_log", "report_json"}) {
     fs::create_directories(corpus / target);
   }

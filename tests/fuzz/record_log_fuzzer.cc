@@ -25,8 +25,8 @@
 
 #include "tests/fuzz/fuzz_check.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/record_log.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {
@@ -152,7 +152,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   // Invalid UTF-8 in a proto string is refused, and logged each time: not news here.
   google::protobuf::SetLogHandler(nullptr);
   // Above kError: every damaged log would log a line per input.
-  vramscope::collector::SetMinLogLevel(static_cast<vramscope::collector::LogLevel>(3));
+  vramscope::SetMinLogLevel(static_cast<vramscope::LogLevel>(3));
   return 0;
 }
 

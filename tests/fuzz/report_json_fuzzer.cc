@@ -1,4 +1,4 @@
-// libFuzzer target: the JSON report reader of `vramscope check` (viewer-cli/check/report_file.h).
+// libFuzzer target: the JSON report reader of `vramscope check` (viewer-cli/common/report_file.h).
 //
 // Input: the text of a report file (seeds: reports as `vramscope run --json` writes them, one
 // and several processes, tests/fuzz/make_seeds.cc).
@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
-#include "check/report_file.h"
-#include "run/report_text.h"
+#include "common/report_file.h"
+#include "common/report_text.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace vramscope::cli {

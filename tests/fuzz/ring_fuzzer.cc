@@ -1,4 +1,4 @@
-// libFuzzer target: the ring reader and decoder (agent/drain) over a hostile ring region, with the
+// libFuzzer target: the ring reader and decoder (lib/drain) over a hostile ring region, with the
 // contracts of tests/ring/ring_fuzz_check.h (shared with the deterministic ring_fuzz_test).
 //
 // Input: a ring image (header, then records), as a file under VRAMSCOPE_RING_DIR holds it; the

@@ -24,8 +24,8 @@
 #include <string_view>
 
 #include "tests/fuzz/fuzz_check.h"
-#include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
+#include "vramscope/log.h"
 
 namespace vramscope::agent {
 namespace {
@@ -82,7 +82,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   // Invalid UTF-8 in a proto string is refused, and logged each time: not news here.
   google::protobuf::SetLogHandler(nullptr);
   // Above kError: every rejected file would log a warning per input.
-  vramscope::agent::SetMinLogLevel(static_cast<vramscope::agent::LogLevel>(3));
+  vramscope::SetMinLogLevel(static_cast<vramscope::LogLevel>(3));
   return 0;
 }
 

@@ -1,4 +1,4 @@
-// SiteAssembler (agent/drain): SITE chunks gathered by id in any order and interleaved with
+// SiteAssembler (lib/drain): SITE chunks gathered by id in any order and interleaved with
 // other sites, frames named PATH+0xOFFSET through the MODULE map (load bias subtracted), and
 // records no writer produces refused without disturbing what was gathered.
 #include "drain/site_assembler.h"

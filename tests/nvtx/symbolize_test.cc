@@ -1,7 +1,7 @@
-// viewer-cli/run/symbolize.h without a program: libdw over this test's own executable (built
+// viewer-cli/common/symbolize.h without a program: libdw over this test's own executable (built
 // with -g) and over libstdc++ (stripped), the one-line site label skipping CUDA's frames, and
 // the folded-stacks format.
-#include "run/symbolize.h"
+#include "common/symbolize.h"
 
 #include <absl/strings/str_format.h>
 #include <gtest/gtest.h>

@@ -25,12 +25,11 @@
 
 #include "tests/collector/test_util.h"
 #include "tests/pipeline/subprocess.h"
-#include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/record_log.h"
+#include "vramscope/log.h"
 #include "vramscope/ring/ring_writer.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 
@@ -47,8 +46,7 @@ using ::vramscope::testing::TempDir;
 class FaultTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    agent::SetMinLogLevel(agent::LogLevel::kError);
-    collector::SetMinLogLevel(collector::LogLevel::kError);
+    vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
     collector_bin_ = BinaryFromEnv("VRAMSCOPE_COLLECTOR");
     agent_bin_ = BinaryFromEnv("VRAMSCOPE_AGENT");
     ASSERT_FALSE(collector_bin_.empty()) << "run through meson test (VRAMSCOPE_COLLECTOR unset)";

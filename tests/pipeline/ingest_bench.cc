@@ -31,12 +31,11 @@
 #include "tests/collector/test_util.h"
 #include "tests/net/test_certs.h"
 #include "vramscope/agent/agent.h"
-#include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 #include "vramscope/net_security.h"
 #include "vramscope/ring/ring_writer.h"
 #include "vramscope/v1/collector.grpc.pb.h"
@@ -82,8 +81,7 @@ v1::EventBatch MakeBatch(const v1::ProcessKey& key, int index) {
 // database its row is queued and written while the next process is ingested.
 void RunCollectorIngest(benchmark::State& state, bool fsync, const std::string& database,
                         bool finish) {
-  agent::SetMinLogLevel(agent::LogLevel::kError);
-  collector::SetMinLogLevel(collector::LogLevel::kError);
+  vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
   testing::TempDir data;
   collector::CollectorOptions options;
   options.data_dir = data.path();
@@ -166,7 +164,7 @@ void BM_CollectorIngestHistory(benchmark::State& state) {
   RunCollectorIngest(state, false, state.range(0) != 0 ? "" : "off", true);
 }
 void BM_AgentDrain(benchmark::State& state) {
-  agent::SetMinLogLevel(agent::LogLevel::kError);
+  vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
   constexpr uint64_t kRecords = 1 << 18;  // per iteration: 64 batches of 4096
   testing::TempDir rings;
   testing::TempDir spool;
@@ -237,8 +235,7 @@ BENCHMARK(BM_CollectorIngest)
     ->MinTime(3.0);
 
 void BM_ShimToWatchLatency(benchmark::State& state) {
-  agent::SetMinLogLevel(agent::LogLevel::kError);
-  collector::SetMinLogLevel(collector::LogLevel::kError);
+  vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
   testing::TempDir data;
   testing::TempDir rings;
   collector::CollectorOptions options;

@@ -55,13 +55,12 @@
 #include "tests/collector/postgres_server.h"
 #include "tests/collector/test_util.h"
 #include "tests/pipeline/http_get.h"
-#include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/metrics.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 
 namespace vramscope {
 namespace {
@@ -398,8 +397,7 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
 int Main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) return 2;
-  agent::SetMinLogLevel(agent::LogLevel::kError);
-  collector::SetMinLogLevel(collector::LogLevel::kError);
+  vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
 
   std::vector<Config> configs = {{"off", "off", false, ""},
                                  {"sqlite", "", false, ""},

@@ -18,13 +18,12 @@
 #include "drain/ring_reader.h"
 #include "tests/collector/test_util.h"
 #include "vramscope/agent/agent.h"
-#include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/record_log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 #include "vramscope/ring/ring_writer.h"
 
 namespace vramscope {
@@ -43,8 +42,7 @@ size_t FilesIn(const std::string& dir) {
 class PipelineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    agent::SetMinLogLevel(agent::LogLevel::kError);
-    collector::SetMinLogLevel(collector::LogLevel::kError);
+    vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
     collector::CollectorOptions options;
     options.data_dir = data_.path();
     options.fsync = false;

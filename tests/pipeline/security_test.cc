@@ -25,11 +25,10 @@
 #include "tests/collector/test_util.h"
 #include "tests/net/test_certs.h"
 #include "tests/pipeline/subprocess.h"
-#include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 #include "vramscope/net_security.h"
 #include "vramscope/ring/ring_writer.h"
 #include "vramscope/v1/collector.grpc.pb.h"
@@ -54,8 +53,7 @@ constexpr char kWrong[] = "00000000000000000000000000000000";
 class SecurityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    collector::SetMinLogLevel(collector::LogLevel::kError);
-    agent::SetMinLogLevel(agent::LogLevel::kError);
+    vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
     certs_ = std::make_unique<TestCerts>(certs_dir_.path());
     ASSERT_TRUE(certs_->ok()) << certs_->error();
     writer_tokens_ = certs_->WriteSecret(

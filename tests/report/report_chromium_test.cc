@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "check/report_file.h"
-#include "run/report_text.h"
+#include "common/report_file.h"
+#include "common/report_text.h"
 #include "tests/collector/test_util.h"
 #include "tests/report/dom_check.h"
 #include "tests/report/run_exe.h"

@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "check/report_file.h"
-#include "run/report_text.h"
+#include "common/report_file.h"
+#include "common/report_text.h"
 #include "tests/collector/test_util.h"
 #include "tests/pipeline/subprocess.h"
 #include "tests/report/run_exe.h"
 #include "tests/report/sample_reports.h"
-#include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
+#include "vramscope/log.h"
 
 namespace vramscope {
 namespace {
@@ -176,7 +176,7 @@ class ReportCollectorTest : public ReportCliTest {
  protected:
   void SetUp() override {
     ReportCliTest::SetUp();
-    agent::SetMinLogLevel(agent::LogLevel::kError);
+    vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
     ASSERT_TRUE(collector_.Start({BinaryFromEnv("VRAMSCOPE_COLLECTOR"), "--listen=127.0.0.1:0",
                                   "--data-dir=" + dir_.path() + "/data"}));
     const int port = collector_.WaitForPort();

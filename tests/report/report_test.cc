@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "check/report_file.h"
+#include "common/report_file.h"
+#include "common/report_text.h"
+#include "common/size.h"
 #include "report/report_html.h"
-#include "run/report_text.h"
-#include "run/size.h"
 #include "stats/stats_engine.h"
 #include "tests/report/dom_check.h"
 #include "tests/report/sample_reports.h"
@@ -33,12 +33,6 @@ std::size_t Count(const std::string& text, const std::string& what) {
     ++n;
   }
   return n;
-}
-
-TEST(HtmlEscapeTest, EscapesTheFiveSpecialCharacters) {
-  EXPECT_EQ(HtmlEscape("a<b>&\"c'd"), "a&lt;b&gt;&amp;&quot;c&#39;d");
-  EXPECT_EQ(HtmlEscape("plain text 123"), "plain text 123");
-  EXPECT_EQ(HtmlEscape(""), "");
 }
 
 TEST(ReportHtmlTest, EveryFigureIsFindableAndEqualsTheReport) {

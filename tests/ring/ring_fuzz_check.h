@@ -1,4 +1,4 @@
-// The contracts the ring reader and decoder (agent/drain) keep on any bytes, as checks a fuzzer
+// The contracts the ring reader and decoder (lib/drain) keep on any bytes, as checks a fuzzer
 // can call: the deterministic gtest fuzzer (ring_fuzz_test.cc) and the libFuzzer target
 // (tests/fuzz/ring_fuzzer.cc). Each returns what is wrong, or an empty string.
 //   - CheckDecoder: a record that decodes gives an event of the record's kind and time, whose

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "check/check_command.h"
-#include "check/report_file.h"
+#include "common/report_file.h"
 #include "report/collector_source.h"
 #include "report/report_html.h"
 #include "run/run_command.h"

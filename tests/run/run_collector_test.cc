@@ -16,8 +16,8 @@
 #include "run/run_command.h"
 #include "tests/collector/test_util.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
@@ -35,7 +35,7 @@ class RunCollectorTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_FALSE(FakeApp().empty()) << "VRAMSCOPE_FAKE_APP is not set (meson sets it)";
     ASSERT_NE(getenv("VRAMSCOPE_SHIM"), nullptr);
-    collector::SetMinLogLevel(collector::LogLevel::kError);
+    vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
     collector::CollectorOptions options;
     options.data_dir = data_.path() + "/collector";
     options.fsync = false;

@@ -19,8 +19,8 @@
 #include "run/run_command.h"
 #include "tests/collector/test_util.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 
 namespace vramscope::cli {
 namespace {
@@ -32,7 +32,7 @@ class RunHistoryTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_FALSE(Env("VRAMSCOPE_FAKE_APP").empty()) << "meson sets VRAMSCOPE_FAKE_APP";
-    collector::SetMinLogLevel(collector::LogLevel::kError);
+    vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
     collector::CollectorOptions options;
     options.data_dir = data_.path() + "/collector";
     options.database = "";  // SQLite in the data directory, as the daemon by default

@@ -1,4 +1,4 @@
-#include "run/size.h"
+#include "common/size.h"
 
 #include <gtest/gtest.h>
 

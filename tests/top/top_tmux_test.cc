@@ -26,8 +26,8 @@
 
 #include "tests/collector/test_util.h"
 #include "vramscope/collector/collector.h"
-#include "vramscope/collector/log.h"
 #include "vramscope/collector/service.h"
+#include "vramscope/log.h"
 
 namespace vramscope::collector {
 namespace {

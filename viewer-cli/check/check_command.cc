@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "args.h"
-#include "check/atomic_file.h"
 #include "check/check_output.h"
 #include "check/compare.h"
 #include "check/history_baseline.h"
-#include "check/report_file.h"
-#include "command.h"
-#include "run/process_end.h"
-#include "run/size.h"
+#include "common/args.h"
+#include "common/command.h"
+#include "common/process_end.h"
+#include "common/report_file.h"
+#include "common/size.h"
+#include "vramscope/atomic_file.h"
 
 namespace vramscope::cli {
 namespace {

@@ -9,7 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "run/size.h"
+#include "common/size.h"
+#include "vramscope/markup.h"
 
 namespace vramscope::cli {
 namespace {
@@ -118,42 +119,6 @@ std::string FigureTitle(const Figure& f, bool with_process) {
 
 }  // namespace
 
-std::string XmlEscape(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      case '\t':
-        out += "&#9;";
-        break;
-      case '\n':
-        out += "&#10;";
-        break;
-      case '\r':
-        out += "&#13;";
-        break;
-      default:
-        out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
-    }
-  }
-  return out;
-}
-
 std::string FormatCheckTable(const Comparison& comparison, const CompareOptions& options) {
   const int regressions = comparison.Count(Verdict::kRegression);
   const int within = comparison.Count(Verdict::kWithin);
@@ -228,9 +193,9 @@ std::string FormatJUnit(const Comparison& comparison, const CompareOptions& opti
                         "errors=\"0\" skipped=\"%d\">\n",
                         total, failures, skipped);
   for (const Figure& f : comparison.figures) {
-    absl::StrAppend(&out, "    <testcase classname=\"", XmlEscape(f.process), "\" name=\"",
-                    XmlEscape(f.name), "\"");
-    const std::string text = XmlEscape(Describe(f, options));
+    absl::StrAppend(&out, "    <testcase classname=\"", MarkupEscape(f.process), "\" name=\"",
+                    MarkupEscape(f.name), "\"");
+    const std::string text = MarkupEscape(Describe(f, options));
     switch (f.verdict) {
       case Verdict::kRegression:
         absl::StrAppend(&out, ">\n      <failure type=\"regression\" message=\"", text, "\">", text,

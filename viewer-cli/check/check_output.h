@@ -20,8 +20,4 @@ std::string FormatJUnit(const Comparison& comparison, const CompareOptions& opti
 // `::error title=...::message` per regression and `::notice` per improvement, one a line.
 std::string FormatGitHubAnnotations(const Comparison& comparison, const CompareOptions& options);
 
-// XML 1.0 text and attribute escaping: & < > " ' as entities, tab/newline/CR as character
-// references, other control characters (not allowed in XML 1.0) as '?'.
-std::string XmlEscape(std::string_view text);
-
 }  // namespace vramscope::cli

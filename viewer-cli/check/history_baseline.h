@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "args.h"
 #include "client/collector_call.h"
-#include "run/labels_arg.h"
+#include "common/args.h"
+#include "common/labels_arg.h"
 #include "vramscope/net_security.h"
 #include "vramscope/v1/collector.pb.h"
 #include "vramscope/v1/report.pb.h"

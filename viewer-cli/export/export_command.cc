@@ -7,9 +7,9 @@
 #include <optional>
 #include <string>
 
-#include "args.h"
-#include "command.h"
-#include "export/recorded_events.h"
+#include "common/args.h"
+#include "common/command.h"
+#include "common/recorded_events.h"
 #include "export/torch_snapshot.h"
 #include "vramscope/collector/record_log.h"
 

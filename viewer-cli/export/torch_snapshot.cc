@@ -6,7 +6,7 @@
 #include <map>
 #include <vector>
 
-#include "export/frame_text.h"
+#include "common/frame_text.h"
 #include "vramscope/pickle/pickle_writer.h"
 
 namespace vramscope::cli {

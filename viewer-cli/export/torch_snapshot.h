@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <string>
 
-#include "export/recorded_events.h"
+#include "common/recorded_events.h"
 
 namespace vramscope::cli {
 

@@ -8,11 +8,11 @@
 #include <optional>
 #include <string>
 
-#include "args.h"
 #include "client/collector_call.h"
-#include "command.h"
+#include "common/args.h"
+#include "common/command.h"
+#include "common/labels_arg.h"
 #include "history/history_format.h"
-#include "run/labels_arg.h"
 #include "vramscope/net_security.h"
 
 namespace vramscope::cli {

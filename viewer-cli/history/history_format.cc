@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <map>
 
-#include "run/labels_arg.h"
-#include "run/process_end.h"
-#include "run/size.h"
+#include "common/labels_arg.h"
+#include "common/process_end.h"
+#include "common/size.h"
 
 namespace vramscope::cli {
 namespace {

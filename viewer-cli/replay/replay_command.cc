@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "command.h"
+#include "common/command.h"
 #include "replay/snapshot_loader.h"
 #include "vramscope/json/json_string.h"
 #include "vramscope/pool/pool.h"

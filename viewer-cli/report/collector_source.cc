@@ -13,9 +13,10 @@
 #include <set>
 #include <vector>
 
+#include "common/process_end.h"
+#include "common/size.h"
 #include "report/merge.h"
-#include "run/process_end.h"
-#include "run/size.h"
+#include "vramscope/process_key.h"
 #include "vramscope/v1/collector.grpc.pb.h"
 
 namespace vramscope::cli {
@@ -82,8 +83,8 @@ absl::StatusOr<v1::Report> MergedReport(const CollectorQuery& query,
   }
   if (parts.empty()) {
     if (!last_error.ok()) return last_error;
-    return absl::NotFoundError(
-        absl::StrFormat("no collector of %s holds process %s", query.address, KeyText(key)));
+    return absl::NotFoundError(absl::StrFormat("no collector of %s holds process %s", query.address,
+                                               ProcessKeyString(key)));
   }
   return MergeReports(parts);
 }

@@ -7,6 +7,8 @@
 #include <map>
 #include <utility>
 
+#include "vramscope/process_key.h"
+
 namespace vramscope::cli {
 namespace {
 
@@ -56,10 +58,6 @@ void MergeDevice(v1::DeviceReport* into, const v1::DeviceReport& part, bool late
 }
 
 }  // namespace
-
-std::string KeyText(const v1::ProcessKey& key) {
-  return absl::StrFormat("%s/%d/%d", key.host(), key.pid(), key.start_time_ns());
-}
 
 SequenceSet Normalize(std::vector<v1::SequenceRange> ranges) {
   std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) {
@@ -166,7 +164,7 @@ v1::ListProcessesResponse MergeListings(const std::vector<v1::ListProcessesRespo
   std::map<std::string, Merged> by_key;
   for (const v1::ListProcessesResponse& list : lists) {
     for (const v1::ProcessSummary& part : list.processes()) {
-      const std::string key = KeyText(part.process());
+      const std::string key = ProcessKeyString(part.process());
       SequenceSet held = Normalize({part.held().begin(), part.held().end()});
       uint64_t highest = held.empty() ? 0 : held.back().last();
       auto [it, inserted] = by_key.try_emplace(key);

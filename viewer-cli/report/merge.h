@@ -41,7 +41,4 @@ v1::Report MergeReports(const std::vector<v1::Report>& parts);
 v1::ListProcessesResponse MergeListings(const std::vector<v1::ListProcessesResponse>& lists,
                                         std::vector<std::string>* overlap = nullptr);
 
-// A process key as "host/pid/start", the collector's ProcessKeyString.
-std::string KeyText(const v1::ProcessKey& key);
-
 }  // namespace vramscope::cli

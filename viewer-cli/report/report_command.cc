@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "args.h"
-#include "check/atomic_file.h"
-#include "check/report_file.h"
-#include "command.h"
+#include "common/args.h"
+#include "common/command.h"
+#include "common/report_file.h"
+#include "common/report_text.h"
 #include "report/collector_source.h"
 #include "report/report_html.h"
-#include "run/report_text.h"
+#include "vramscope/atomic_file.h"
 #include "vramscope/net_security.h"
 
 namespace vramscope::cli {

@@ -13,9 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "run/process_end.h"
-#include "run/size.h"
+#include "common/process_end.h"
+#include "common/size.h"
 #include "vramscope/json/json_string.h"
+#include "vramscope/markup.h"
 
 namespace vramscope::cli {
 
@@ -176,11 +177,11 @@ class Page {
 void Page::Cell(const std::string& path, std::string_view field, Unit unit,
                 const std::string& value, const std::string& shown, const std::string& title) {
   absl::StrAppend(&out_, "<td class=\"", unit == Unit::kText ? "text" : "num", "\" data-path=\"",
-                  HtmlEscape(path), "\" data-field=\"", HtmlEscape(field), "\" data-unit=\"",
+                  MarkupEscape(path), "\" data-field=\"", MarkupEscape(field), "\" data-unit=\"",
                   UnitName(unit), "\"");
-  if (unit != Unit::kText) absl::StrAppend(&out_, " data-value=\"", HtmlEscape(value), "\"");
-  if (!title.empty()) absl::StrAppend(&out_, " title=\"", HtmlEscape(title), "\"");
-  absl::StrAppend(&out_, ">", HtmlEscape(shown), "</td>");
+  if (unit != Unit::kText) absl::StrAppend(&out_, " data-value=\"", MarkupEscape(value), "\"");
+  if (!title.empty()) absl::StrAppend(&out_, " title=\"", MarkupEscape(title), "\"");
+  absl::StrAppend(&out_, ">", MarkupEscape(shown), "</td>");
 }
 
 void Page::Num(const std::string& path, std::string_view field, Unit unit, std::uint64_t value) {
@@ -641,7 +642,7 @@ std::string Page::Build(const std::vector<v1::Report>& reports) {
       "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
       "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">\n"
       "<meta name=\"generator\" content=\"vramscope report\">\n<title>",
-      HtmlEscape(title), "</title>\n<style>", kStyle, "</style>\n</head>\n<body>\n",
+      MarkupEscape(title), "</title>\n<style>", kStyle, "</style>\n</head>\n<body>\n",
       "<h1>vramscope report</h1>\n");
   if (reports.empty()) out_ += "<p class=\"none\">no processes</p>\n";
   for (std::size_t r = 0; r < reports.size(); ++r) Process(reports[r], static_cast<int>(r));
@@ -664,9 +665,9 @@ void Page::LabelsCell(const v1::Report& report, const std::string& p) {
   const std::map<std::string, std::string> labels(report.labels().begin(), report.labels().end());
   bool first = true;
   for (const auto& [key, value] : labels) {
-    absl::StrAppend(&out_, first ? "" : " ", "<code data-path=\"", p, ".labels.", HtmlEscape(key),
-                    "\" data-field=\"labels\" data-unit=\"text\">", HtmlEscape(key), "=",
-                    HtmlEscape(value), "</code>");
+    absl::StrAppend(&out_, first ? "" : " ", "<code data-path=\"", p, ".labels.", MarkupEscape(key),
+                    "\" data-field=\"labels\" data-unit=\"text\">", MarkupEscape(key), "=",
+                    MarkupEscape(value), "</code>");
     first = false;
   }
   out_ += "</td></tr>\n";
@@ -678,10 +679,10 @@ void Page::Process(const v1::Report& report, int r) {
                   report.process().pid(),
                   report.process().host().empty()
                       ? ""
-                      : absl::StrCat(" on ", HtmlEscape(report.process().host())),
+                      : absl::StrCat(" on ", MarkupEscape(report.process().host())),
                   report.command_line().empty()
                       ? ""
-                      : absl::StrCat(": ", HtmlEscape(absl::StrJoin(report.command_line(), " "))),
+                      : absl::StrCat(": ", MarkupEscape(absl::StrJoin(report.command_line(), " "))),
                   "</h2>\n<table class=\"process-summary\">\n");
   auto row = [&](const char* label) { absl::StrAppend(&out_, "<tr><th>", label, "</th>"); };
   row("host");
@@ -697,7 +698,7 @@ void Page::Process(const v1::Report& report, int r) {
   for (int i = 0; i < report.command_line_size(); ++i) {
     absl::StrAppend(&out_, i == 0 ? "" : " ", "<code data-path=\"", p, ".command_line.", i,
                     "\" data-field=\"command_line\" data-unit=\"text\">",
-                    HtmlEscape(report.command_line(i)), "</code>");
+                    MarkupEscape(report.command_line(i)), "</code>");
   }
   out_ += "</td></tr>\n";
   if (!report.labels().empty()) {
@@ -767,7 +768,8 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
   const v1::DeviceInfo& info = device.device();
   absl::StrAppend(&out_, "<section class=\"device\" data-report=\"", r, "\" data-device=\"", d,
                   "\" data-ordinal=\"", info.ordinal(), "\">\n<h3>cuda:", info.ordinal(),
-                  info.name().empty() ? "" : absl::StrCat(" ", HtmlEscape(info.name())), "</h3>\n");
+                  info.name().empty() ? "" : absl::StrCat(" ", MarkupEscape(info.name())),
+                  "</h3>\n");
   // Times of OOMs and leaks as offsets on this device's plot.
   has_origin_ = false;
   for (const v1::TimelinePoint& point : device.timeline()) {
@@ -998,7 +1000,7 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     }
     for (const auto& [kind, bytes] : cupti.peak_bytes_by_memory_kind()) kinds[kind].second = &bytes;
     for (const auto& [kind, values] : kinds) {
-      absl::StrAppend(&out_, "<tr><th>", HtmlEscape(kind), "</th>");
+      absl::StrAppend(&out_, "<tr><th>", MarkupEscape(kind), "</th>");
       if (values.first != nullptr) {
         Num(absl::StrCat(at, "current_bytes_by_memory_kind.", kind), "current_bytes_by_memory_kind",
             Unit::kBytes, *values.first);
@@ -1043,7 +1045,7 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     const std::map<std::string, std::uint64_t> kinds(device.peak_bytes_by_kind().begin(),
                                                      device.peak_bytes_by_kind().end());
     for (const auto& [kind, bytes] : kinds) {
-      absl::StrAppend(&out_, "<tr><th>", HtmlEscape(kind), "</th>");
+      absl::StrAppend(&out_, "<tr><th>", MarkupEscape(kind), "</th>");
       Num(absl::StrCat(path, ".peak_bytes_by_kind.", kind), "peak_bytes_by_kind", Unit::kBytes,
           bytes);
       out_ += "</tr>\n";
@@ -1064,7 +1066,7 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     return a.second != b.second ? a.second > b.second : a.first < b.first;
   });
   for (const auto& [library, bytes] : libraries) {
-    absl::StrAppend(&out_, "<tr><th>", HtmlEscape(library), "</th>");
+    absl::StrAppend(&out_, "<tr><th>", MarkupEscape(library), "</th>");
     Num(absl::StrCat(path, ".peak_requested_bytes_by_library.", library),
         "peak_requested_bytes_by_library", Unit::kBytes, bytes);
     out_ += "</tr>\n";
@@ -1318,7 +1320,7 @@ void Page::PeakState(const v1::DeviceReport& device, const std::string& path) {
     absl::StrAppend(&out_, "<table class=\"", cls, "\">\n<tr><th>", heading,
                     "</th><th>requested at the peak</th><th>allocations</th></tr>\n");
     for (const auto& [key, group] : sorted) {
-      absl::StrAppend(&out_, "<tr><td class=\"text\">", HtmlEscape(label(key)),
+      absl::StrAppend(&out_, "<tr><td class=\"text\">", MarkupEscape(label(key)),
                       "</td><td class=\"num\" title=\"", group.bytes, " bytes\">",
                       FormatBytes(group.bytes), "</td><td class=\"num\">", group.count,
                       "</td></tr>\n");
@@ -1333,33 +1335,6 @@ void Page::PeakState(const v1::DeviceReport& device, const std::string& path) {
 }
 
 }  // namespace
-
-std::string HtmlEscape(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 std::string FormatReportsHtml(const std::vector<v1::Report>& reports) {
   return Page().Build(reports);

@@ -33,7 +33,4 @@ namespace vramscope::cli {
 
 std::string FormatReportsHtml(const std::vector<v1::Report>& reports);
 
-// & < > " ' as entities: safe in text and in quoted attribute values.
-std::string HtmlEscape(std::string_view text);
-
 }  // namespace vramscope::cli

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "common/recorded_events.h"
 #include "drain/ring_directory.h"
 #include "drain/ring_reader.h"
-#include "export/recorded_events.h"
 #include "run/chrome_trace.h"
 #include "stats/stats_engine.h"
 #include "vramscope/agent/outbox.h"

@@ -25,19 +25,19 @@
 #include <string>
 #include <vector>
 
-#include "command.h"
+#include "common/command.h"
+#include "common/labels_arg.h"
+#include "common/perfetto_trace.h"
+#include "common/recorded_events.h"
+#include "common/report_text.h"
+#include "common/size.h"
+#include "common/symbolize.h"
 #include "drain/ring_directory.h"
-#include "export/perfetto_trace.h"
-#include "export/recorded_events.h"
 #include "run/chrome_trace.h"
-#include "run/labels_arg.h"
-#include "run/report_text.h"
 #include "run/ring_session.h"
-#include "run/size.h"
-#include "run/symbolize.h"
-#include "vramscope/agent/log.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
+#include "vramscope/log.h"
 #include "vramscope/net_security.h"
 
 namespace vramscope::cli {
@@ -548,7 +548,7 @@ int RunRun(int argc, char** argv) {
   if (!options.collector.empty()) {
     // The uplink's per-retry warnings would interleave with CMD's output; one summary line
     // after the report says how delivery went.
-    agent::SetMinLogLevel(agent::LogLevel::kError);
+    vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
     outbox = std::make_unique<agent::Outbox>(agent::OutboxOptions{});
   }
   collector::StatsOptions stats_options;

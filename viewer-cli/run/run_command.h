@@ -7,32 +7,14 @@
 // run).
 #pragma once
 
-#include <functional>
-#include <memory>
 #include <string_view>
-#include <vector>
 
-#include "vramscope/v1/report.pb.h"
+#include "common/live_view.h"
 
 namespace vramscope::cli {
 
-// `vramscope run --live`: a view fed while CMD runs (viewer-cli/top implements it; the
-// `vramscope` executable installs it with SetRunLiveViewFactory). Called on the thread that
-// supervises CMD.
-class RunLiveView {
- public:
-  virtual ~RunLiveView() = default;
-  // True when the view draws on the terminal: CMD then reads /dev/null and its output is held
-  // back in a file and printed after the view closes.
-  virtual bool TakesTerminal() const = 0;
-  // About every 10 ms while CMD runs. `reports` builds the current reports (costly: the view
-  // calls it at its own pace).
-  virtual void Tick(const std::function<std::vector<v1::Report>()>& reports) = 0;
-  // CMD has exited and every ring is drained: the final state; the terminal is given back.
-  virtual void Close(const std::vector<v1::Report>& reports) = 0;
-};
-using RunLiveViewFactory = std::unique_ptr<RunLiveView> (*)();
-// Without a factory `--live` is refused as a usage error.
+// `vramscope run --live` uses the view the factory makes (viewer-cli/top's, installed by the
+// `vramscope` executable); without a factory `--live` is refused as a usage error.
 void SetRunLiveViewFactory(RunLiveViewFactory factory);
 
 inline constexpr std::string_view kRunSummary =

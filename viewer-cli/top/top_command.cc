@@ -11,13 +11,14 @@
 #include <optional>
 #include <string>
 
-#include "args.h"
-#include "command.h"
+#include "common/args.h"
+#include "common/command.h"
 #include "top/dashboard.h"
 #include "top/nvml.h"
 #include "top/top_model.h"
 #include "top/watch_source.h"
 #include "vramscope/net_security.h"
+#include "vramscope/process_key.h"
 
 namespace vramscope::cli {
 namespace {
@@ -206,7 +207,7 @@ int RunDashboard(const TopOptions& options, top::WatchSource& source) {
     if (std::optional<v1::StatsUpdate> update = source.TakeUpdate()) model.Update(*update);
     gpus.Feed(model);
     if (std::optional<v1::Report> report = source.TakeReport()) {
-      if (top::ProcessKeyText(report->process()) == model.SelectedProcessKey()) {
+      if (ProcessKeyString(report->process()) == model.SelectedProcessKey()) {
         model.SetDetails(*report);
       }
     }
@@ -282,7 +283,7 @@ class LiveView : public RunLiveView {
     gpus_.Feed(model_);
     const std::string key = model_.SelectedProcessKey();
     for (const v1::Report& report : reports) {
-      if (top::ProcessKeyText(report.process()) == key) model_.SetDetails(report);
+      if (ProcessKeyString(report.process()) == key) model_.SetDetails(report);
     }
   }
 

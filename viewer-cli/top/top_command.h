@@ -10,7 +10,7 @@
 #include <memory>
 #include <string_view>
 
-#include "run/run_command.h"
+#include "common/live_view.h"
 
 namespace vramscope::cli {
 

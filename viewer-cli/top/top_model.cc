@@ -8,7 +8,8 @@
 #include <cmath>
 #include <set>
 
-#include "run/process_end.h"
+#include "common/process_end.h"
+#include "vramscope/process_key.h"
 
 namespace vramscope::cli::top {
 namespace {
@@ -96,10 +97,6 @@ std::string SortColumnName(SortColumn column) {
   return "?";
 }
 
-std::string ProcessKeyText(const v1::ProcessKey& key) {
-  return absl::StrCat(key.host(), "/", key.pid(), "/", key.start_time_ns());
-}
-
 v1::StatsUpdate UpdateFromReports(const std::vector<v1::Report>& reports, std::uint64_t time_ns) {
   v1::StatsUpdate update;
   update.set_time_ns(time_ns);
@@ -150,7 +147,7 @@ void TopModel::Update(const v1::StatsUpdate& update) {
   std::map<std::string, v1::DeviceReport> devices;
   Sample total{now, 0, 0};
   for (const v1::ProcessStats& stats : update.processes()) {
-    const std::string process_key = ProcessKeyText(stats.process());
+    const std::string process_key = ProcessKeyString(stats.process());
     const std::string command = absl::StrJoin(stats.command_line(), " ");
     std::string display = command;
     if (stats.command_line_size() > 0) {
@@ -325,7 +322,7 @@ void TopModel::AddSample(const std::string& key, const Sample& sample) {
 
 void TopModel::SetDetails(const v1::Report& report) {
   details_ = report;
-  details_key_ = ProcessKeyText(report.process());
+  details_key_ = ProcessKeyString(report.process());
 }
 
 std::size_t TopModel::processes() const {

@@ -199,8 +199,6 @@ class TopModel {
   std::map<std::string, std::uint64_t> untraced_peaks_;  // by row key
 };
 
-// "host/pid/start_time_ns".
-std::string ProcessKeyText(const v1::ProcessKey& key);
 // The StatsUpdate a set of reports makes (live updates leave timelines, sites and leaks out;
 // here they are kept: the model ignores them).
 v1::StatsUpdate UpdateFromReports(const std::vector<v1::Report>& reports, std::uint64_t time_ns);

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "top/top_model.h"
+#include "vramscope/process_key.h"
 
 namespace vramscope::cli::top {
 namespace {
@@ -31,7 +32,7 @@ v1::StatsUpdate MergeStatsUpdates(const std::vector<v1::StatsUpdate>& updates) {
   for (const v1::StatsUpdate& update : updates) {
     merged.set_time_ns(std::max(merged.time_ns(), update.time_ns()));
     for (const v1::ProcessStats& stats : update.processes()) {
-      by_key[ProcessKeyText(stats.process())].push_back(&stats);
+      by_key[ProcessKeyString(stats.process())].push_back(&stats);
     }
   }
   for (auto& [key, parts] : by_key) {
@@ -155,7 +156,7 @@ void WatchSource::MaybeFetchReport(v1::Collector::Stub& stub) {
   {
     absl::MutexLock lock(&mu_);
     if (!wanted_) return;
-    key = ProcessKeyText(*wanted_);
+    key = ProcessKeyString(*wanted_);
     if (key == fetched_key_ && absl::Now() - fetched_at_ < options_.report_interval) return;
     *request.mutable_process() = *wanted_;
   }

@@ -56,7 +56,7 @@ class WatchSource {
   std::optional<v1::StatsUpdate> TakeUpdate(absl::Duration timeout = absl::ZeroDuration());
   // The newest full report fetched for the wanted process, once.
   std::optional<v1::Report> TakeReport();
-  // The process whose report to fetch ("host/pid/start" as ProcessKeyText; empty = none).
+  // The process whose report to fetch ("host/pid/start" as ProcessKeyString; empty = none).
   void SetWantedReport(const v1::ProcessKey& key);
   // Empty while the stream is up; else what happened ("reconnecting to ...: reason").
   std::string status() const;

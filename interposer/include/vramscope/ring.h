@@ -2,7 +2,7 @@
  * agent (or `vramscope run`) reads.
  *
  * C ABI, C11 and C++ compatible, no dependencies beyond <stddef.h> and <stdint.h>. This header is
- * the contract between the shim (writer, interposer/ring/) and the drain (reader, agent/drain/);
+ * the contract between the shim (writer, interposer/ring/) and the drain (reader, lib/drain/);
  * any change to an offset, size or meaning bumps VRAMSCOPE_RING_VERSION.
  *
  * File

@@ -203,8 +203,6 @@ class Outbox {
   AgentCounters counters_ ABSL_GUARDED_BY(mu_);
 };
 
-std::string ProcessKeyString(const v1::ProcessKey& key);
-
 // --- The spool file format (what Outbox writes and replays), for tests and fuzzing ------------
 // A file is a 40-byte header (magic "VSSPOOL1", sequence, ring_end, payload length, CRC-32 of the
 // payload; host byte order) and the serialized EventBatch, named

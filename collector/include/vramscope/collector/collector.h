@@ -91,8 +91,6 @@ struct LoadReport {
   std::vector<std::string> errors;    // corrupt files or records
 };
 
-std::string ProcessKeyString(const v1::ProcessKey& key);
-
 // Upper bounds (seconds) of the ingest lag histogram's buckets; a last bucket takes the rest.
 inline constexpr std::array<double, 12> kIngestLagBounds = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                                             1,    2.5,   5,    10,  30,   60};

@@ -1,4 +1,4 @@
-// Statistics of one process as the collector keeps them: the stats engine (collector/stats/)
+// Statistics of one process as the collector keeps them: the stats engine (lib/stats/)
 // builds reports; a few cheap figures (event count, command line, run labels, how it ended, peak
 // reserved) are kept alongside so that ListProcesses and a metrics scrape do not build a full
 // report per process.

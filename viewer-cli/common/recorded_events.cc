@@ -1,4 +1,4 @@
-#include "export/recorded_events.h"
+#include "common/recorded_events.h"
 
 #include <absl/strings/str_format.h>
 #include <fcntl.h>

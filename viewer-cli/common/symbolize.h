@@ -1,5 +1,5 @@
 // Allocation sites, resolved outside the application: the drain names each return address
-// "PATH+0xOFFSET" (agent/drain/site_assembler.h); this turns those into "function (file:line)"
+// "PATH+0xOFFSET" (lib/drain/site_assembler.h); this turns those into "function (file:line)"
 // with elfutils' libdw, each module opened once at its link-time addresses: names from DWARF
 // (inlined calls expand into several frames, innermost first, as the site's frames are), else
 // from the ELF symbol whose extent holds the address (never the nearest symbol before a gap, so
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "export/recorded_events.h"
+#include "common/recorded_events.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {

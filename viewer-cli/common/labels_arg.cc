@@ -1,4 +1,4 @@
-#include "run/labels_arg.h"
+#include "common/labels_arg.h"
 
 #include <absl/status/statusor.h>
 #include <absl/strings/str_cat.h>

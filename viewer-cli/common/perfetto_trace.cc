@@ -1,4 +1,4 @@
-#include "export/perfetto_trace.h"
+#include "common/perfetto_trace.h"
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/strings/ascii.h>
@@ -13,7 +13,7 @@
 #include <map>
 #include <queue>
 
-#include "export/frame_text.h"
+#include "common/frame_text.h"
 #include "perfetto/trace.pb.h"
 #include "vramscope/utf8.h"
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "export/recorded_events.h"
+#include "common/recorded_events.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {

@@ -17,7 +17,7 @@ namespace vramscope::cli {
 std::string FormatRunReport(const v1::Report& report, std::string_view full_form = "--json");
 
 // JSON with the proto field names: one process -> its Report, several -> {"reports": [...]}
-// (what check/report_file.h reads back).
+// (what common/report_file.h reads back).
 std::string FormatReportsJson(const std::vector<v1::Report>& reports);
 
 }  // namespace vramscope::cli

@@ -1,4 +1,4 @@
-#include "run/symbolize.h"
+#include "common/symbolize.h"
 
 #include <absl/container/flat_hash_map.h>
 #include <absl/strings/ascii.h>

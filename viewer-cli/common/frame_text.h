@@ -1,5 +1,5 @@
 // A stack frame as vramscope's sites write it, taken apart: `function (file:line)` (symbolized,
-// viewer-cli/run/symbolize.h) or `PATH+0xOFFSET` (as the drain names a return address); any
+// viewer-cli/common/symbolize.h) or `PATH+0xOFFSET` (as the drain names a return address); any
 // other text is a function name alone. Used by the Perfetto and PyTorch exports.
 // Thread safety: a pure function.
 #pragma once

@@ -1,5 +1,5 @@
-// Atomic file replacement: see atomic_file.h.
-#include "check/atomic_file.h"
+// Atomic file replacement: see vramscope/atomic_file.h.
+#include "vramscope/atomic_file.h"
 
 #include <absl/strings/str_cat.h>
 #include <errno.h>
@@ -9,9 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace vramscope::cli {
+namespace vramscope {
 
-absl::Status WriteFileAtomically(const std::string& path, std::string_view content) {
+absl::Status WriteFileAtomically(const std::string& path, std::string_view content,
+                                 const AtomicWriteOptions& options) {
   auto fail = [&](const char* what, int error) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot ", what, " ", path, ": ", strerror(error)));
@@ -21,13 +22,17 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view conte
   if (stat(path.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode)) return fail("replace", EISDIR);
     mode = st.st_mode & 07777;
+  } else if (options.new_file_mode != 0) {
+    mode = options.new_file_mode;
   } else {
     const mode_t mask = umask(0);
     umask(mask);
     mode = 0666 & ~mask;
   }
-  std::string temp = path + ".tmp.XXXXXX";
-  const int fd = mkstemp(temp.data());
+  // The ".tmp" suffix: directory readers (the agent's spool replay) skip and remove such names.
+  constexpr int kSuffixLength = 4;
+  std::string temp = path + ".XXXXXX.tmp";
+  const int fd = mkostemps(temp.data(), kSuffixLength, O_CLOEXEC);
   if (fd < 0) return fail("create a temporary file next to", errno);
   // Until the rename, errors must remove the temporary file.
   auto abandon = [&](const char* what) {
@@ -47,7 +52,7 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view conte
   }
   if (fchmod(fd, mode) != 0) return abandon("set the mode of");
   // Data on disk before the name points at it: a crash leaves the old file or the new one.
-  if (fsync(fd) != 0) return abandon("flush");
+  if (options.sync && fsync(fd) != 0) return abandon("flush");
   if (close(fd) != 0) {
     const int error = errno;
     unlink(temp.c_str());
@@ -61,4 +66,4 @@ absl::Status WriteFileAtomically(const std::string& path, std::string_view conte
   return absl::OkStatus();
 }
 
-}  // namespace vramscope::cli
+}  // namespace vramscope

@@ -1,4 +1,4 @@
-#include "run/report_text.h"
+#include "common/report_text.h"
 
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "run/labels_arg.h"
-#include "run/process_end.h"
-#include "run/size.h"
-#include "run/symbolize.h"
+#include "common/labels_arg.h"
+#include "common/process_end.h"
+#include "common/size.h"
+#include "common/symbolize.h"
 
 namespace vramscope::cli {
 namespace {

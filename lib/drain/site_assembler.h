@@ -6,7 +6,7 @@
 // gathered by site id. A complete site becomes a SiteDefinition whose frames name each return
 // address as "PATH+0xOFFSET" (OFFSET = address - the module's load bias: what `addr2line -e
 // PATH` takes) or "0xADDRESS" when no module holds it. Resolving those to function, file and line
-// happens later, where the files are (`vramscope run`, viewer-cli/run/symbolize.h).
+// happens later, where the files are (`vramscope run`, viewer-cli/common/symbolize.h).
 //
 // Bounded: at most kMaxModules modules and kMaxPending incomplete sites (further ones are
 // refused as invalid). Thread safety: none (one per RingReader). Error convention:

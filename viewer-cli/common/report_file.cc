@@ -1,5 +1,5 @@
 // Reading report files: see report_file.h.
-#include "check/report_file.h"
+#include "common/report_file.h"
 
 #include <absl/strings/str_cat.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-#include "run/size.h"
+#include "common/size.h"
 
 #include <cctype>
 #include <cmath>
