@@ -200,6 +200,17 @@ bool RateLimited(uint64_t count) { return count > 10 && count % 1000 != 0; }
 
 }  // namespace
 
+// A batch file of an earlier run found in the spool.
+struct Outbox::SpoolFound {
+  SpoolName name;
+  std::string path;  // empty: lost (rejected)
+  uint64_t payload_bytes = 0;
+  uint64_t ring_end = 0;
+  bool has_exit = false;
+  // Kept up to the memory bound; the rest is validated, then read again when it is sent.
+  std::shared_ptr<const v1::EventBatch> batch;
+};
+
 std::string SpoolFileName(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
   return absl::StrFormat("%d_%d_%d_%d_%s%s", key.pid(), key.start_time_ns(), sequence, events,
                          absl::BytesToHexString(key.host()), kBatchSuffix);
@@ -259,6 +270,21 @@ Outbox::~Outbox() {
 }
 
 void Outbox::Replay() {
+  SpoolFiles found;
+  int temps = 0;
+  if (!ScanSpool(&found, &temps)) return;
+  uint64_t replayed = 0;
+  uint64_t lost = 0;
+  for (auto& [where, f] : found) QueueSpooled(where.first, f, &replayed, &lost);
+  if (replayed + lost + counters_.spool_files_rejected + static_cast<uint64_t>(temps) > 0) {
+    Log(LogLevel::kInfo,
+        absl::StrFormat("spool %s of an earlier run: %d batches queued to send first, %d sent "
+                        "as lost, %d files unusable, %d unfinished temporary files removed",
+                        options_.spool_dir, replayed, lost, counters_.spool_files_rejected, temps));
+  }
+}
+
+bool Outbox::ScanSpool(SpoolFiles* found, int* temps) {
   std::error_code ec;
   std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(options_.spool_dir, ec)) {
@@ -268,28 +294,16 @@ void Outbox::Replay() {
     spool_error_ =
         absl::StrFormat("cannot list the spool directory %s: %s", options_.spool_dir, ec.message());
     Log(LogLevel::kError, absl::StrCat(spool_error_, "; every batch will be dropped"));
-    return;
+    return false;
   }
   std::sort(files.begin(), files.end());
-  struct Found {
-    SpoolName name;
-    std::string path;  // empty: lost (rejected)
-    uint64_t payload_bytes = 0;
-    uint64_t ring_end = 0;
-    bool has_exit = false;
-    // Kept up to the memory bound; the rest is validated, then read again when it is sent.
-    std::shared_ptr<const v1::EventBatch> batch;
-  };
   uint64_t kept_bytes = 0;
-  // Ordered by process, then sequence.
-  std::map<std::tuple<std::string, uint64_t>, Found> found;
-  int temps = 0;
   for (const std::filesystem::path& path : files) {
     const std::string file_name = path.filename().string();
     if (absl::EndsWith(file_name, kTempSuffix)) {
       // Never renamed: the agent died while writing it, before the ring let go of its events.
       std::filesystem::remove(path, ec);
-      ++temps;
+      ++*temps;
       continue;
     }
     if (!absl::EndsWith(file_name, kBatchSuffix)) continue;  // *.corrupt of an earlier start
@@ -299,9 +313,9 @@ void Outbox::Replay() {
              : absl::StatusOr<SpoolFile>(absl::InvalidArgumentError(
                    "not a spool file name of this agent version (PID_START_SEQUENCE_EVENTS_HOST)"));
     if (file.ok()) {
-      Found& f = found[{ProcessKeyString(name->key), name->sequence}];
-      f = Found{*name,          path.string(),        file->payload_bytes,
-                file->ring_end, HasExit(file->batch), nullptr};
+      SpoolFound& f = (*found)[{ProcessKeyString(name->key), name->sequence}];
+      f = SpoolFound{*name,          path.string(),        file->payload_bytes,
+                     file->ring_end, HasExit(file->batch), nullptr};
       if (kept_bytes + f.payload_bytes <= options_.max_memory_bytes) {
         kept_bytes += f.payload_bytes;
         f.batch = std::make_shared<const v1::EventBatch>(std::move(file->batch));
@@ -319,98 +333,97 @@ void Outbox::Replay() {
                           "(batch %d of process %s) are reported to the collector as dropped",
                           path.string(), file.status().message(), where, name->events,
                           name->sequence, ProcessKeyString(name->key)));
-      found[{ProcessKeyString(name->key), name->sequence}] = Found{*name, "", 0, 0, false, nullptr};
+      (*found)[{ProcessKeyString(name->key), name->sequence}] =
+          SpoolFound{*name, "", 0, 0, false, nullptr};
     } else {
       Log(LogLevel::kWarning,
           absl::StrFormat("spool file %s of an earlier run is unusable (%s); %s", path.string(),
                           file.status().message(), where));
     }
   }
+  return true;
+}
 
-  uint64_t replayed = 0;
-  uint64_t lost = 0;
-  for (auto& [where, f] : found) {
-    const std::string& name = std::get<0>(where);
-    Process& process = processes_[name];
-    if (!process.replayed) {
-      process.key = f.name.key;
-      process.acked = f.name.sequence - 1;  // the earlier run forgot those on acknowledgement
-      process.replay_base = process.acked;
-      process.next_sequence = f.name.sequence;
-      process.replayed = Replayed{};
+void Outbox::QueueSpooled(const std::string& name, SpoolFound& f, uint64_t* replayed,
+                          uint64_t* lost) {
+  Process& process = processes_[name];
+  if (!process.replayed) {
+    process.key = f.name.key;
+    process.acked = f.name.sequence - 1;  // the earlier run forgot those on acknowledgement
+    process.replay_base = process.acked;
+    process.next_sequence = f.name.sequence;
+    process.replayed = Replayed{};
+  }
+  if (f.name.sequence > process.next_sequence &&
+      f.name.sequence - process.next_sequence > kMaxReplayGap) {
+    // No spool holds that many batches (the spool bound): a forged or foreign file. Filling
+    // the gap would queue a batch per missing sequence; it is set aside instead.
+    ++counters_.spool_files_rejected;
+    std::error_code rename_error;
+    if (!f.path.empty()) {
+      std::filesystem::rename(f.path, f.path + std::string(kCorruptSuffix), rename_error);
     }
-    if (f.name.sequence > process.next_sequence &&
-        f.name.sequence - process.next_sequence > kMaxReplayGap) {
-      // No spool holds that many batches (the spool bound): a forged or foreign file. Filling
-      // the gap would queue a batch per missing sequence; it is set aside instead.
-      ++counters_.spool_files_rejected;
-      std::error_code rename_error;
-      if (!f.path.empty()) {
-        std::filesystem::rename(f.path, f.path + std::string(kCorruptSuffix), rename_error);
-      }
-      Log(LogLevel::kError,
-          absl::StrFormat("spool file %s claims batch %d of %s, %d after the batches before it "
-                          "(at most %d can be missing); set aside as %s%s",
-                          f.path, f.name.sequence, name, f.name.sequence - process.next_sequence,
-                          kMaxReplayGap, kCorruptSuffix, rename_error ? " (rename failed)" : ""));
-      continue;
+    Log(LogLevel::kError,
+        absl::StrFormat("spool file %s claims batch %d of %s, %d after the batches before it "
+                        "(at most %d can be missing); set aside as %s%s",
+                        f.path, f.name.sequence, name, f.name.sequence - process.next_sequence,
+                        kMaxReplayGap, kCorruptSuffix, rename_error ? " (rename failed)" : ""));
+    return;
+  }
+  if (f.name.sequence > process.next_sequence) {
+    QueueMissing(name, f.name.key, f.name.sequence, process, lost);
+  }
+  Entry entry;
+  entry.process = name;
+  entry.sequence = f.name.sequence;
+  if (!f.path.empty()) {
+    entry.bytes = f.payload_bytes;
+    entry.events = static_cast<int>(f.name.events);
+    entry.ring_end = f.ring_end;
+    entry.spool_path = f.path;
+    counters_.spool_bytes += entry.bytes;
+    *process.replayed = Replayed{entry.sequence, entry.ring_end, f.has_exit};
+    if (f.batch != nullptr) {
+      entry.batch = std::move(f.batch);
+      counters_.memory_bytes += entry.bytes;
     }
-    if (f.name.sequence > process.next_sequence) {
-      // Deleted by someone else: nothing to send for them, but the collector must see no gap.
-      Log(LogLevel::kWarning,
-          absl::StrFormat("batches %d..%d of %s are missing from the spool %s; sent as empty "
-                          "batches (their events are lost and not counted)",
-                          process.next_sequence, f.name.sequence - 1, name, options_.spool_dir));
-      while (process.next_sequence < f.name.sequence) {
-        Entry entry;
-        entry.process = name;
-        entry.sequence = process.next_sequence++;
-        auto empty = std::make_shared<v1::EventBatch>(LostBatch(f.name.key, entry.sequence, 0));
-        entry.bytes = empty->ByteSizeLong();
-        entry.events = 1;
-        Spool(entry, *empty, 0);
-        entry.batch = std::move(empty);
-        counters_.memory_bytes += entry.bytes;
-        pending_.push_back(std::move(entry));
-        ++lost;
-      }
-    }
+    ++counters_.batches_replayed;
+    ++*replayed;
+  } else {
+    // Written again, valid, under the same name: a second restart still reports the loss.
+    auto batch =
+        std::make_shared<v1::EventBatch>(LostBatch(f.name.key, f.name.sequence, f.name.events));
+    entry.bytes = batch->ByteSizeLong();
+    entry.events = 1;
+    Spool(entry, *batch, 0);
+    entry.batch = std::move(batch);
+    counters_.memory_bytes += entry.bytes;
+    *process.replayed = Replayed{entry.sequence, 0, false};
+    ++*lost;
+  }
+  process.next_sequence = entry.sequence + 1;
+  pending_.push_back(std::move(entry));
+}
+
+void Outbox::QueueMissing(const std::string& name, const v1::ProcessKey& key, uint64_t sequence,
+                          Process& process, uint64_t* lost) {
+  // Deleted by someone else: nothing to send for them, but the collector must see no gap.
+  Log(LogLevel::kWarning,
+      absl::StrFormat("batches %d..%d of %s are missing from the spool %s; sent as empty "
+                      "batches (their events are lost and not counted)",
+                      process.next_sequence, sequence - 1, name, options_.spool_dir));
+  while (process.next_sequence < sequence) {
     Entry entry;
     entry.process = name;
-    entry.sequence = f.name.sequence;
-    if (!f.path.empty()) {
-      entry.bytes = f.payload_bytes;
-      entry.events = static_cast<int>(f.name.events);
-      entry.ring_end = f.ring_end;
-      entry.spool_path = f.path;
-      counters_.spool_bytes += entry.bytes;
-      *process.replayed = Replayed{entry.sequence, entry.ring_end, f.has_exit};
-      if (f.batch != nullptr) {
-        entry.batch = std::move(f.batch);
-        counters_.memory_bytes += entry.bytes;
-      }
-      ++counters_.batches_replayed;
-      ++replayed;
-    } else {
-      // Written again, valid, under the same name: a second restart still reports the loss.
-      auto batch =
-          std::make_shared<v1::EventBatch>(LostBatch(f.name.key, f.name.sequence, f.name.events));
-      entry.bytes = batch->ByteSizeLong();
-      entry.events = 1;
-      Spool(entry, *batch, 0);
-      entry.batch = std::move(batch);
-      counters_.memory_bytes += entry.bytes;
-      *process.replayed = Replayed{entry.sequence, 0, false};
-      ++lost;
-    }
-    process.next_sequence = entry.sequence + 1;
+    entry.sequence = process.next_sequence++;
+    auto empty = std::make_shared<v1::EventBatch>(LostBatch(key, entry.sequence, 0));
+    entry.bytes = empty->ByteSizeLong();
+    entry.events = 1;
+    Spool(entry, *empty, 0);
+    entry.batch = std::move(empty);
+    counters_.memory_bytes += entry.bytes;
     pending_.push_back(std::move(entry));
-  }
-  if (replayed + lost + counters_.spool_files_rejected + static_cast<uint64_t>(temps) > 0) {
-    Log(LogLevel::kInfo,
-        absl::StrFormat("spool %s of an earlier run: %d batches queued to send first, %d sent "
-                        "as lost, %d files unusable, %d unfinished temporary files removed",
-                        options_.spool_dir, replayed, lost, counters_.spool_files_rejected, temps));
+    ++*lost;
   }
 }
 

@@ -151,6 +151,66 @@ absl::StatusOr<std::string> FirstFreeName(const std::string& base, Make make) {
   return absl::InternalError(absl::StrFormat("%s-2 .. -1000 all exist", base));
 }
 
+// A loading problem: kept in the report (errors or warnings) and logged.
+void NoteLoad(LoadReport* report, LogLevel level, const std::string& message) {
+  (level == LogLevel::kError ? report->errors : report->warnings).push_back(message);
+  Log(level, message);
+}
+
+// A log file not loaded, and why.
+void SkipFile(LoadReport* report, LogLevel level, const std::string& message) {
+  ++report->files_skipped;
+  NoteLoad(report, level, message);
+}
+
+// SetAsideDamage when only the good prefix fits the cap: the original file is kept whole under
+// a free name from `base` (a hard link) and `path` replaced by a copy of its first `valid` bytes.
+absl::StatusOr<std::string> KeepWholeAndRewrite(int* fd, const std::string& path,
+                                                const std::string& base, uint64_t valid,
+                                                bool fsync) {
+  // Recovery's own scratch name: not `.vslog`, so a crash here leaves nothing to load, and
+  // the next start truncates and reuses it.
+  const std::string fresh = path + ".recovering";
+  int out = ::open(fresh.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (out < 0) {
+    return absl::InternalError(absl::StrFormat("create %s: %s", fresh, strerror(errno)));
+  }
+  absl::StatusOr<Copied> copied = CopyData(*fd, path, 0, valid, out, fresh, 0, valid);
+  absl::Status status = copied.status();
+  if (status.ok() && copied->end != valid) {
+    status = absl::DataLossError(absl::StrFormat("%s shrank while being read", path));
+  }
+  if (status.ok() && (::ftruncate(out, static_cast<off_t>(valid)) != 0 || ::fdatasync(out))) {
+    status = absl::InternalError(absl::StrFormat("write %s: %s", fresh, strerror(errno)));
+  }
+  absl::StatusOr<std::string> aside;
+  if (status.ok()) {
+    aside = FirstFreeName(
+        base, [&](const std::string& name) { return ::link(path.c_str(), name.c_str()) == 0; });
+    status = aside.status();
+  }
+  if (status.ok() && ::rename(fresh.c_str(), path.c_str()) != 0) {
+    status =
+        absl::InternalError(absl::StrFormat("rename %s to %s: %s", fresh, path, strerror(errno)));
+    ::unlink(aside->c_str());
+  }
+  if (!status.ok()) {
+    ::close(out);
+    ::unlink(fresh.c_str());
+    return status;
+  }
+  ::close(*fd);
+  *fd = out;
+  if (fsync) {
+    absl::Status synced = FsyncDir(std::filesystem::path(path).parent_path().string());
+    if (!synced.ok()) Log(LogLevel::kError, synced.message());
+  }
+  return absl::StrFormat(
+      "kept in %s (the whole original file; the log was rewritten with the "
+      "%d bytes before it)",
+      *aside, valid);
+}
+
 // Takes the damaged bytes [valid, file_bytes) out of the log open as `*fd` at `path` without
 // losing them and without writing more than `max_copy` bytes, whatever their size:
 //   * their data (holes are skipped: a sparse tail costs nothing) fits the cap: copied to
@@ -166,47 +226,7 @@ absl::StatusOr<std::string> SetAsideDamage(int* fd, const std::string& path, uin
   const uint64_t tail_data = DataBytes(*fd, valid, file_bytes);
   const std::string base = absl::StrFormat("%s.corrupt-%d", path, valid);
   if (tail_data > max_copy && valid <= max_copy) {
-    // Recovery's own scratch name: not `.vslog`, so a crash here leaves nothing to load, and
-    // the next start truncates and reuses it.
-    const std::string fresh = path + ".recovering";
-    int out = ::open(fresh.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (out < 0) {
-      return absl::InternalError(absl::StrFormat("create %s: %s", fresh, strerror(errno)));
-    }
-    absl::StatusOr<Copied> copied = CopyData(*fd, path, 0, valid, out, fresh, 0, valid);
-    absl::Status status = copied.status();
-    if (status.ok() && copied->end != valid) {
-      status = absl::DataLossError(absl::StrFormat("%s shrank while being read", path));
-    }
-    if (status.ok() && (::ftruncate(out, static_cast<off_t>(valid)) != 0 || ::fdatasync(out))) {
-      status = absl::InternalError(absl::StrFormat("write %s: %s", fresh, strerror(errno)));
-    }
-    absl::StatusOr<std::string> aside;
-    if (status.ok()) {
-      aside = FirstFreeName(
-          base, [&](const std::string& name) { return ::link(path.c_str(), name.c_str()) == 0; });
-      status = aside.status();
-    }
-    if (status.ok() && ::rename(fresh.c_str(), path.c_str()) != 0) {
-      status =
-          absl::InternalError(absl::StrFormat("rename %s to %s: %s", fresh, path, strerror(errno)));
-      ::unlink(aside->c_str());
-    }
-    if (!status.ok()) {
-      ::close(out);
-      ::unlink(fresh.c_str());
-      return status;
-    }
-    ::close(*fd);
-    *fd = out;
-    if (fsync) {
-      absl::Status synced = FsyncDir(std::filesystem::path(path).parent_path().string());
-      if (!synced.ok()) Log(LogLevel::kError, synced.message());
-    }
-    return absl::StrFormat(
-        "kept in %s (the whole original file; the log was rewritten with the "
-        "%d bytes before it)",
-        *aside, valid);
+    return KeepWholeAndRewrite(fd, path, base, valid, fsync);
   }
 
   int out = -1;
@@ -445,21 +465,14 @@ absl::Status Collector::Load(LoadReport* report) {
 }
 
 void Collector::LoadFile(const std::string& path, LoadReport* report) {
-  auto note = [report](LogLevel level, const std::string& message) {
-    (level == LogLevel::kError ? report->errors : report->warnings).push_back(message);
-    Log(level, message);
-  };
-  auto skip = [&](LogLevel level, const std::string& message) {
-    ++report->files_skipped;
-    note(level, message);
-  };
   // One descriptor from here on: reading, truncating and, once loaded, appending all act on the
   // file that was checked, never on whatever the name points at later.
   absl::StatusOr<int> opened = OpenRegularFile(path, O_RDWR);
   if (!opened.ok()) {
     // A FIFO, link or device where a log belongs is someone else's doing: warn and go on.
-    skip(absl::IsFailedPrecondition(opened.status()) ? LogLevel::kWarning : LogLevel::kError,
-         std::string(opened.status().message()));
+    SkipFile(report,
+             absl::IsFailedPrecondition(opened.status()) ? LogLevel::kWarning : LogLevel::kError,
+             std::string(opened.status().message()));
     return;
   }
   auto process = std::make_shared<Process>();
@@ -478,7 +491,25 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
   }
   uint64_t events = 0;
   LogScan scan;
-  absl::Status status = ReadLogFd(
+  absl::Status status = ReadLog(process.get(), path, &scan, &events);
+  if (!status.ok()) {
+    SkipFile(report, LogLevel::kError, std::string(status.message()));
+    return;
+  }
+  if (scan.damaged && !CutDamage(process.get(), path, scan, report)) return;
+  if (process->acked == 0) {
+    // Nothing but the magic: the collector died between creating the file and its first record.
+    Log(LogLevel::kInfo, absl::StrFormat("%s: holds no batches; removed", path));
+    ::unlink(path.c_str());
+    return;
+  }
+  Adopt(std::move(process), path, scan, events, report);
+}
+
+absl::Status Collector::ReadLog(Process* process, const std::string& path, LogScan* scan,
+                                uint64_t* events) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with process->mu held.
+  return ReadLogFd(
       process->fd, path,
       [&](uint64_t, absl::string_view payload) -> absl::Status {
         v1::EventBatch batch;
@@ -500,59 +531,63 @@ void Collector::LoadFile(const std::string& path, LoadReport* report) {
         if (process->acked == 0) process->key = batch.process();
         process->Hold(batch.sequence());
         process->stats->Consume(batch);
-        events += static_cast<uint64_t>(batch.events_size());
+        *events += static_cast<uint64_t>(batch.events_size());
         return absl::OkStatus();
       },
-      &scan);
-  if (!status.ok()) {
-    skip(LogLevel::kError, std::string(status.message()));
-    return;
+      scan);
+}
+
+bool Collector::CutDamage(Process* process, const std::string& path, const LogScan& scan,
+                          LoadReport* report) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with process->mu held.
+  uint64_t cut = scan.file_bytes - scan.valid_bytes;
+  std::string kept = absl::StrFormat("%d good records before it (up to sequence %d) kept",
+                                     scan.records, process->acked);
+  bool truncated = false;
+  if (scan.damaged_is_tail) {
+    NoteLoad(report, LogLevel::kWarning,
+             absl::StrFormat("%s: %s; truncated the torn tail (%d bytes), %s", path, scan.damage,
+                             cut, kept));
+  } else {
+    absl::StatusOr<std::string> aside =
+        SetAsideDamage(&process->fd, path, scan.valid_bytes, scan.file_bytes,
+                       options_.max_aside_copy_bytes, options_.fsync);
+    truncated = aside.ok();
+    NoteLoad(report, LogLevel::kError,
+             absl::StrFormat(
+                 "%s: corrupt %s; %s; the %d bytes from there on were %s and cut from "
+                 "the log",
+                 path, scan.damage, kept, cut,
+                 aside.ok() ? *aside : absl::StrCat("NOT saved (", aside.status().message(), ")")));
   }
-  if (scan.damaged) {
-    uint64_t cut = scan.file_bytes - scan.valid_bytes;
-    std::string kept = absl::StrFormat("%d good records before it (up to sequence %d) kept",
-                                       scan.records, process->acked);
-    bool truncated = false;
-    if (scan.damaged_is_tail) {
-      note(LogLevel::kWarning, absl::StrFormat("%s: %s; truncated the torn tail (%d bytes), %s",
-                                               path, scan.damage, cut, kept));
-    } else {
-      absl::StatusOr<std::string> aside =
-          SetAsideDamage(&process->fd, path, scan.valid_bytes, scan.file_bytes,
-                         options_.max_aside_copy_bytes, options_.fsync);
-      truncated = aside.ok();
-      note(LogLevel::kError,
-           absl::StrFormat(
-               "%s: corrupt %s; %s; the %d bytes from there on were %s and cut from "
-               "the log",
-               path, scan.damage, kept, cut,
-               aside.ok() ? *aside : absl::StrCat("NOT saved (", aside.status().message(), ")")));
-    }
-    if (!truncated && ::ftruncate(process->fd, static_cast<off_t>(scan.valid_bytes)) != 0) {
-      skip(LogLevel::kError, absl::StrFormat("%s: cannot truncate to %d bytes: %s; file skipped",
-                                             path, scan.valid_bytes, strerror(errno)));
-      return;
-    }
-    report->truncated_bytes += cut;
+  if (!truncated && ::ftruncate(process->fd, static_cast<off_t>(scan.valid_bytes)) != 0) {
+    SkipFile(report, LogLevel::kError,
+             absl::StrFormat("%s: cannot truncate to %d bytes: %s; file skipped", path,
+                             scan.valid_bytes, strerror(errno)));
+    return false;
   }
-  if (process->acked == 0) {
-    // Nothing but the magic: the collector died between creating the file and its first record.
-    Log(LogLevel::kInfo, absl::StrFormat("%s: holds no batches; removed", path));
-    ::unlink(path.c_str());
-    return;
-  }
+  report->truncated_bytes += cut;
+  return true;
+}
+
+void Collector::Adopt(std::shared_ptr<Process> process, const std::string& path,
+                      const LogScan& scan, uint64_t events,
+                      LoadReport* report) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with process->mu held.
   std::string key = ProcessKeyString(process->key);
   absl::MutexLock lock(&mu_);
   if (processes_.contains(key) || finished_.contains(key)) {
-    skip(LogLevel::kError,
-         absl::StrFormat("%s: a second log of process %s; skipped (move one of the two out of %s)",
-                         path, key, options_.data_dir));
+    SkipFile(
+        report, LogLevel::kError,
+        absl::StrFormat("%s: a second log of process %s; skipped (move one of the two out of %s)",
+                        path, key, options_.data_dir));
     return;
   }
   int flags = ::fcntl(process->fd, F_GETFL);
   if (flags < 0 || ::fcntl(process->fd, F_SETFL, flags | O_APPEND) != 0) {
-    skip(LogLevel::kError,
-         absl::StrFormat("%s: cannot open for appending: %s; file skipped", path, strerror(errno)));
+    SkipFile(
+        report, LogLevel::kError,
+        absl::StrFormat("%s: cannot open for appending: %s; file skipped", path, strerror(errno)));
     return;
   }
   process->path = path;
@@ -832,20 +867,24 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
   CountStored(process, batch, was_finished);
   const bool newly_finished = !was_finished && process->stats->finished();
   const uint64_t acked = process->acked;
-  if (!process->stats->finished()) return acked;
-  std::shared_ptr<const ProcessStats> released = Retire(process);
-  if (history_ != nullptr && newly_finished) {
-    // Its row: the history thread builds the report from the released engine (a report of a
-    // long run costs milliseconds: not on the ingest thread) and writes the database; here only
-    // a marker naming the log is written (README "Run history").
-    if (absl::Status queued =
-            history_->EnqueueBuild(process->path, [released] { return released->Report(); });
-        !queued.ok()) {
-      Log(LogLevel::kError, absl::StrFormat("history: run of %s not queued: %s",
-                                            ProcessKeyString(process->key), queued.message()));
-    }
-  }
+  if (process->stats->finished()) QueueFinishedRun(process, newly_finished);
   return acked;
+}
+
+void Collector::QueueFinishedRun(Process* process,
+                                 bool newly_finished) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Called with process->mu held, the process finished: it leaves the live table.
+  std::shared_ptr<const ProcessStats> released = Retire(process);
+  if (history_ == nullptr || !newly_finished) return;
+  // Its row: the history thread builds the report from the released engine (a report of a
+  // long run costs milliseconds: not on the ingest thread) and writes the database; here only
+  // a journal line naming the log is written (README "Run history").
+  if (absl::Status queued =
+          history_->EnqueueBuild(process->path, [released] { return released->Report(); });
+      !queued.ok()) {
+    Log(LogLevel::kError, absl::StrFormat("history: run of %s not queued: %s",
+                                          ProcessKeyString(process->key), queued.message()));
+  }
 }
 
 void Collector::CountStored(Process* process, const v1::EventBatch& batch,

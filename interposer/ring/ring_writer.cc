@@ -100,6 +100,39 @@ void CopyTruncated(char* dst, std::size_t dst_size, const char* src) {
 
 bool IsPowerOfTwo(std::uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
+// Gives the file `bytes` of blocks now: on a full tmpfs a sparse file would map fine and then
+// SIGBUS the application on its first write to an unbacked page. ENOSPC here means no recording
+// instead. Returns 0 or the errno.
+int ReserveBlocks(int fd, std::size_t bytes) {
+  int reserve = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (reserve == EOPNOTSUPP || reserve == EINVAL) {
+    reserve = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  }
+  return reserve;
+}
+
+// Writes the header of a new ring mapped at `header`, the magic last: a reader that sees it
+// sees the rest of the header.
+void FillHeader(vramscope_ring_header* header, std::uint32_t capacity, pid_t pid, uid_t uid,
+                std::uint64_t start_time_ns, std::uint64_t start_monotonic_ns, const char* mode) {
+  header->version = VRAMSCOPE_RING_VERSION;
+  header->header_size = VRAMSCOPE_RING_HEADER_SIZE;
+  header->record_size = VRAMSCOPE_RING_RECORD_SIZE;
+  header->capacity = capacity;
+  header->max_devices = VRAMSCOPE_RING_MAX_DEVICES;
+  header->pid = static_cast<std::uint32_t>(pid);
+  header->parent_pid = static_cast<std::uint32_t>(getppid());
+  header->uid = static_cast<std::uint32_t>(uid);
+  header->start_time_ns = start_time_ns;
+  header->start_monotonic_ns = start_monotonic_ns;
+  header->proc_start_ticks = ProcStartTicks();
+  CopyTruncated(header->mode, sizeof(header->mode), mode);
+  if (gethostname(header->host, sizeof(header->host) - 1) != 0) header->host[0] = '\0';
+  header->command_line_len = static_cast<std::uint32_t>(
+      ReadSmallFile("/proc/self/cmdline", header->command_line, sizeof(header->command_line)));
+  __atomic_store_n(&header->magic, VRAMSCOPE_RING_MAGIC, __ATOMIC_RELEASE);
+}
+
 }  // namespace
 
 const char* RingErrorName(RingError error) {
@@ -172,12 +205,7 @@ RingError RingWriter::Open(const RingOpenOptions& options) {
     path_[0] = '\0';
     return RingError::kCannotCreate;
   }
-  // Reserve the blocks now: on a full tmpfs a sparse file would map fine and then SIGBUS the
-  // application on its first write to an unbacked page. ENOSPC here means no recording instead.
-  int reserve = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (reserve == EOPNOTSUPP || reserve == EINVAL) {
-    reserve = ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
-  }
+  const int reserve = ReserveBlocks(fd, bytes);
   if (reserve != 0) {
     last_errno_ = reserve;
     close(fd);
@@ -196,23 +224,7 @@ RingError RingWriter::Open(const RingOpenOptions& options) {
   }
 
   auto* header = static_cast<vramscope_ring_header*>(map);
-  header->version = VRAMSCOPE_RING_VERSION;
-  header->header_size = VRAMSCOPE_RING_HEADER_SIZE;
-  header->record_size = VRAMSCOPE_RING_RECORD_SIZE;
-  header->capacity = capacity;
-  header->max_devices = VRAMSCOPE_RING_MAX_DEVICES;
-  header->pid = static_cast<std::uint32_t>(pid);
-  header->parent_pid = static_cast<std::uint32_t>(getppid());
-  header->uid = static_cast<std::uint32_t>(uid);
-  header->start_time_ns = start_time_ns;
-  header->start_monotonic_ns = start_monotonic_ns;
-  header->proc_start_ticks = ProcStartTicks();
-  CopyTruncated(header->mode, sizeof(header->mode), options.mode);
-  if (gethostname(header->host, sizeof(header->host) - 1) != 0) header->host[0] = '\0';
-  header->command_line_len = static_cast<std::uint32_t>(
-      ReadSmallFile("/proc/self/cmdline", header->command_line, sizeof(header->command_line)));
-  // The magic last: a reader that sees it sees the rest of the header.
-  __atomic_store_n(&header->magic, VRAMSCOPE_RING_MAGIC, __ATOMIC_RELEASE);
+  FillHeader(header, capacity, pid, uid, start_time_ns, start_monotonic_ns, options.mode);
 
   if (renameat(at, tmp_name, at, final_name) != 0) {
     last_errno_ = errno;

@@ -16,6 +16,54 @@ absl::Status Invalid(const vramscope_ring_record& record, const char* what) {
       absl::StrFormat("ring record kind %d: %s", static_cast<int>(record.kind), what));
 }
 
+absl::Status DecodeNvtxPush(const vramscope_ring_record& record, std::string_view nvtx_text,
+                            v1::Event* event) {
+  const vramscope_ring_nvtx_push_payload& p = record.payload.nvtx_push;
+  const std::size_t total = std::size_t{p.name_len} + p.domain_len;
+  if (total > VRAMSCOPE_RING_MAX_NVTX_TEXT || total != nvtx_text.size()) {
+    return Invalid(record, "NVTX name and domain lengths");
+  }
+  v1::NvtxPushEvent* push = event->mutable_nvtx_push();
+  push->set_range_id(record.aux);
+  // The application's text: bytes that are not UTF-8 are escaped (vramscope/utf8.h).
+  push->set_name(ToValidUtf8(nvtx_text.substr(0, p.name_len)));
+  push->set_domain(ToValidUtf8(nvtx_text.substr(p.name_len)));
+  push->set_category(p.category);
+  push->set_parent_range_id(p.parent_range_id);
+  return absl::OkStatus();
+}
+
+absl::Status DecodePoolState(const vramscope_ring_record& record, v1::Event* event) {
+  const vramscope_ring_pool_state_payload& p = record.payload.pool_state;
+  v1::PoolStateEvent* state = event->mutable_pool_state();
+  state->set_largest_free_block_bytes(p.largest_free_block_bytes);
+  state->set_free_bytes(p.free_bytes);
+  state->set_pending_bytes(p.pending_bytes);
+  state->set_unreleasable_free_bytes(p.unreleasable_free_bytes);
+  state->set_reserved_bytes(p.reserved_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status DecodeCupti(const vramscope_ring_record& record, v1::Event* event) {
+  if (record.sub > v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
+    return Invalid(record, "CUPTI operation");
+  }
+  const vramscope_ring_cupti_payload& p = record.payload.cupti;
+  v1::CuptiMemoryEvent* cupti = event->mutable_cupti_memory();
+  cupti->set_operation(static_cast<v1::CuptiMemoryEvent::Operation>(record.sub));
+  if (record.sub == v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
+    cupti->set_records_dropped(p.bytes);
+    return absl::OkStatus();
+  }
+  cupti->set_address(p.address);
+  cupti->set_bytes(p.bytes);
+  cupti->set_memory_kind(p.memory_kind);
+  cupti->set_pool_address(p.pool_address);
+  cupti->set_pool_type(p.pool_type);
+  cupti->set_stream(p.stream);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status DecodeRecord(const vramscope_ring_record& record, std::string_view nvtx_text,
@@ -58,21 +106,8 @@ absl::Status DecodeRecord(const vramscope_ring_record& record, std::string_view 
       release->set_bytes(record.payload.pool.bytes);
       return absl::OkStatus();
     }
-    case VRAMSCOPE_RING_KIND_NVTX_PUSH: {
-      const vramscope_ring_nvtx_push_payload& p = record.payload.nvtx_push;
-      const std::size_t total = std::size_t{p.name_len} + p.domain_len;
-      if (total > VRAMSCOPE_RING_MAX_NVTX_TEXT || total != nvtx_text.size()) {
-        return Invalid(record, "NVTX name and domain lengths");
-      }
-      v1::NvtxPushEvent* push = event->mutable_nvtx_push();
-      push->set_range_id(record.aux);
-      // The application's text: bytes that are not UTF-8 are escaped (vramscope/utf8.h).
-      push->set_name(ToValidUtf8(nvtx_text.substr(0, p.name_len)));
-      push->set_domain(ToValidUtf8(nvtx_text.substr(p.name_len)));
-      push->set_category(p.category);
-      push->set_parent_range_id(p.parent_range_id);
-      return absl::OkStatus();
-    }
+    case VRAMSCOPE_RING_KIND_NVTX_PUSH:
+      return DecodeNvtxPush(record, nvtx_text, event);
     case VRAMSCOPE_RING_KIND_NVTX_POP:
       event->mutable_nvtx_pop()->set_range_id(record.aux);
       return absl::OkStatus();
@@ -85,35 +120,10 @@ absl::Status DecodeRecord(const vramscope_ring_record& record, std::string_view 
       oom->set_verdict(static_cast<v1::OomVerdict>(record.sub));
       return absl::OkStatus();
     }
-    case VRAMSCOPE_RING_KIND_POOL_STATE: {
-      const vramscope_ring_pool_state_payload& p = record.payload.pool_state;
-      v1::PoolStateEvent* state = event->mutable_pool_state();
-      state->set_largest_free_block_bytes(p.largest_free_block_bytes);
-      state->set_free_bytes(p.free_bytes);
-      state->set_pending_bytes(p.pending_bytes);
-      state->set_unreleasable_free_bytes(p.unreleasable_free_bytes);
-      state->set_reserved_bytes(p.reserved_bytes);
-      return absl::OkStatus();
-    }
-    case VRAMSCOPE_RING_KIND_CUPTI_MEMORY: {
-      if (record.sub > v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
-        return Invalid(record, "CUPTI operation");
-      }
-      const vramscope_ring_cupti_payload& p = record.payload.cupti;
-      v1::CuptiMemoryEvent* cupti = event->mutable_cupti_memory();
-      cupti->set_operation(static_cast<v1::CuptiMemoryEvent::Operation>(record.sub));
-      if (record.sub == v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
-        cupti->set_records_dropped(p.bytes);
-        return absl::OkStatus();
-      }
-      cupti->set_address(p.address);
-      cupti->set_bytes(p.bytes);
-      cupti->set_memory_kind(p.memory_kind);
-      cupti->set_pool_address(p.pool_address);
-      cupti->set_pool_type(p.pool_type);
-      cupti->set_stream(p.stream);
-      return absl::OkStatus();
-    }
+    case VRAMSCOPE_RING_KIND_POOL_STATE:
+      return DecodePoolState(record, event);
+    case VRAMSCOPE_RING_KIND_CUPTI_MEMORY:
+      return DecodeCupti(record, event);
     case VRAMSCOPE_RING_KIND_PROCESS_EXIT: {
       v1::ProcessExitEvent* exit = event->mutable_process_exit();
       exit->set_exit_code(static_cast<std::int32_t>(record.aux));

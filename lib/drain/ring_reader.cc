@@ -36,6 +36,43 @@ T Load(const T* p, int order = __ATOMIC_ACQUIRE) {
   return __atomic_load_n(p, order);
 }
 
+// The name and domain of the NVTX push `record`, published at `position` (head: the ring's head
+// as last read): inline, then in the TEXT records after it, whose count sets *consumed.
+RecordRead ReadNvtxText(const vramscope_ring_record* records, std::uint64_t capacity,
+                        std::uint64_t position, std::uint64_t head,
+                        const vramscope_ring_record& record, std::string* text,
+                        std::uint64_t* consumed) {
+  auto slot = [&](std::uint64_t at) -> const vramscope_ring_record& {
+    return records[at & (capacity - 1)];
+  };
+  const std::uint32_t n = record.flags;
+  const vramscope_ring_nvtx_push_payload& p = record.payload.nvtx_push;
+  const std::size_t total = std::size_t{p.name_len} + p.domain_len;
+  if (n > VRAMSCOPE_RING_MAX_TEXT_RECORDS || total > VRAMSCOPE_RING_MAX_NVTX_TEXT ||
+      (n == 0 && total > VRAMSCOPE_RING_NVTX_INLINE_TEXT) || n > head - position - 1) {
+    // The push and its text were claimed by one CAS, so a head we saw beyond the push is
+    // beyond its text too: text past head means a corrupt record.
+    return RecordRead::kInvalid;
+  }
+  for (std::uint32_t k = 1; k <= n; ++k) {
+    if (Load(&slot(position + k).seq) != static_cast<std::uint32_t>(position + k + 1)) {
+      return RecordRead::kIncomplete;
+    }
+  }
+  bool valid = true;
+  text->append(p.text, std::min<std::size_t>(total, VRAMSCOPE_RING_NVTX_INLINE_TEXT));
+  for (std::uint32_t k = 1; k <= n; ++k) {
+    const vramscope_ring_record& t = slot(position + k);
+    const std::size_t want =
+        std::min<std::size_t>(total - text->size(), VRAMSCOPE_RING_TEXT_RECORD_BYTES);
+    if (Load(&t.kind, __ATOMIC_RELAXED) != VRAMSCOPE_RING_KIND_TEXT) valid = false;
+    text->append(t.payload.text, want);
+  }
+  if (text->size() != total) valid = false;
+  *consumed += n;
+  return valid ? RecordRead::kTaken : RecordRead::kInvalid;
+}
+
 // The clock of Event.time_ns (RingInfo::start_monotonic_ns).
 std::uint64_t MonotonicNowNs() {
   timespec ts{};
@@ -465,17 +502,7 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
     return stats;
   }
   const int events_before = out->size();
-  // ProcessStart first, and again whenever the shim has described another device since (it
-  // fills device_info as contexts appear); consumers keep the latest.
-  std::uint32_t devices_known = 0;
-  for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
-    if (Load(&header_->device_info[d].valid) == 1) devices_known |= 1u << d;
-  }
-  if (!started_ || devices_known != devices_described_) {
-    AppendProcessStart(out);
-    started_ = true;
-    devices_described_ = devices_known;
-  }
+  DescribeNewDevices(out);
   // Read the drop counter before the records: drops counted by now happened while the records
   // still in the ring filled it, so they belong after those records.
   const std::uint64_t dropped_now = Load(&header_->records_dropped, __ATOMIC_RELAXED);
@@ -521,65 +548,9 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
     vramscope_ring_record record;
     memcpy(&record, &slot(cursor_), sizeof(record));
     std::uint64_t consumed = 1;
-    text.clear();
-    bool valid = true;
-    if (record.kind == VRAMSCOPE_RING_KIND_NVTX_PUSH) {
-      const std::uint32_t n = record.flags;
-      const vramscope_ring_nvtx_push_payload& p = record.payload.nvtx_push;
-      const std::size_t total = std::size_t{p.name_len} + p.domain_len;
-      if (n > VRAMSCOPE_RING_MAX_TEXT_RECORDS || total > VRAMSCOPE_RING_MAX_NVTX_TEXT ||
-          (n == 0 && total > VRAMSCOPE_RING_NVTX_INLINE_TEXT) || n > head - cursor_ - 1) {
-        // The push and its text were claimed by one CAS, so a head we saw beyond the push is
-        // beyond its text too: text past head means a corrupt record.
-        valid = false;
-      } else {
-        bool complete = true;
-        for (std::uint32_t k = 1; k <= n; ++k) {
-          if (!published(cursor_ + k)) {
-            complete = false;
-            break;
-          }
-        }
-        if (!complete && writer_alive()) break;  // continuation still being written
-        if (!complete) {
-          valid = false;
-        } else {
-          text.append(p.text, std::min<std::size_t>(total, VRAMSCOPE_RING_NVTX_INLINE_TEXT));
-          for (std::uint32_t k = 1; k <= n; ++k) {
-            const vramscope_ring_record& t = slot(cursor_ + k);
-            const std::size_t want =
-                std::min<std::size_t>(total - text.size(), VRAMSCOPE_RING_TEXT_RECORD_BYTES);
-            if (Load(&t.kind, __ATOMIC_RELAXED) != VRAMSCOPE_RING_KIND_TEXT) valid = false;
-            text.append(t.payload.text, want);
-          }
-          if (text.size() != total) valid = false;
-          consumed += n;
-        }
-      }
-    }
-    if (record.kind == VRAMSCOPE_RING_KIND_LABELS) {
-      const LabelsRead read =
-          ReadLabelsRecords(records_, capacity, cursor_, head - cursor_, &labels_, &consumed);
-      if (read == LabelsRead::kIncomplete && writer_alive()) break;  // still being written
-      valid = read == LabelsRead::kTaken;
-      if (valid) AppendProcessStart(out);  // consumers keep the latest ProcessStart
-    } else if (record.kind == VRAMSCOPE_RING_KIND_MODULE) {
-      valid = sites_.AddModule(record).ok();
-    } else if (record.kind == VRAMSCOPE_RING_KIND_SITE) {
-      v1::Event* event = out->Add();
-      const absl::StatusOr<bool> complete = sites_.AddSite(record, event);
-      if (!complete.ok() || !*complete) out->RemoveLast();
-      valid = complete.ok();
-    } else if (valid) {
-      v1::Event* event = out->Add();
-      if (DecodeRecord(record, text, event).ok()) {
-        if (record.time_ns > last_time_ns_) last_time_ns_ = record.time_ns;
-        if (event->has_process_exit()) exit_seen_ = true;
-      } else {
-        out->RemoveLast();
-        valid = false;
-      }
-    }
+    const RecordRead read = TakeRecord(record, head, &text, out, &consumed);
+    if (read == RecordRead::kIncomplete && writer_alive()) break;  // still being written
+    const bool valid = read == RecordRead::kTaken;
     if (!valid) {
       ++stats.invalid;
       ++lost;
@@ -590,6 +561,66 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
   // Hand the slots back to the writers, after every copy above.
   if (options_.commit_in_drain) CommitTail();
 
+  AppendDropsAndEnd(out, dropped_now, lost, &alive, &stats);
+  stats.events = static_cast<std::uint64_t>(out->size() - events_before);
+  return stats;
+}
+
+void RingReader::DescribeNewDevices(google::protobuf::RepeatedPtrField<v1::Event>* out) {
+  std::uint32_t devices_known = 0;
+  for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
+    if (Load(&header_->device_info[d].valid) == 1) devices_known |= 1u << d;
+  }
+  if (!started_ || devices_known != devices_described_) {
+    AppendProcessStart(out);
+    started_ = true;
+    devices_described_ = devices_known;
+  }
+}
+
+RecordRead RingReader::TakeRecord(const vramscope_ring_record& record, std::uint64_t head,
+                                  std::string* text,
+                                  google::protobuf::RepeatedPtrField<v1::Event>* out,
+                                  std::uint64_t* consumed) {
+  text->clear();
+  if (record.kind == VRAMSCOPE_RING_KIND_NVTX_PUSH) {
+    const RecordRead read =
+        ReadNvtxText(records_, info_.capacity, cursor_, head, record, text, consumed);
+    if (read != RecordRead::kTaken) return read;
+  }
+  if (record.kind == VRAMSCOPE_RING_KIND_LABELS) {
+    const LabelsRead read =
+        ReadLabelsRecords(records_, info_.capacity, cursor_, head - cursor_, &labels_, consumed);
+    if (read == LabelsRead::kIncomplete) return RecordRead::kIncomplete;
+    if (read != LabelsRead::kTaken) return RecordRead::kInvalid;
+    AppendProcessStart(out);  // consumers keep the latest ProcessStart
+    return RecordRead::kTaken;
+  }
+  if (record.kind == VRAMSCOPE_RING_KIND_MODULE) {
+    return sites_.AddModule(record).ok() ? RecordRead::kTaken : RecordRead::kInvalid;
+  }
+  v1::Event* event = out->Add();
+  if (record.kind == VRAMSCOPE_RING_KIND_SITE) {
+    const absl::StatusOr<bool> complete = sites_.AddSite(record, event);
+    if (!complete.ok() || !*complete) out->RemoveLast();
+    return complete.ok() ? RecordRead::kTaken : RecordRead::kInvalid;
+  }
+  if (!DecodeRecord(record, *text, event).ok()) {
+    out->RemoveLast();
+    return RecordRead::kInvalid;
+  }
+  if (record.time_ns > last_time_ns_) last_time_ns_ = record.time_ns;
+  if (event->has_process_exit()) exit_seen_ = true;
+  return RecordRead::kTaken;
+}
+
+void RingReader::AppendDropsAndEnd(google::protobuf::RepeatedPtrField<v1::Event>* out,
+                                   std::uint64_t dropped_now, std::uint64_t lost, int* alive,
+                                   DrainStats* stats) {
+  auto writer_alive = [&] {
+    if (*alive < 0) *alive = WriterAlive() ? 1 : 0;
+    return *alive == 1;
+  };
   const std::uint64_t writer_drops = dropped_now > dropped_seen_ ? dropped_now - dropped_seen_ : 0;
   dropped_seen_ = std::max(dropped_seen_, dropped_now);
   if (writer_drops + lost > 0) {
@@ -598,7 +629,7 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
     v1::DropEvent* drop = event->mutable_drop();
     drop->set_dropped_records(writer_drops + lost);
     drop->set_first_sequence(cursor_);
-    stats.dropped = writer_drops + lost;
+    stats->dropped = writer_drops + lost;
   }
 
   const bool drained = cursor_ == Load(&header_->head);
@@ -610,7 +641,7 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
       event->set_time_ns(last_time_ns_);
       event->mutable_drop()->set_dropped_records(late - dropped_seen_);
       event->mutable_drop()->set_first_sequence(cursor_);
-      stats.dropped += late - dropped_seen_;
+      stats->dropped += late - dropped_seen_;
       dropped_seen_ = late;
     }
     if (!exit_seen_) {
@@ -628,12 +659,10 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
       event->set_time_ns(end);
     }
     finished_ = true;
-    stats.finished = true;
-  } else if (alive == 1) {
+    stats->finished = true;
+  } else if (*alive == 1) {
     seen_alive_ = true;
   }
-  stats.events = static_cast<std::uint64_t>(out->size() - events_before);
-  return stats;
 }
 
 }  // namespace vramscope::agent

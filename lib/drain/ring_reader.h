@@ -87,6 +87,13 @@ struct RingInfo {
   std::vector<std::string> command_line;
 };
 
+// What taking the record group at a ring reader's cursor found.
+enum class RecordRead {
+  kTaken,       // decoded (or folded into the reader's state)
+  kInvalid,     // corrupt: the group's slots are skipped and counted as lost
+  kIncomplete,  // a continuation is claimed but not yet published: read again later
+};
+
 struct DrainStats {
   std::uint64_t records = 0;  // ring records consumed this call
   std::uint64_t events = 0;   // events appended this call
@@ -183,6 +190,22 @@ class RingReader {
   void AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event>* out);
   absl::StatusOr<DrainStats> DrainMapped(google::protobuf::RepeatedPtrField<v1::Event>* out,
                                          std::size_t max_records, const RingFaultScope& scope);
+  // ProcessStart first, and again whenever the shim has described another device since (it
+  // fills device_info as contexts appear); consumers keep the latest.
+  void DescribeNewDevices(google::protobuf::RepeatedPtrField<v1::Event>* out);
+  // Takes the record group starting at the cursor (`record`, a copy of its first slot; `head`
+  // as last read): NVTX text into *text, LABELS into labels_, MODULE and SITE into sites_, the
+  // rest decoded into `out`. *consumed: the slots the group takes.
+  RecordRead TakeRecord(const vramscope_ring_record& record, std::uint64_t head, std::string* text,
+                        google::protobuf::RepeatedPtrField<v1::Event>* out,
+                        std::uint64_t* consumed);
+  // DrainMapped's end: a DropEvent for the writer's drops since `dropped_now` was read plus the
+  // `lost` slots; once the ring is drained and its writer gone, late drops and the ProcessExit
+  // (a vanished one when the writer's record is missing). *alive: WriterAlive() once asked
+  // (-1: not yet).
+  void AppendDropsAndEnd(google::protobuf::RepeatedPtrField<v1::Event>* out,
+                         std::uint64_t dropped_now, std::uint64_t lost, int* alive,
+                         DrainStats* stats);
   // The mapping this reader guards (nullptr for memory rings, which cannot shrink).
   void* guarded_base() const { return fd_ >= 0 ? base_ : nullptr; }
   // Notes a fault `scope` saw: the reader is damaged from now on.

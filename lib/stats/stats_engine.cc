@@ -259,25 +259,9 @@ void ProcessStatsEngine::Add(const v1::Event& event) {
     case v1::Event::kNvtxPop:
       OnNvtxPop(event);
       break;
-    case v1::Event::kOom: {
-      Device& device = DeviceFor(event.device());
-      ++device.oom_count;
-      if (device.ooms.size() < options_.max_ooms) {
-        const v1::OomEvent& oom = event.oom();
-        v1::OomRecord& record = device.ooms.emplace_back();
-        record.set_time_ns(t);
-        record.set_requested_bytes(oom.requested_bytes());
-        record.set_free_bytes(oom.free_bytes());
-        record.set_largest_free_block_bytes(oom.largest_free_block_bytes());
-        v1::OomVerdict verdict = oom.verdict();
-        if (verdict == v1::OOM_VERDICT_UNSPECIFIED) {
-          verdict = oom.free_bytes() >= oom.requested_bytes() ? v1::OOM_VERDICT_FRAGMENTATION
-                                                              : v1::OOM_VERDICT_CAPACITY;
-        }
-        record.set_verdict(verdict);
-      }
+    case v1::Event::kOom:
+      OnOom(event);
       break;
-    }
     case v1::Event::kPoolState:
       OnPoolState(event.pool_state(), DeviceFor(event.device()));
       break;
@@ -309,6 +293,26 @@ void ProcessStatsEngine::Add(const v1::Event& event) {
   if (saturated_now_) {
     saturated_now_ = false;
     ++saturated_events_;
+  }
+}
+
+void ProcessStatsEngine::OnOom(const v1::Event& event) {
+  const std::uint64_t t = event.time_ns();
+  Device& device = DeviceFor(event.device());
+  ++device.oom_count;
+  if (device.ooms.size() < options_.max_ooms) {
+    const v1::OomEvent& oom = event.oom();
+    v1::OomRecord& record = device.ooms.emplace_back();
+    record.set_time_ns(t);
+    record.set_requested_bytes(oom.requested_bytes());
+    record.set_free_bytes(oom.free_bytes());
+    record.set_largest_free_block_bytes(oom.largest_free_block_bytes());
+    v1::OomVerdict verdict = oom.verdict();
+    if (verdict == v1::OOM_VERDICT_UNSPECIFIED) {
+      verdict = oom.free_bytes() >= oom.requested_bytes() ? v1::OOM_VERDICT_FRAGMENTATION
+                                                          : v1::OOM_VERDICT_CAPACITY;
+    }
+    record.set_verdict(verdict);
   }
 }
 
@@ -788,34 +792,7 @@ std::uint64_t ProcessStatsEngine::LastEventWallNs() const {
 
 v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
   v1::Report report;
-  v1::ProcessKey* key = report.mutable_process();
-  if (has_key_) *key = key_;
-  if (has_start_) {
-    if (key->pid() == 0) key->set_pid(start_.pid());
-    if (key->host().empty()) key->set_host(start_.host());
-    *report.mutable_command_line() = start_.command_line();
-    report.set_mode(start_.mode());
-    report.set_uid(start_.uid());
-    report.set_identity(start_.identity());
-    *report.mutable_labels() = start_.labels();
-  }
-  report.set_saturated_events(saturated_events_);
-  report.set_finished(finished_);
-  report.set_exit_code(exit_code_);
-  report.set_killed(killed_);
-  report.set_signal(signal_);
-  report.set_vanished(vanished_);
-  report.set_events(events_);
-  // Wall-clock when the key carries the start time (the ring's), else the event clock.
-  const std::uint64_t origin = has_start_ ? start_monotonic_ns_ : first_time_ns_;
-  if (key->start_time_ns() != 0) {
-    report.set_start_time_ns(key->start_time_ns());
-    report.set_end_time_ns(
-        AddClamped(key->start_time_ns(), SubtractSaturating(last_time_ns_, origin)));
-  } else {
-    report.set_start_time_ns(origin);
-    report.set_end_time_ns(last_time_ns_);
-  }
+  ReportProcess(&report);
 
   // Ranges still open are reported as if they closed at the last event.
   std::vector<RangeAgg> ranges = ranges_;
@@ -846,125 +823,179 @@ v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
 
   for (const Device* d : sorted) {
     v1::DeviceReport* out = report.add_devices();
-    out->mutable_device()->set_ordinal(d->id);
-    if (has_start_) {
-      for (const v1::DeviceInfo& info : start_.devices()) {
-        if (info.ordinal() == d->id) *out->mutable_device() = info;
-      }
-    }
-    const DeviceGauges g = Figures(*d);
-    const std::uint64_t cur_req = g.requested, cur_alloc = g.allocated, cur_res = g.reserved;
-    const std::uint64_t peak_alloc = g.peak_allocated, peak_res = g.peak_reserved;
-    const std::uint64_t dropped = g.dropped_records;
-    out->set_current_requested_bytes(cur_req);
-    out->set_peak_requested_bytes(g.peak_requested);
-    out->set_current_allocated_bytes(cur_alloc);
-    out->set_peak_allocated_bytes(peak_alloc);
-    out->set_current_reserved_bytes(cur_res);
-    out->set_peak_reserved_bytes(peak_res);
-    out->set_reserved_over_allocated(
-        peak_alloc == 0 ? 0.0 : static_cast<double>(peak_res) / static_cast<double>(peak_alloc));
-    FillFragmentation(d->has_pool_state, d->pool_state, cur_req, cur_alloc, cur_res,
-                      out->mutable_fragmentation());
-    FillFragmentation(d->at_peak_has_state, d->at_peak_state, d->at_peak_requested,
-                      d->at_peak_allocated, d->peak_reserved, out->mutable_fragmentation_at_peak());
-    out->set_alloc_count(d->alloc_count);
-    out->set_free_count(d->free_count);
-    out->set_allocs_per_second(seconds > 0 ? static_cast<double>(d->alloc_count) / seconds : 0.0);
-    out->set_pool_reserve_count(d->reserve_count);
-    out->set_pool_release_count(d->release_count);
-    for (const v1::OomRecord& oom : d->ooms) *out->add_ooms() = oom;
-
-    // NVTX ranges touched on this device, highest peak first.
-    std::vector<std::pair<const RangeAgg*, const RangeAgg::PerDevice*>> device_ranges;
-    for (const RangeAgg& agg : ranges) {
-      if (d->slot < agg.devices.size() && agg.devices[d->slot].touched) {
-        device_ranges.emplace_back(&agg, &agg.devices[d->slot]);
-      }
-    }
-    std::sort(device_ranges.begin(), device_ranges.end(), [](const auto& a, const auto& b) {
-      if (a.second->peak_allocated != b.second->peak_allocated) {
-        return a.second->peak_allocated > b.second->peak_allocated;
-      }
-      return a.first->name < b.first->name;
-    });
-    if (device_ranges.size() > options_.max_nvtx_ranges) {
-      device_ranges.resize(options_.max_nvtx_ranges);
-    }
-    for (const auto& [agg, per] : device_ranges) {
-      v1::NvtxRangeStats* stats = out->add_nvtx_ranges();
-      stats->set_name(agg->name);
-      stats->set_domain(agg->domain);
-      stats->set_count(agg->count);
-      stats->set_peak_allocated_bytes(per->peak_allocated);
-      stats->set_net_growth_bytes(per->net_growth);
-      stats->set_alloc_count(per->alloc_count);
-      stats->set_total_time_ns(agg->total_time_ns);
-    }
-
-    if (details) {
-      // Top sites by peak live bytes.
-      std::vector<std::pair<std::uint64_t, const Site*>> sites;
-      sites.reserve(d->sites.size());
-      for (const auto& [site, stats] : d->sites) sites.emplace_back(site, &stats);
-      std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) {
-        if (a.second->peak_live_bytes != b.second->peak_live_bytes) {
-          return a.second->peak_live_bytes > b.second->peak_live_bytes;
-        }
-        return a.first < b.first;
-      });
-      if (sites.size() > options_.max_top_sites) sites.resize(options_.max_top_sites);
-      for (const auto& [site, stats] : sites) {
-        v1::SiteStats* s = out->add_top_sites();
-        s->set_site(site);
-        auto frames = site_frames_.find(site);
-        if (frames != site_frames_.end()) {
-          for (const std::string& frame : frames->second) s->add_frames(frame);
-        }
-        s->set_alloc_count(stats->alloc_count);
-        s->set_total_bytes(stats->total_bytes);
-        s->set_peak_live_bytes(stats->peak_live_bytes);
-      }
-      d->timeline.AppendTo(out->mutable_timeline());
-    }
-    for (const RangeInstance& instance : instances) {
-      if (d->slot >= instance.devices_seen) continue;
-      v1::NvtxRangeInstance* shown = out->add_nvtx_instances();
-      shown->set_name(ranges[instance.agg].name);
-      shown->set_domain(ranges[instance.agg].domain);
-      shown->set_start_ns(instance.start_ns);
-      shown->set_end_ns(instance.end_ns);
-      shown->set_depth(instance.depth);
-      shown->set_thread_id(instance.thread_id);
-    }
-    out->set_nvtx_instances_dropped(instances_dropped);
-    if (allocations == ReportAllocations::kInclude) ListAllocations(*d, out);
-    out->set_dropped_records(dropped);
-    if (d->has_cupti) {
-      v1::CuptiStats* cupti = out->mutable_cupti();
-      *cupti = d->cupti;
-      for (int k = 0; k < kCuptiMemoryKinds; ++k) {
-        if (d->cupti_kind_peak[k] == 0) continue;
-        (*cupti->mutable_peak_bytes_by_memory_kind())[kCuptiMemoryKindNames[k]] =
-            d->cupti_kind_peak[k];
-        (*cupti->mutable_current_bytes_by_memory_kind())[kCuptiMemoryKindNames[k]] =
-            d->cupti_kind_current[k];
-      }
-    }
-    for (int k = 0; k < kKinds; ++k) {
-      if (d->kind_peak[k] != 0) (*out->mutable_peak_bytes_by_kind())[KindName(k)] = d->kind_peak[k];
-    }
-    if (d->any_site) {
-      for (std::size_t i = 0; i < d->libraries.size(); ++i) {
-        if (d->libraries[i].peak == 0) continue;
-        (*out->mutable_peak_requested_bytes_by_library())[library_names_[i]] = d->libraries[i].peak;
-      }
-      out->set_unattributed_peak_requested_bytes(d->no_site_peak);
-    }
+    ReportDeviceFigures(*d, seconds, out);
+    ReportNvtxRanges(*d, ranges, out);
+    if (details) ReportTopSites(*d, out);
+    ReportDeviceRest(*d, ranges, instances, instances_dropped, allocations, out);
   }
 
+  if (details) ReportLeaks(&report);
+  ReportAllocationSites(&report);
+  return report;
+}
+
+void ProcessStatsEngine::ReportProcess(v1::Report* report) const {
+  v1::ProcessKey* key = report->mutable_process();
+  if (has_key_) *key = key_;
+  if (has_start_) {
+    if (key->pid() == 0) key->set_pid(start_.pid());
+    if (key->host().empty()) key->set_host(start_.host());
+    *report->mutable_command_line() = start_.command_line();
+    report->set_mode(start_.mode());
+    report->set_uid(start_.uid());
+    report->set_identity(start_.identity());
+    *report->mutable_labels() = start_.labels();
+  }
+  report->set_saturated_events(saturated_events_);
+  report->set_finished(finished_);
+  report->set_exit_code(exit_code_);
+  report->set_killed(killed_);
+  report->set_signal(signal_);
+  report->set_vanished(vanished_);
+  report->set_events(events_);
+  // Wall-clock when the key carries the start time (the ring's), else the event clock.
+  const std::uint64_t origin = has_start_ ? start_monotonic_ns_ : first_time_ns_;
+  if (key->start_time_ns() != 0) {
+    report->set_start_time_ns(key->start_time_ns());
+    report->set_end_time_ns(
+        AddClamped(key->start_time_ns(), SubtractSaturating(last_time_ns_, origin)));
+  } else {
+    report->set_start_time_ns(origin);
+    report->set_end_time_ns(last_time_ns_);
+  }
+}
+
+void ProcessStatsEngine::ReportDeviceFigures(const Device& d, double seconds,
+                                             v1::DeviceReport* out) const {
+  out->mutable_device()->set_ordinal(d.id);
+  if (has_start_) {
+    for (const v1::DeviceInfo& info : start_.devices()) {
+      if (info.ordinal() == d.id) *out->mutable_device() = info;
+    }
+  }
+  const DeviceGauges g = Figures(d);
+  const std::uint64_t cur_req = g.requested, cur_alloc = g.allocated, cur_res = g.reserved;
+  const std::uint64_t peak_alloc = g.peak_allocated, peak_res = g.peak_reserved;
+  out->set_dropped_records(g.dropped_records);
+  out->set_current_requested_bytes(cur_req);
+  out->set_peak_requested_bytes(g.peak_requested);
+  out->set_current_allocated_bytes(cur_alloc);
+  out->set_peak_allocated_bytes(peak_alloc);
+  out->set_current_reserved_bytes(cur_res);
+  out->set_peak_reserved_bytes(peak_res);
+  out->set_reserved_over_allocated(
+      peak_alloc == 0 ? 0.0 : static_cast<double>(peak_res) / static_cast<double>(peak_alloc));
+  FillFragmentation(d.has_pool_state, d.pool_state, cur_req, cur_alloc, cur_res,
+                    out->mutable_fragmentation());
+  FillFragmentation(d.at_peak_has_state, d.at_peak_state, d.at_peak_requested, d.at_peak_allocated,
+                    d.peak_reserved, out->mutable_fragmentation_at_peak());
+  out->set_alloc_count(d.alloc_count);
+  out->set_free_count(d.free_count);
+  out->set_allocs_per_second(seconds > 0 ? static_cast<double>(d.alloc_count) / seconds : 0.0);
+  out->set_pool_reserve_count(d.reserve_count);
+  out->set_pool_release_count(d.release_count);
+  for (const v1::OomRecord& oom : d.ooms) *out->add_ooms() = oom;
+}
+
+void ProcessStatsEngine::ReportNvtxRanges(const Device& d, const std::vector<RangeAgg>& ranges,
+                                          v1::DeviceReport* out) const {
+  // NVTX ranges touched on this device, highest peak first.
+  std::vector<std::pair<const RangeAgg*, const RangeAgg::PerDevice*>> device_ranges;
+  for (const RangeAgg& agg : ranges) {
+    if (d.slot < agg.devices.size() && agg.devices[d.slot].touched) {
+      device_ranges.emplace_back(&agg, &agg.devices[d.slot]);
+    }
+  }
+  std::sort(device_ranges.begin(), device_ranges.end(), [](const auto& a, const auto& b) {
+    if (a.second->peak_allocated != b.second->peak_allocated) {
+      return a.second->peak_allocated > b.second->peak_allocated;
+    }
+    return a.first->name < b.first->name;
+  });
+  if (device_ranges.size() > options_.max_nvtx_ranges) {
+    device_ranges.resize(options_.max_nvtx_ranges);
+  }
+  for (const auto& [agg, per] : device_ranges) {
+    v1::NvtxRangeStats* stats = out->add_nvtx_ranges();
+    stats->set_name(agg->name);
+    stats->set_domain(agg->domain);
+    stats->set_count(agg->count);
+    stats->set_peak_allocated_bytes(per->peak_allocated);
+    stats->set_net_growth_bytes(per->net_growth);
+    stats->set_alloc_count(per->alloc_count);
+    stats->set_total_time_ns(agg->total_time_ns);
+  }
+}
+
+void ProcessStatsEngine::ReportTopSites(const Device& d, v1::DeviceReport* out) const {
+  // Top sites by peak live bytes.
+  std::vector<std::pair<std::uint64_t, const Site*>> sites;
+  sites.reserve(d.sites.size());
+  for (const auto& [site, stats] : d.sites) sites.emplace_back(site, &stats);
+  std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) {
+    if (a.second->peak_live_bytes != b.second->peak_live_bytes) {
+      return a.second->peak_live_bytes > b.second->peak_live_bytes;
+    }
+    return a.first < b.first;
+  });
+  if (sites.size() > options_.max_top_sites) sites.resize(options_.max_top_sites);
+  for (const auto& [site, stats] : sites) {
+    v1::SiteStats* s = out->add_top_sites();
+    s->set_site(site);
+    auto frames = site_frames_.find(site);
+    if (frames != site_frames_.end()) {
+      for (const std::string& frame : frames->second) s->add_frames(frame);
+    }
+    s->set_alloc_count(stats->alloc_count);
+    s->set_total_bytes(stats->total_bytes);
+    s->set_peak_live_bytes(stats->peak_live_bytes);
+  }
+}
+
+void ProcessStatsEngine::ReportDeviceRest(const Device& d, const std::vector<RangeAgg>& ranges,
+                                          const std::vector<RangeInstance>& instances,
+                                          std::uint64_t instances_dropped,
+                                          ReportAllocations allocations,
+                                          v1::DeviceReport* out) const {
+  if (allocations != ReportAllocations::kFiguresOnly) d.timeline.AppendTo(out->mutable_timeline());
+  for (const RangeInstance& instance : instances) {
+    if (d.slot >= instance.devices_seen) continue;
+    v1::NvtxRangeInstance* shown = out->add_nvtx_instances();
+    shown->set_name(ranges[instance.agg].name);
+    shown->set_domain(ranges[instance.agg].domain);
+    shown->set_start_ns(instance.start_ns);
+    shown->set_end_ns(instance.end_ns);
+    shown->set_depth(instance.depth);
+    shown->set_thread_id(instance.thread_id);
+  }
+  out->set_nvtx_instances_dropped(instances_dropped);
+  if (allocations == ReportAllocations::kInclude) ListAllocations(d, out);
+  if (d.has_cupti) {
+    v1::CuptiStats* cupti = out->mutable_cupti();
+    *cupti = d.cupti;
+    for (int k = 0; k < kCuptiMemoryKinds; ++k) {
+      if (d.cupti_kind_peak[k] == 0) continue;
+      (*cupti->mutable_peak_bytes_by_memory_kind())[kCuptiMemoryKindNames[k]] =
+          d.cupti_kind_peak[k];
+      (*cupti->mutable_current_bytes_by_memory_kind())[kCuptiMemoryKindNames[k]] =
+          d.cupti_kind_current[k];
+    }
+  }
+  for (int k = 0; k < kKinds; ++k) {
+    if (d.kind_peak[k] != 0) (*out->mutable_peak_bytes_by_kind())[KindName(k)] = d.kind_peak[k];
+  }
+  if (d.any_site) {
+    for (std::size_t i = 0; i < d.libraries.size(); ++i) {
+      if (d.libraries[i].peak == 0) continue;
+      (*out->mutable_peak_requested_bytes_by_library())[library_names_[i]] = d.libraries[i].peak;
+    }
+    out->set_unattributed_peak_requested_bytes(d.no_site_peak);
+  }
+}
+
+void ProcessStatsEngine::ReportLeaks(v1::Report* report) const {
   // Leaks: what is still live once the process ended, largest first, per device.
-  if (finished_ && details) {
+  if (finished_) {
     std::vector<std::pair<std::uint64_t, const Live*>> leaks;
     for (const auto& [address, live] : live_) leaks.emplace_back(address, &live);
     std::sort(leaks.begin(), leaks.end(), [](const auto& a, const auto& b) {
@@ -972,12 +1003,12 @@ v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
         return a.second->requested > b.second->requested;
       return a.first < b.first;
     });
-    std::vector<std::size_t> per_device(report.devices_size(), 0);
+    std::vector<std::size_t> per_device(report->devices_size(), 0);
     for (const auto& [address, live] : leaks) {
-      for (int i = 0; i < report.devices_size(); ++i) {
-        if (report.devices(i).device().ordinal() != live->device) continue;
+      for (int i = 0; i < report->devices_size(); ++i) {
+        if (report->devices(i).device().ordinal() != live->device) continue;
         if (per_device[i]++ >= options_.max_leaks) break;
-        v1::Leak* leak = report.mutable_devices(i)->add_leaks();
+        v1::Leak* leak = report->mutable_devices(i)->add_leaks();
         leak->set_address(address);
         leak->set_requested_bytes(live->requested);
         leak->set_kind(live->kind);
@@ -987,8 +1018,11 @@ v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
       }
     }
   }
+}
+
+void ProcessStatsEngine::ReportAllocationSites(v1::Report* report) const {
   // The frames of every site the allocations and leaks name.
-  for (v1::DeviceReport& device : *report.mutable_devices()) {
+  for (v1::DeviceReport& device : *report->mutable_devices()) {
     std::vector<std::uint64_t> sites;
     for (const v1::AllocationRecord& a : device.allocations()) sites.push_back(a.site());
     for (const v1::Leak& leak : device.leaks()) sites.push_back(leak.site());
@@ -998,7 +1032,6 @@ v1::Report ProcessStatsEngine::Report(ReportAllocations allocations) const {
       if (site != 0) AddAllocationSite(site, &device);
     }
   }
-  return report;
 }
 
 void ProcessStatsEngine::AddAllocationSite(std::uint64_t site, v1::DeviceReport* out) const {

@@ -190,6 +190,8 @@ class ProcessStatsEngine {
   void AddLibraryBytes(Device& device, std::uint32_t library, std::uint64_t bytes);
   void OnAlloc(const v1::Event& event, Device& device);
   void OnFree(const v1::Event& event);
+  // Counts an OOM and keeps its record (up to max_ooms), with a verdict if the shim gave none.
+  void OnOom(const v1::Event& event);
   // Keeps a freed allocation for DeviceReport.allocations (live at the peak, or among the
   // largest).
   void KeepFreed(Device& device, std::uint64_t address, const Live& live, std::uint64_t free_ns);
@@ -198,6 +200,20 @@ class ProcessStatsEngine {
   void OfferLargest(Device& device, const Freed& freed) const;
   void ListAllocations(const Device& device, v1::DeviceReport* out) const;
   void AddAllocationSite(std::uint64_t site, v1::DeviceReport* out) const;
+  // Report()'s parts: the process fields; per device its figures, NVTX ranges (`ranges`: with
+  // the open ones closed), top sites, then timeline, range instances, allocations, CUPTI and
+  // bytes by kind and library; the leaks per device; the frames of the sites they name.
+  void ReportProcess(v1::Report* report) const;
+  void ReportDeviceFigures(const Device& d, double seconds, v1::DeviceReport* out) const;
+  void ReportNvtxRanges(const Device& d, const std::vector<RangeAgg>& ranges,
+                        v1::DeviceReport* out) const;
+  void ReportTopSites(const Device& d, v1::DeviceReport* out) const;
+  void ReportDeviceRest(const Device& d, const std::vector<RangeAgg>& ranges,
+                        const std::vector<RangeInstance>& instances,
+                        std::uint64_t instances_dropped, ReportAllocations allocations,
+                        v1::DeviceReport* out) const;
+  void ReportLeaks(v1::Report* report) const;
+  void ReportAllocationSites(v1::Report* report) const;
   void OnReserve(Device& device, std::uint64_t bytes, std::uint64_t time_ns);
   void OnRelease(Device& device, std::uint64_t bytes, std::uint64_t time_ns);
   void OnPoolState(const v1::PoolStateEvent& state, Device& device);

@@ -2,9 +2,9 @@
 # Golden test for `vramscope replay`: runs the real executable with --json on one trace and checks
 # that every field of EXPECTED (a JSON object, one "key": value per line, as update_golden.sh
 # writes it) appears in the output with exactly that value. Extra KEY=VALUE arguments check more
-# fields (the traces README's peak live, for instance).
+# fields (the traces README's peak live, for instance); KEY<VALUE checks a number is below VALUE.
 #
-# usage: golden_test.sh VRAMSCOPE TRACE (EXPECTED.json | KEY=VALUE)... [-- REPLAY_ARGS...]
+# usage: golden_test.sh VRAMSCOPE TRACE (EXPECTED.json | KEY=VALUE | KEY<VALUE)... [-- ARGS...]
 set -uo pipefail
 exe=${1:?usage: golden_test.sh VRAMSCOPE TRACE (EXPECTED.json | KEY=VALUE)... [-- ARGS...]}
 trace=${2:?missing TRACE}
@@ -40,6 +40,15 @@ for check in "${checks[@]}"; do
     while IFS= read -r key; do
       compare "$key" "$(field "$key" < "$check")"
     done < <(sed -n 's/^ *"\([a-z_]*\)": .*/\1/p' "$check")
+  elif [[ "$check" == *"<"* ]]; then
+    key=${check%%<*} bound=${check#*<}
+    got=$(printf '%s\n' "$actual" | field "$key")
+    if [ -n "$got" ] && awk -v a="$got" -v b="$bound" 'BEGIN { exit !(a + 0 < b + 0) }'; then
+      echo "ok: $key = $got < $bound"
+    else
+      echo "FAIL: $trace: $key is ${got:-<missing>}, expected below $bound" >&2
+      failed=1
+    fi
   elif [[ "$check" == *=* ]]; then
     compare "${check%%=*}" "${check#*=}"
   else

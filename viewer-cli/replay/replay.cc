@@ -157,98 +157,87 @@ absl::Status FreeFailed(const ReplayOp& op, PoolStatus status) {
                       op.slot, op.size, vramscope::pool::PoolStatusName(status)));
 }
 
-}  // namespace
-
-std::string_view FenceModelName(FenceModel model) {
-  switch (model) {
-    case FenceModel::kNone:
-      return "none";
-    case FenceModel::kEvents:
-      return "events";
-    case FenceModel::kDeviceSync:
-      return "devsync";
-  }
-  return "none";
-}
-
-absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_view policy,
-                                         const ReplayProgress& progress,
-                                         const ReplayOptions& options) {
+// The measured run: every op through a fresh pool (under the fence model, if any), peaks and
+// fragmentation at peak into *result. Fails only on a pool bug (a refused free).
+absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
+                         const ReplayProgress& progress, const ReplayOptions& options,
+                         ReplayResult* result) {
   const std::vector<ReplayOp>& ops = trace.ops;
   std::vector<std::uintptr_t> addresses(trace.alloc_events, 0);  // by slot; 0 = not allocated
-  ReplayResult result;
-  result.options = options;
-
-  // Measured run.
-  {
-    const bool modelled = options.fence != FenceModel::kNone;
-    ModelFences model(options);
-    absl::StatusOr<std::unique_ptr<PoolUnderTest>> made =
-        MakePoolUnderTest(policy, modelled ? &model : nullptr);
-    if (!made.ok()) return made.status();
-    PoolUnderTest& t = **made;
-    result.policy = std::string(t.pool->policy());
-    std::uint64_t physical_high = 0;
-    constexpr std::uint64_t kLagFloor = std::uint64_t{16} << 20;
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      const ReplayOp& op = ops[i];
-      if (modelled) model.Advance(op.time_us);
-      if (op.is_free) {
-        if (addresses[op.slot] == 0) continue;  // its alloc failed
-        const std::uint64_t fence = modelled ? model.Free(op, &result) : 0;
-        PoolStatus status = t.pool->Free(addresses[op.slot], fence);
-        if (status != PoolStatus::kOk) return FreeFailed(op, status);
-        addresses[op.slot] = 0;
-      } else {
-        PoolStatus status = PoolStatus::kOutOfMemory;
-        if (options.fence == FenceModel::kEvents && options.lag_fraction != 0) {
-          // The shim's lag bound (EventLagWait): wait for the oldest fences rather than grow.
-          auto due = [&] {
-            const std::uint64_t pending = t.pool->PendingBytesRelaxed();
-            return pending >= op.size && pending >= kLagFloor &&
-                   pending >= t.upstream.Counters().current_physical_bytes / options.lag_fraction;
-          };
-          if (due()) {
+  const bool modelled = options.fence != FenceModel::kNone;
+  ModelFences model(options);
+  absl::StatusOr<std::unique_ptr<PoolUnderTest>> made =
+      MakePoolUnderTest(policy, modelled ? &model : nullptr);
+  if (!made.ok()) return made.status();
+  PoolUnderTest& t = **made;
+  result->policy = std::string(t.pool->policy());
+  std::uint64_t physical_high = 0;
+  constexpr std::uint64_t kLagFloor = std::uint64_t{16} << 20;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const ReplayOp& op = ops[i];
+    if (modelled) model.Advance(op.time_us);
+    if (op.is_free) {
+      if (addresses[op.slot] == 0) continue;  // its alloc failed
+      const std::uint64_t fence = modelled ? model.Free(op, result) : 0;
+      PoolStatus status = t.pool->Free(addresses[op.slot], fence);
+      if (status != PoolStatus::kOk) return FreeFailed(op, status);
+      addresses[op.slot] = 0;
+    } else {
+      PoolStatus status = PoolStatus::kOutOfMemory;
+      if (options.fence == FenceModel::kEvents && options.lag_fraction != 0) {
+        // The shim's lag bound (EventLagWait): wait for the oldest fences rather than grow.
+        auto due = [&] {
+          const std::uint64_t pending = t.pool->PendingBytesRelaxed();
+          return pending >= op.size && pending >= kLagFloor &&
+                 pending >= t.upstream.Counters().current_physical_bytes / options.lag_fraction;
+        };
+        if (due()) {
+          status = t.pool->AllocateCached(op.size, &addresses[op.slot], nullptr);
+          while (status != PoolStatus::kOk && due() && model.WaitOldest(result)) {
             status = t.pool->AllocateCached(op.size, &addresses[op.slot], nullptr);
-            while (status != PoolStatus::kOk && due() && model.WaitOldest(&result)) {
-              status = t.pool->AllocateCached(op.size, &addresses[op.slot], nullptr);
-            }
           }
         }
-        if (status != PoolStatus::kOk) status = t.pool->Allocate(op.size, &addresses[op.slot]);
-        if (status != PoolStatus::kOk) {
-          addresses[op.slot] = 0;
-          ++result.failed_allocs;
-          continue;
-        }
-        // Reserved bytes only grow inside an upstream call; the upstream's counter says when
-        // they reach a new high, and only then is the pool asked for its (costlier) statistics.
-        std::uint64_t physical = t.upstream.Counters().current_physical_bytes;
-        if (physical > physical_high) {
-          physical_high = physical;
-          vramscope::pool::PoolStats stats = t.pool->Stats();
-          result.free_bytes_at_peak = stats.free_bytes;
-          result.largest_free_block_at_peak =
-              std::min(stats.largest_free_block_bytes, stats.free_bytes);
-          result.fragmentation_at_peak =
-              stats.free_bytes == 0 ? 0.0
-                                    : 1.0 - static_cast<double>(result.largest_free_block_at_peak) /
-                                                static_cast<double>(stats.free_bytes);
-        }
       }
-      if (progress && i % kBatch == kBatch - 1) {
-        progress("replay", static_cast<double>(i) / static_cast<double>(ops.size()));
+      if (status != PoolStatus::kOk) status = t.pool->Allocate(op.size, &addresses[op.slot]);
+      if (status != PoolStatus::kOk) {
+        addresses[op.slot] = 0;
+        ++result->failed_allocs;
+        continue;
+      }
+      // Reserved bytes only grow inside an upstream call; the upstream's counter says when
+      // they reach a new high, and only then is the pool asked for its (costlier) statistics.
+      std::uint64_t physical = t.upstream.Counters().current_physical_bytes;
+      if (physical > physical_high) {
+        physical_high = physical;
+        vramscope::pool::PoolStats stats = t.pool->Stats();
+        result->free_bytes_at_peak = stats.free_bytes;
+        result->largest_free_block_at_peak =
+            std::min(stats.largest_free_block_bytes, stats.free_bytes);
+        result->fragmentation_at_peak =
+            stats.free_bytes == 0 ? 0.0
+                                  : 1.0 - static_cast<double>(result->largest_free_block_at_peak) /
+                                              static_cast<double>(stats.free_bytes);
       }
     }
-    result.stats = t.pool->Stats();
-    result.upstream_peak_physical_bytes = t.upstream.Counters().peak_physical_bytes;
+    if (progress && i % kBatch == kBatch - 1) {
+      progress("replay", static_cast<double>(i) / static_cast<double>(ops.size()));
+    }
   }
+  result->stats = t.pool->Stats();
+  result->upstream_peak_physical_bytes = t.upstream.Counters().peak_physical_bytes;
+  return absl::OkStatus();
+}
 
-  // Timed runs: only the pool's calls (and a vector walk) inside the clock.
+// Timed runs: only the pool's calls (and a vector walk) inside the clock; the fastest run per
+// event into result->ns_per_event.
+absl::Status TimedRuns(const LoadedTrace& trace, std::string_view policy,
+                       const ReplayProgress& progress, ReplayResult* result) {
+  const std::vector<ReplayOp>& ops = trace.ops;
+  std::vector<std::uintptr_t> addresses(trace.alloc_events, 0);
   std::chrono::nanoseconds best = std::chrono::nanoseconds::max();
   std::chrono::nanoseconds total(0);
   int planned_runs = 1;  // for the progress bar: re-estimated after the first run
-  while (result.timed_runs < kMaxTimedRuns && (result.timed_runs == 0 || total < kTimingBudget)) {
+  while (result->timed_runs < kMaxTimedRuns && (result->timed_runs == 0 || total < kTimingBudget)) {
     std::fill(addresses.begin(), addresses.end(), 0);
     absl::StatusOr<std::unique_ptr<PoolUnderTest>> made = MakePoolUnderTest(policy);
     if (!made.ok()) return made.status();
@@ -270,23 +259,50 @@ absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_v
       }
       run += std::chrono::steady_clock::now() - start;
       if (progress) {
-        progress("timing", (static_cast<double>(result.timed_runs) +
+        progress("timing", (static_cast<double>(result->timed_runs) +
                             static_cast<double>(end) / static_cast<double>(ops.size())) /
                                planned_runs);
       }
     }
-    ++result.timed_runs;
+    ++result->timed_runs;
     total += run;
     best = std::min(best, run);
-    if (result.timed_runs == 1) {
+    if (result->timed_runs == 1) {
       const auto per_run = std::max<std::chrono::nanoseconds::rep>(run.count(), 1);
       planned_runs = static_cast<int>(std::clamp<std::chrono::nanoseconds::rep>(
           (std::chrono::nanoseconds(kTimingBudget).count() + per_run - 1) / per_run, 1,
           kMaxTimedRuns));
     }
   }
-  result.ns_per_event =
+  result->ns_per_event =
       ops.empty() ? 0.0 : static_cast<double>(best.count()) / static_cast<double>(ops.size());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view FenceModelName(FenceModel model) {
+  switch (model) {
+    case FenceModel::kNone:
+      return "none";
+    case FenceModel::kEvents:
+      return "events";
+    case FenceModel::kDeviceSync:
+      return "devsync";
+  }
+  return "none";
+}
+
+absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_view policy,
+                                         const ReplayProgress& progress,
+                                         const ReplayOptions& options) {
+  ReplayResult result;
+  result.options = options;
+  if (absl::Status measured = MeasuredRun(trace, policy, progress, options, &result);
+      !measured.ok()) {
+    return measured;
+  }
+  if (absl::Status timed = TimedRuns(trace, policy, progress, &result); !timed.ok()) return timed;
   return result;
 }
 

@@ -147,14 +147,30 @@ class Page {
 
  private:
   void Process(const v1::Report& report, int r);
+  // The summary rows from "status, exit code" to "saturated events" (p: the report's path).
+  void ProcessStatusRows(const v1::Report& report, const std::string& p);
   // The labels' cell: one <code> per label, sorted by key.
   void LabelsCell(const v1::Report& report, const std::string& p);
   void Device(const v1::DeviceReport& device, const std::string& path, int r, int d, bool finished);
+  // Device's parts, in page order. DeviceOriginAndSites sets origin_ns_ and sites_ for the rest.
+  void DeviceOriginAndSites(const v1::DeviceReport& device);
+  void PeaksAndCounts(const v1::DeviceReport& device, const std::string& path, bool finished);
+  void Fragmentation(const v1::DeviceReport& device, const std::string& path);
+  void Ooms(const v1::DeviceReport& device, const std::string& path);
+  void NvtxRanges(const v1::DeviceReport& device, const std::string& path);
+  void TopSites(const v1::DeviceReport& device, const std::string& path);
+  void Leaks(const v1::DeviceReport& device, const std::string& path, bool finished);
+  void Cupti(const v1::DeviceReport& device, const std::string& path);
+  void BytesByKindAndLibrary(const v1::DeviceReport& device, const std::string& path);
   void Plot(const v1::DeviceReport& device, int r, int d);
+  // The plot's data for the script: one object appended to plots_json_.
+  void PlotData(const v1::DeviceReport& device, const std::string& id, int r, int d);
   // memory_viz's two views: active allocations over time (bands drawn by the script) and the
   // memory state at the peak (tables, largest first; by site and by library).
   void Allocations(const v1::DeviceReport& device, int r, int d);
   void PeakState(const v1::DeviceReport& device, const std::string& path);
+  // PeakState's tables by site and by library of the allocations `live` (indices) at the peak.
+  void PeakGroups(const v1::DeviceReport& device, const std::vector<int>& live);
   // A site cell: exact id in data-value, its name shown, its frames in the title.
   void SiteCell(const std::string& path, std::uint64_t site);
 
@@ -708,6 +724,16 @@ void Page::Process(const v1::Report& report, int r) {
   row("mode");
   Text(p + ".mode", "mode", report.mode());
   out_ += "</tr>\n";
+  ProcessStatusRows(report, p);
+  if (report.devices().empty()) out_ += "<p class=\"none\">no device memory was allocated</p>\n";
+  for (int d = 0; d < report.devices_size(); ++d) {
+    Device(report.devices(d), absl::StrCat(p, ".devices.", d), r, d, report.finished());
+  }
+  out_ += "</section>\n";
+}
+
+void Page::ProcessStatusRows(const v1::Report& report, const std::string& p) {
+  auto row = [&](const char* label) { absl::StrAppend(&out_, "<tr><th>", label, "</th>"); };
   row("status, exit code");
   Cell(p + ".finished", "finished", Unit::kEnum, report.finished() ? "true" : "false",
        report.finished()
@@ -756,11 +782,6 @@ void Page::Process(const v1::Report& report, int r) {
   row("saturated events");
   Num(p + ".saturated_events", "saturated_events", Unit::kCount, report.saturated_events());
   out_ += "</tr>\n</table>\n";
-  if (report.devices().empty()) out_ += "<p class=\"none\">no device memory was allocated</p>\n";
-  for (int d = 0; d < report.devices_size(); ++d) {
-    Device(report.devices(d), absl::StrCat(p, ".devices.", d), r, d, report.finished());
-  }
-  out_ += "</section>\n";
 }
 
 void Page::Device(const v1::DeviceReport& device, const std::string& path, int r, int d,
@@ -770,6 +791,40 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
                   "\" data-ordinal=\"", info.ordinal(), "\">\n<h3>cuda:", info.ordinal(),
                   info.name().empty() ? "" : absl::StrCat(" ", MarkupEscape(info.name())),
                   "</h3>\n");
+  DeviceOriginAndSites(device);
+
+  out_ += "<table class=\"device-info\">\n<tr><th>name</th>";
+  Text(path + ".device.name", "name", info.name());
+  out_ += "<th>uuid</th>";
+  Text(path + ".device.uuid", "uuid", info.uuid());
+  out_ += "<th>memory</th>";
+  Num(path + ".device.total_memory_bytes", "total_memory_bytes", Unit::kBytes,
+      info.total_memory_bytes());
+  out_ += "</tr>\n</table>\n";
+
+  Plot(device, r, d);
+  Allocations(device, r, d);
+  PeakState(device, path);
+
+  PeaksAndCounts(device, path, finished);
+
+  Fragmentation(device, path);
+
+  Ooms(device, path);
+
+  NvtxRanges(device, path);
+
+  TopSites(device, path);
+
+  Leaks(device, path, finished);
+
+  Cupti(device, path);
+
+  BytesByKindAndLibrary(device, path);
+  out_ += "</section>\n";
+}
+
+void Page::DeviceOriginAndSites(const v1::DeviceReport& device) {
   // Times of OOMs and leaks as offsets on this device's plot.
   has_origin_ = false;
   for (const v1::TimelinePoint& point : device.timeline()) {
@@ -793,20 +848,9 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     info.frames = &site.frames();
     info.library = site.library();
   }
+}
 
-  out_ += "<table class=\"device-info\">\n<tr><th>name</th>";
-  Text(path + ".device.name", "name", info.name());
-  out_ += "<th>uuid</th>";
-  Text(path + ".device.uuid", "uuid", info.uuid());
-  out_ += "<th>memory</th>";
-  Num(path + ".device.total_memory_bytes", "total_memory_bytes", Unit::kBytes,
-      info.total_memory_bytes());
-  out_ += "</tr>\n</table>\n";
-
-  Plot(device, r, d);
-  Allocations(device, r, d);
-  PeakState(device, path);
-
+void Page::PeaksAndCounts(const v1::DeviceReport& device, const std::string& path, bool finished) {
   out_ += "<h4>Peaks</h4>\n<table class=\"peaks\">\n<tr><th></th><th>peak</th><th>";
   out_ += finished ? "at exit" : "now";
   out_ += "</th></tr>\n";
@@ -851,7 +895,9 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
   count_row("NVTX range instances not plotted", "nvtx_instances_dropped",
             device.nvtx_instances_dropped());
   out_ += "</table>\n";
+}
 
+void Page::Fragmentation(const v1::DeviceReport& device, const std::string& path) {
   out_ +=
       "<h4>Fragmentation</h4>\n<table class=\"fragmentation\">\n<tr><th></th><th>"
       "now</th><th>at peak reserved</th></tr>\n";
@@ -886,7 +932,9 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     out_ += "</tr>\n";
   }
   out_ += "</table>\n";
+}
 
+void Page::Ooms(const v1::DeviceReport& device, const std::string& path) {
   out_ += "<h4>Out of memory</h4>\n";
   if (device.ooms().empty()) {
     out_ += "<p class=\"none\">none</p>\n";
@@ -908,7 +956,9 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     }
     out_ += "</table>\n";
   }
+}
 
+void Page::NvtxRanges(const v1::DeviceReport& device, const std::string& path) {
   out_ += "<h4>NVTX ranges</h4>\n";
   if (device.nvtx_ranges().empty()) {
     out_ += "<p class=\"none\">none</p>\n";
@@ -933,7 +983,9 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     }
     out_ += "</table>\n";
   }
+}
 
+void Page::TopSites(const v1::DeviceReport& device, const std::string& path) {
   out_ += "<h4>Top allocation sites</h4>\n";
   if (device.top_sites().empty()) {
     out_ += "<p class=\"none\">none</p>\n";
@@ -959,7 +1011,9 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     }
     out_ += "</table>\n";
   }
+}
 
+void Page::Leaks(const v1::DeviceReport& device, const std::string& path, bool finished) {
   out_ += "<h4>Not freed at exit</h4>\n";
   if (device.leaks().empty()) {
     out_ += finished ? "<p class=\"none\">none</p>\n"
@@ -982,7 +1036,9 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     }
     out_ += "</table>\n";
   }
+}
 
+void Page::Cupti(const v1::DeviceReport& device, const std::string& path) {
   if (device.has_cupti()) {
     // The driver's own records (CUPTI), apart from the shim's figures above.
     const v1::CuptiStats& cupti = device.cupti();
@@ -1035,7 +1091,9 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
     Num(at + "last_time_ns", "last_time_ns", Unit::kTime, cupti.last_time_ns());
     out_ += "</tr>\n</table>\n";
   }
+}
 
+void Page::BytesByKindAndLibrary(const v1::DeviceReport& device, const std::string& path) {
   out_ += "<h4>Peak bytes by allocation kind</h4>\n";
   if (device.peak_bytes_by_kind().empty()) {
     out_ += "<p class=\"none\">none</p>\n";
@@ -1075,7 +1133,6 @@ void Page::Device(const v1::DeviceReport& device, const std::string& path, int r
   Num(path + ".unattributed_peak_requested_bytes", "unattributed_peak_requested_bytes",
       Unit::kBytes, device.unattributed_peak_requested_bytes());
   out_ += "</tr>\n</table>\n";
-  out_ += "</section>\n";
 }
 
 void Page::SiteCell(const std::string& path, std::uint64_t site) {
@@ -1113,6 +1170,10 @@ void Page::Plot(const v1::DeviceReport& device, int r, int d) {
       "<noscript> (the plot needs JavaScript; the tables below do not)</noscript></figcaption>\n"
       "</figure>\n";
 
+  PlotData(device, id, r, d);
+}
+
+void Page::PlotData(const v1::DeviceReport& device, const std::string& id, int r, int d) {
   // Times relative to the plot's origin keep the numbers within a double's exact range.
   const std::uint64_t origin = has_origin_ ? origin_ns_ : 0;
   std::uint64_t end = origin;
@@ -1291,6 +1352,10 @@ void Page::PeakState(const v1::DeviceReport& device, const std::string& path) {
                     " more live at the peak (--format json for all)</p>\n");
   }
 
+  PeakGroups(device, live);
+}
+
+void Page::PeakGroups(const v1::DeviceReport& device, const std::vector<int>& live) {
   // By site and by calling library: the listed allocations live at the peak, largest first.
   struct Group {
     std::uint64_t bytes = 0;

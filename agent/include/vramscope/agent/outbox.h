@@ -51,9 +51,11 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "vramscope/v1/events.pb.h"
@@ -178,8 +180,21 @@ class Outbox {
     uint64_t replay_base = 0;  // the replayed batches follow this sequence
   };
 
+  struct SpoolFound;  // a batch file of an earlier run (outbox.cc)
+  // By process (ProcessKeyString), then sequence.
+  using SpoolFiles = std::map<std::pair<std::string, uint64_t>, SpoolFound>;
+
   // Reads an earlier run's spool into pending_ (constructor).
   void Replay() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replay's parts. ScanSpool reads the spool's files into *found, unusable ones set aside and
+  // unfinished temporaries removed (counted in *temps); false when the spool cannot be listed.
+  // QueueSpooled queues one found file's batch (a lost-batch report for an unusable one), after
+  // QueueMissing's empty batches for sequences missing before it.
+  bool ScanSpool(SpoolFiles* found, int* temps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueSpooled(const std::string& name, SpoolFound& f, uint64_t* replayed, uint64_t* lost)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void QueueMissing(const std::string& name, const v1::ProcessKey& key, uint64_t sequence,
+                    Process& process, uint64_t* lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PopAcked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Spool(Entry& entry, const v1::EventBatch& batch, uint64_t ring_end)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -179,6 +179,14 @@ class Collector {
   explicit Collector(CollectorOptions options);
   absl::Status Load(LoadReport* report);
   void LoadFile(const std::string& path, LoadReport* report);
+  // LoadFile's parts, called with process->mu held: ReadLog feeds the log's batches to the
+  // process's engine, counting events; CutDamage takes the damage the scan found out of the log
+  // (false: the file is skipped, noted in `report`); Adopt puts the loaded process in a table.
+  absl::Status ReadLog(Process* process, const std::string& path, LogScan* scan, uint64_t* events);
+  bool CutDamage(Process* process, const std::string& path, const LogScan& scan,
+                 LoadReport* report);
+  void Adopt(std::shared_ptr<Process> process, const std::string& path, const LogScan& scan,
+             uint64_t events, LoadReport* report);
   // The process of `key`, created when `sequence` is 1 (else a gap) and `writer` is under its
   // quota. A finished process found is returned as it is (Append revives it when needed).
   absl::StatusOr<std::shared_ptr<Process>> FindOrCreate(const v1::ProcessKey& key,
@@ -199,6 +207,8 @@ class Collector {
   std::vector<std::shared_ptr<Process>> Matching(const std::vector<v1::ProcessKey>& keys) const;
   // After `batch` was stored for `process` (lock held): event count, end time, ingest lag.
   void CountStored(Process* process, const v1::EventBatch& batch, bool was_finished);
+  // Retires a finished process and queues its history row (with process->mu held).
+  void QueueFinishedRun(Process* process, bool newly_finished);
 
   const CollectorOptions options_;
   std::unique_ptr<HistoryWriter> history_;
