@@ -4,6 +4,8 @@
 // (not the ingest thread), and rebuilt from its log at start when a crash came first.
 #include <absl/synchronization/notification.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -160,11 +162,13 @@ TEST(HistoryWriter, EnqueueBuildBuildsOnTheWritersThread) {
   ASSERT_TRUE(writer.ok()) << writer.status();
   absl::Notification release;
   std::thread::id built_on;
+  int built_at_priority = 0;
   ASSERT_TRUE((*writer)
                   ->EnqueueBuild("/nowhere/run.vslog",
                                  [&] {
                                    release.WaitForNotification();
                                    built_on = std::this_thread::get_id();
+                                   built_at_priority = getpriority(PRIO_PROCESS, gettid());
                                    return RunReport(5, 5000, 0, 100, {});
                                  })
                   .ok());
@@ -175,6 +179,8 @@ TEST(HistoryWriter, EnqueueBuildBuildsOnTheWritersThread) {
   release.Notify();
   ASSERT_TRUE((*writer)->WaitIdle(absl::Seconds(30)));
   EXPECT_NE(built_on, std::this_thread::get_id());
+  // At the lowest priority: history takes only the CPU ingest leaves.
+  EXPECT_EQ(built_at_priority, 19);
   ASSERT_EQ((*writer)->store()->List({})->runs_size(), 1);
   EXPECT_EQ(testing::ReadFile(dir.path() + "/queue/journal"), "");
 }
