@@ -10,16 +10,62 @@
 namespace vramscope::cmdline {
 namespace {
 
+constexpr std::size_t kWidth = 100;  // columns of --help
+constexpr std::size_t kColumn = 32;  // where option descriptions start
+
+// `text` broken at spaces into lines of at most `width` columns (a longer word stands alone).
+std::string Wrap(const std::string& text, std::size_t width) {
+  std::string out;
+  std::size_t line = 0;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find(' ', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(start, end - start);
+    if (line > 0 && line + 1 + word.size() > width) {
+      out += '\n';
+      line = 0;
+    } else if (line > 0) {
+      out += ' ';
+      ++line;
+    }
+    out += word;
+    line += word.size();
+    start = end + 1;
+  }
+  return out;
+}
+
 // "usage: vramscope run [FLAGS] [--] CMD [ARGS...]" in place of CLI11's own usage line.
 class HouseFormatter : public CLI::Formatter {
  public:
   explicit HouseFormatter(std::string usage) : usage_(std::move(usage)) {
-    column_width(32);
+    column_width(kColumn);
     label("REQUIRED", "(required)");
   }
+  // The usage line first, then the description (CLI11 puts the description first).
   std::string make_usage(const CLI::App* app, std::string name) const override {
     if (app->get_parent() != nullptr) name = app->get_parent()->get_name() + " " + app->get_name();
-    return "usage: " + name + (usage_.empty() ? "" : " " + usage_) + "\n";
+    return "usage: " + name + (usage_.empty() ? "" : " " + usage_) + "\n\n" +
+           app->get_description() + "\n";
+  }
+  std::string make_description(const CLI::App*) const override { return ""; }
+  // Descriptions wrapped to the terminal's customary 100 columns (CLI11 indents after '\n').
+  std::string make_option_desc(const CLI::Option* option) const override {
+    return Wrap(option->get_description(), kWidth - kColumn);
+  }
+  std::string make_footer(const CLI::App* app) const override {
+    const std::string footer = app->get_footer();
+    if (footer.empty()) return "";
+    std::string out;
+    std::size_t start = 0;
+    while (start <= footer.size()) {  // paragraph by paragraph
+      std::size_t end = footer.find('\n', start);
+      if (end == std::string::npos) end = footer.size();
+      out += Wrap(footer.substr(start, end - start), kWidth) + "\n";
+      start = end + 1;
+    }
+    return out;
   }
 
  private:
@@ -75,8 +121,8 @@ void ParseSizeInto(const std::string& flag, const std::string& value, std::uint6
                                          ")");
   }
   if (parsed.bytes < min || parsed.bytes > max) {
-    throw CLI::ValidationError(flag, "'" + value + "': want " + FormatBytes(min) + " .. " +
-                                         FormatBytes(max));
+    throw CLI::ValidationError(
+        flag, "'" + value + "': want " + FormatBytes(min) + " .. " + FormatBytes(max));
   }
   *out = parsed.bytes;
 }
@@ -167,6 +213,13 @@ void AddServerSecurityFlags(CLI::App& app, net::ServerSecurity* security) {
       ->group(group);
 }
 
+int UsageError(const CLI::App& app, const std::string& message) {
+  const std::string name = FullName(app);
+  std::fprintf(stderr, "%s: %s\n(`%s --help` lists the flags)\n", name.c_str(), message.c_str(),
+               name.c_str());
+  return 2;
+}
+
 std::optional<int> Parse(CLI::App& app, int argc, const char* const* argv) {
   constexpr std::string_view kGenerate = "--generate-doc=";
   if (argc == 2 && std::string_view(argv[1]).substr(0, kGenerate.size()) == kGenerate) {
@@ -178,10 +231,7 @@ std::optional<int> Parse(CLI::App& app, int argc, const char* const* argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
     if (error.get_exit_code() == 0) return app.exit(error);  // --help, --version
-    const std::string name = FullName(app);
-    std::fprintf(stderr, "%s: %s\n(`%s --help` lists the flags)\n", name.c_str(),
-                 Describe(app, error).c_str(), name.c_str());
-    return 2;
+    return UsageError(app, Describe(app, error));
   }
   return std::nullopt;
 }

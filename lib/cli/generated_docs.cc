@@ -110,17 +110,18 @@ std::string ZshSpecs(const CLI::App& app, const std::string& indent) {
 
 std::string ManPage(const CLI::App& app) {
   const std::string name = app.get_name();
-  std::string out = ".TH " + Roff(Upper(name)) + " 1 \"\" \"vramscope " VRAMSCOPE_VERSION
-                    "\" \"User Commands\"\n";
+  std::string out = ".TH " + Roff(Upper(name)) +
+                    " 1 \"\" \"vramscope " VRAMSCOPE_VERSION "\" \"User Commands\"\n";
   out += ".SH NAME\n" + Roff(name) + " \\- " + Roff(app.get_description()) + "\n";
   out += ".SH SYNOPSIS\n.B " + Roff(name) + "\n";
-  out += Verbs(app).empty() ? "[\\fIFLAGS\\fR]\n" : "\\fICOMMAND\\fR [\\fIFLAGS\\fR] [\\fIARGS\\fR]\n";
+  out +=
+      Verbs(app).empty() ? "[\\fIFLAGS\\fR]\n" : "\\fICOMMAND\\fR [\\fIFLAGS\\fR] [\\fIARGS\\fR]\n";
   out += ".SH OPTIONS\n";
   ManOptions(app, &out);
   if (!Verbs(app).empty()) out += ".SH COMMANDS\n";
   for (const CLI::App* verb : Verbs(app)) {
-    out += ".SS \"" + Roff(name + " " + verb->get_name()) + "\"\n" +
-           Roff(verb->get_description()) + "\n";
+    out += ".SS \"" + Roff(name + " " + verb->get_name()) + "\"\n" + Roff(verb->get_description()) +
+           "\n";
     if (!verb->get_footer().empty()) out += ".PP\n" + Roff(verb->get_footer()) + "\n";
     ManOptions(*verb, &out);
   }
@@ -129,7 +130,8 @@ std::string ManPage(const CLI::App& app) {
   const char* const kAll[] = {"vramscope", "vramscope-agent", "vramscope-collector"};
   std::string see;
   for (const char* other : kAll) {
-    if (name != other) see += (see.empty() ? "" : ",\n") + std::string(".BR ") + Roff(other) + " (1)";
+    if (name != other)
+      see += (see.empty() ? "" : ",\n") + std::string(".BR ") + Roff(other) + " (1)";
   }
   return out + see + "\n";
 }
@@ -138,11 +140,13 @@ std::string BashCompletion(const CLI::App& app) {
   const std::string function = FunctionName(app);
   std::string out = "# bash completion for " + app.get_name() + " (generated from its flags)\n";
   out += function + "() {\n  local cur=\"${COMP_WORDS[COMP_CWORD]}\" verb=\"\" i\n";
-  out += "  for ((i = 1; i < COMP_CWORD; i++)); do\n"
-         "    case \"${COMP_WORDS[i]}\" in -*) ;; *) verb=\"${COMP_WORDS[i]}\"; break ;; esac\n"
-         "  done\n";
+  out +=
+      "  for ((i = 1; i < COMP_CWORD; i++)); do\n"
+      "    case \"${COMP_WORDS[i]}\" in -*) ;; *) verb=\"${COMP_WORDS[i]}\"; break ;; esac\n"
+      "  done\n";
   std::string verbs;
   for (const CLI::App* verb : Verbs(app)) verbs += (verbs.empty() ? "" : " ") + verb->get_name();
+  // Flags where the word starts with '-'; else a verb where one is due; else files (-o default).
   out += "  local words=\"" + Flags(app) + "\"\n";
   if (!verbs.empty()) {
     out += "  case \"$verb\" in\n";
@@ -150,10 +154,11 @@ std::string BashCompletion(const CLI::App& app) {
       out += "    " + verb->get_name() + ") words=\"" + Flags(*verb) + "\" ;;\n";
     }
     out += "    *) [[ \"$cur\" == -* ]] || words=\"" + verbs + "\" ;;\n  esac\n";
+    out += "  if [[ \"$cur\" == -* || -z \"$verb\" ]]; then\n";
+  } else {
+    out += "  if [[ \"$cur\" == -* ]]; then\n";
   }
-  out += "  if [[ \"$cur\" == -* || -z \"$verb\" ]]; then\n"
-         "    COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
-         "  fi\n}\n";
+  out += "    COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n  fi\n}\n";
   out += "complete -o default -o bashdefault -F " + function + " " + app.get_name() + "\n";
   return out;
 }

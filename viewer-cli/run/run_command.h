@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "command.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::cli {
@@ -40,5 +41,7 @@ inline constexpr std::string_view kRunSummary =
 
 // argv[0] is "run".
 int RunRun(int argc, char** argv);
+// Adds the verb's flags to `app` (for `vramscope --help`, the man page, the completions).
+std::shared_ptr<void> DefineRunFlags(CLI::App& app);
 
 }  // namespace vramscope::cli

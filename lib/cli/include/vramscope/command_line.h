@@ -15,13 +15,14 @@
 // usage); it never throws. Not thread-safe (command lines are parsed once, at start).
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "vramscope/net_security.h"
+
+#include <CLI/CLI.hpp>
 
 namespace vramscope::cmdline {
 
@@ -47,6 +48,10 @@ void AddServerSecurityFlags(CLI::App& app, net::ServerSecurity* security);
 // Parses argv (argv[0] is the program or subcommand name). nullopt: go on; else the exit code,
 // after printing help, the version, a generated document, or the usage error.
 std::optional<int> Parse(CLI::App& app, int argc, const char* const* argv);
+
+// A usage error found after parsing (flags that do not go together): prints it as Parse prints
+// its own and returns 2.
+int UsageError(const CLI::App& app, const std::string& message);
 
 // Documents generated from the definitions (subcommands included, hidden options left out).
 std::string ManPage(const CLI::App& app);
