@@ -126,8 +126,7 @@ void DefineMetricsFlags(CLI::App& app, MetricsFlags* metrics) {
          [metrics](const std::string& value) {
            absl::StatusOr<std::string> address = MetricsListenAddress(value);
            if (!address.ok()) {
-             throw CLI::ValidationError("--metrics-listen",
-                                        std::string(address.status().message()));
+             throw CLI::ValidationError(std::string(address.status().message()));
            }
            metrics->listen = *address;
          },
@@ -139,8 +138,8 @@ void DefineMetricsFlags(CLI::App& app, MetricsFlags* metrics) {
          [metrics](const std::string& value) {
            if (!absl::ParseDuration(value, &metrics->options.retention) ||
                metrics->options.retention < absl::ZeroDuration()) {
-             throw CLI::ValidationError("--metrics-retention",
-                                        "'" + value + "': want a duration (30s, 5m)");
+             throw CLI::ValidationError("--metrics-retention '" + value +
+                                        "': want a duration (30s, 5m)");
            }
          },
          "how long a finished process stays in the metrics (default 5m; e.g. 30s, 10m, 1h)")

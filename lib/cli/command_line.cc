@@ -50,6 +50,15 @@ class HouseFormatter : public CLI::Formatter {
            app->get_description() + "\n";
   }
   std::string make_description(const CLI::App*) const override { return ""; }
+  // "-o, --output" (CLI11 writes "-o,--output").
+  std::string make_option_name(const CLI::Option* option, bool positional) const override {
+    std::string name;
+    for (char c : CLI::Formatter::make_option_name(option, positional)) {
+      name += c;
+      if (c == ',') name += ' ';
+    }
+    return name;
+  }
   // Descriptions wrapped to the terminal's customary 100 columns (CLI11 indents after '\n').
   std::string make_option_desc(const CLI::Option* option) const override {
     return Wrap(option->get_description(), kWidth - kColumn);
@@ -116,13 +125,12 @@ void ParseSizeInto(const std::string& flag, const std::string& value, std::uint6
                    std::uint64_t max, std::uint64_t* out) {
   const SizeParse parsed = ParseSizeText(value);
   if (!parsed.ok()) {
-    throw CLI::ValidationError(flag, "'" + value + "' is not a size (" +
-                                         SizeErrorText(parsed.error) + "; " + kSizeGrammarHelp +
-                                         ")");
+    throw CLI::ValidationError(flag + " '" + value + "' is not a size (" +
+                               SizeErrorText(parsed.error) + "; " + kSizeGrammarHelp + ")");
   }
   if (parsed.bytes < min || parsed.bytes > max) {
-    throw CLI::ValidationError(
-        flag, "'" + value + "': want " + FormatBytes(min) + " .. " + FormatBytes(max));
+    throw CLI::ValidationError(flag + " '" + value + "': want " + FormatBytes(min) + " .. " +
+                               FormatBytes(max));
   }
   *out = parsed.bytes;
 }
@@ -168,11 +176,12 @@ CLI::Option* AddSize(CLI::App& app, const std::string& name, std::optional<std::
 void AddClientSecurityFlags(CLI::App& app, net::ClientSecurity* security) {
   const std::string group = "TLS and tokens (to reach the collector)";
   app.add_option("--tls-ca", security->ca_file,
-                 "TLS: PEM certificates that verify the collector (turns TLS on)")
+                 "connect with TLS, trusting the collector's certificate if signed by a "
+                 "certificate in FILE (PEM)")
       ->type_name("FILE")
       ->group(group);
   app.add_option("--tls-cert", security->cert_file,
-                 "TLS: client certificate for mutual TLS (with --tls-key)")
+                 "client certificate for mutual TLS (PEM; with --tls-key)")
       ->type_name("FILE")
       ->group(group);
   app.add_option("--tls-key", security->key_file, "its private key (mode 0600 or stricter)")
@@ -183,33 +192,36 @@ void AddClientSecurityFlags(CLI::App& app, net::ClientSecurity* security) {
       ->type_name("NAME")
       ->group(group);
   app.add_option("--token-file", security->token_file,
-                 "bearer token sent on every call (a file of mode 0600 or stricter)")
+                 "send the bearer token in FILE (mode 0600 or stricter) on every call")
       ->type_name("FILE")
       ->group(group);
 }
 
 void AddServerSecurityFlags(CLI::App& app, net::ServerSecurity* security) {
   const std::string group = "TLS and tokens";
-  app.add_option("--tls-cert", security->cert_file, "TLS: server certificate chain (PEM)")
+  app.add_option("--tls-cert", security->cert_file,
+                 "serve TLS with this certificate chain (PEM; with --tls-key)")
       ->type_name("FILE")
       ->group(group);
   app.add_option("--tls-key", security->key_file, "its private key (mode 0600 or stricter)")
       ->type_name("FILE")
       ->group(group);
   app.add_option("--tls-client-ca", security->client_ca_file,
-                 "require client certificates signed by these CAs (mutual TLS)")
+                 "mutual TLS: require client certificates signed by FILE (PEM)")
       ->type_name("FILE")
       ->group(group);
-  app.add_option("--writer-token-file", security->writer_token_file,
-                 "tokens that may write (Ingest): one per line, TOKEN or NAME TOKEN")
+  app.add_option(
+         "--writer-token-file", security->writer_token_file,
+         "bearer tokens that may write (Ingest), one per line, `TOKEN` or `NAME TOKEN`; mode 0600 "
+         "or stricter. With token files, a role whose file is not given is refused to everyone")
       ->type_name("FILE")
       ->group(group);
   app.add_option("--reader-token-file", security->reader_token_file,
-                 "tokens that may read (reports, Watch, history)")
+                 "bearer tokens that may read (Watch, GetReport, ListProcesses, ...)")
       ->type_name("FILE")
       ->group(group);
   app.add_flag("--insecure", security->insecure,
-               "serve beyond loopback without TLS and tokens (logged as a warning)")
+               "allow listening beyond loopback without TLS and tokens")
       ->group(group);
 }
 

@@ -20,7 +20,7 @@ std::vector<const CLI::App*> Verbs(const CLI::App& app) {
   return app.get_subcommands([](const CLI::App* sub) { return !sub->get_group().empty(); });
 }
 
-bool TakesValue(const CLI::Option* option) { return option->get_type_size_max() > 0; }
+bool TakesValue(const CLI::Option* option) { return option->get_expected_max() > 0; }
 
 std::string LongName(const CLI::Option* option) { return "--" + option->get_lnames().front(); }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -14,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "tests/collector/test_util.h"
 #include "tests/report/run_exe.h"
 
 namespace vramscope {
@@ -22,7 +22,6 @@ namespace {
 
 using testing::ExeResult;
 using testing::RunExe;
-using testing::TempDir;
 
 std::string Env(const char* name) {
   const char* value = getenv(name);
@@ -37,6 +36,24 @@ std::string Slurp(const std::string& path) {
 bool OnPath(const std::string& program) {
   return system(("command -v " + program + " >/dev/null 2>&1").c_str()) == 0;
 }
+
+// A temporary directory for the captured streams, removed with the test.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = getenv("TMPDIR");
+    std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/vramscope-cli-XXXXXX";
+    path_ = mkdtemp(pattern.data()) != nullptr ? pattern : "/tmp";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 class CliTest : public ::testing::Test {
  protected:

@@ -102,16 +102,18 @@ void DefineHistoryFlags(CLI::App& app, HistoryBaselineOptions* history) {
                  "such run's)")
       ->type_name("ADDR")
       ->check([](const std::string& value) { return value.empty() ? "needs HOST:PORT" : ""; });
-  app.add_option_function<std::string>(
+  app.add_option_function<std::vector<std::string>>(
          "--label",
-         [history](const std::string& value) {
-           if (absl::Status s = AddLabelArg(value, &history->labels); !s.ok()) {
-             throw CLI::ValidationError("--label", std::string(s.message()));
+         [history](const std::vector<std::string>& values) {
+           for (const std::string& value : values) {
+             if (absl::Status s = AddLabelArg(value, &history->labels); !s.ok()) {
+               throw CLI::ValidationError(std::string(s.message()));
+             }
            }
          },
          "with --baseline-from: which runs (repeatable; at least one)")
       ->type_name("KEY=VALUE")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      ->allow_extra_args(false);
   app.add_option("--baseline-runs", history->runs, "with --baseline-from: how many runs")
       ->type_name("N")
       ->check(CLI::Range(1, 1000));
@@ -132,9 +134,8 @@ void DefineFlags(CLI::App& app, CheckOptions* options) {
          [options](const std::string& value) {
            const std::optional<double> tolerance = ParseTolerance(value);
            if (!tolerance) {
-             throw CLI::ValidationError(
-                 "--tolerance",
-                 "'" + value + "' is not a percentage (a number >= 0, e.g. 5 or 2.5)");
+             throw CLI::ValidationError("--tolerance '" + value +
+                                        "' is not a percentage (a number >= 0, e.g. 5 or 2.5)");
            }
            options->compare.tolerance_percent = *tolerance;
          },

@@ -40,26 +40,26 @@ constexpr char kFooter[] =
 void DefineFlags(CLI::App& app, HistoryOptions* options) {
   cmdline::MakeApp(app, "--collector ADDR [--label KEY=VALUE]... [--since AGE] [FLAGS]");
   app.footer(kFooter);
-  app.add_option("--collector", options->collector, "the collector's HOST:PORT")
-      ->type_name("ADDR")
-      ->required();
+  app.add_option("--collector", options->collector, "the collector's HOST:PORT")->type_name("ADDR");
   cmdline::AddClientSecurityFlags(app, &options->security);
-  app.add_option_function<std::string>(
+  app.add_option_function<std::vector<std::string>>(
          "--label",
-         [options](const std::string& value) {
-           if (absl::Status s = AddLabelArg(value, &options->labels); !s.ok()) {
-             throw CLI::ValidationError("--label", std::string(s.message()));
+         [options](const std::vector<std::string>& values) {
+           for (const std::string& value : values) {
+             if (absl::Status s = AddLabelArg(value, &options->labels); !s.ok()) {
+               throw CLI::ValidationError(std::string(s.message()));
+             }
            }
          },
          "only runs with this label (repeatable: every one must match)")
       ->type_name("KEY=VALUE")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      ->allow_extra_args(false);
   app.add_option_function<std::string>(
          "--since",
          [options](const std::string& value) {
            std::uint64_t age = 0;
            if (!ParseSince(value, &age)) {
-             throw CLI::ValidationError("--since", "'" + value + "' is not an age (7d, 12h)");
+             throw CLI::ValidationError("--since '" + value + "' is not an age (7d, 12h)");
            }
            const std::int64_t now = absl::ToUnixNanos(absl::Now());
            options->since_ns = age >= static_cast<std::uint64_t>(now) ? 1 : now - age;
@@ -119,6 +119,9 @@ int RunHistory(int argc, char** argv) {
   auto options = std::make_shared<HistoryOptions>();
   DefineFlags(app, options.get());
   if (std::optional<int> exit_code = cmdline::Parse(app, argc, argv)) return *exit_code;
+  if (options->collector.empty()) {
+    return cmdline::UsageError(app, "--collector HOST:PORT is required");
+  }
   v1::ListRunsRequest request;
   for (const auto& [key, value] : options->labels) (*request.mutable_labels())[key] = value;
   request.set_since_time_ns(options->since_ns);

@@ -140,17 +140,19 @@ void DefineFlags(CLI::App& app, RunOptions* options, Labels* labels) {
                "do not record allocation call stacks (recorded by default, about 0.2 us each: the "
                "report's top allocation sites get function (file:line) frames)");
   app.add_flag("--stacks", options->stacks, "record allocation call stacks (the default)");
-  app.add_option_function<std::string>(
+  app.add_option_function<std::vector<std::string>>(
          "--label",
-         [labels](const std::string& value) {
-           if (absl::Status s = AddLabelArg(value, labels); !s.ok()) {
-             throw CLI::ValidationError("--label", std::string(s.message()));
+         [labels](const std::vector<std::string>& values) {
+           for (const std::string& value : values) {
+             if (absl::Status s = AddLabelArg(value, labels); !s.ok()) {
+               throw CLI::ValidationError(std::string(s.message()));
+             }
            }
          },
          "a label of this run (repeatable): job name, git commit, test id; merged over the "
          "environment's VRAMSCOPE_LABELS and passed to CMD in it")
       ->type_name("KEY=VALUE")
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      ->allow_extra_args(false);
 }
 
 // Where CMD starts: the first argument that is neither a flag nor a flag's value, or "--".
@@ -160,7 +162,7 @@ int CommandStart(const CLI::App& app, int argc, char** argv) {
     if (arg == "--" || arg.empty() || arg[0] != '-' || arg == "-") return i;
     if (arg.find('=') != std::string_view::npos) continue;
     const CLI::Option* option = app.get_option_no_throw(std::string(arg));
-    if (option != nullptr && option->get_type_size_max() > 0) ++i;  // its value
+    if (option != nullptr && option->get_expected_max() > 0) ++i;  // its value
   }
   return argc;
 }

@@ -105,8 +105,8 @@ void DefineFlags(CLI::App& app, TopOptions* options) {
          [options](const std::string& value) {
            std::optional<absl::Duration> interval = ParseInterval(value);
            if (!interval) {
-             throw CLI::ValidationError(
-                 "--interval", "'" + value + "' is not a positive duration (1, 0.5, 500ms, 2s)");
+             throw CLI::ValidationError("--interval '" + value +
+                                        "' is not a positive duration (1, 0.5, 500ms, 2s)");
            }
            options->interval = *interval;
          },
