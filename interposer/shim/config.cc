@@ -1,41 +1,43 @@
 #include "config.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
 
 #include "log.h"
+#include "vramscope/size_parse.h"
 
 namespace vramscope::interposer {
 namespace {
 
+// A count or switch: decimal digits only.
 bool ReadU64(const char* name, std::uint64_t* out) {
   const char* value = getenv(name);
   if (value == nullptr || value[0] == '\0') return false;
   char* end = nullptr;
-  const unsigned long long parsed = strtoull(value, &end, 0);
-  std::uint64_t scale = 1;
-  if (end != nullptr && *end != '\0') {
-    switch (*end) {
-      case 'k':
-      case 'K':
-        scale = std::uint64_t{1} << 10;
-        break;
-      case 'm':
-      case 'M':
-        scale = std::uint64_t{1} << 20;
-        break;
-      case 'g':
-      case 'G':
-        scale = std::uint64_t{1} << 30;
-        break;
-      default:
-        VRAMSCOPE_LOG(kWarn, "%s=%s is not a number; ignored", name, value);
-        return false;
-    }
+  errno = 0;
+  const unsigned long long parsed = strtoull(value, &end, 10);
+  if (value[0] < '0' || value[0] > '9' || *end != '\0' || errno == ERANGE) {
+    VRAMSCOPE_LOG(kWarn, "%s=%s is not a number; ignored", name, value);
+    return false;
   }
-  *out = static_cast<std::uint64_t>(parsed) * scale;
+  *out = parsed;
+  return true;
+}
+
+// A byte size: the grammar every vramscope program shares (vramscope/size_parse.h).
+bool ReadSize(const char* name, std::uint64_t* out) {
+  const char* value = getenv(name);
+  if (value == nullptr || value[0] == '\0') return false;
+  const SizeParse parsed = ParseSizeText(value);
+  if (!parsed.ok()) {
+    VRAMSCOPE_LOG(kWarn, "%s=%s is not a size (%s; %s); ignored", name, value,
+                  SizeErrorText(parsed.error), kSizeGrammarHelp);
+    return false;
+  }
+  *out = parsed.bytes;
   return true;
 }
 
@@ -76,11 +78,11 @@ Config ReadConfig() {
     strncpy(config.policy, policy, sizeof(config.policy) - 1);
   }
   std::uint64_t value = 0;
-  if (ReadU64("VRAMSCOPE_POOL_CAPACITY", &value)) config.capacity_bytes = value;
+  if (ReadSize("VRAMSCOPE_POOL_CAPACITY", &value)) config.capacity_bytes = value;
   if (ReadU64("VRAMSCOPE_FENCE_BATCH_FREES", &value)) {
     config.fence_batch_frees = value == 0 ? 1 : value;
   }
-  if (ReadU64("VRAMSCOPE_FENCE_BATCH_BYTES", &value)) config.fence_batch_bytes = value;
+  if (ReadSize("VRAMSCOPE_FENCE_BATCH_BYTES", &value)) config.fence_batch_bytes = value;
   if (ReadU64("VRAMSCOPE_VMM", &value)) config.use_vmm = value != 0;
   if (ReadU64("VRAMSCOPE_QUICK_REUSE", &value)) config.quick_reuse = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_EAGER", &value)) config.fence_eager = value != 0;

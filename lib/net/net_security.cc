@@ -22,27 +22,6 @@
 
 namespace vramscope::net {
 
-const char kClientFlagsHelp[] =
-    R"(  --tls-ca=FILE              connect with TLS, trusting the collector's certificate if
-                             signed by a certificate in FILE (PEM)
-  --tls-cert=FILE            client certificate for mutual TLS (PEM; with --tls-key)
-  --tls-key=FILE             its private key (mode 0600 or stricter)
-  --tls-server-name=NAME     name to expect in the collector's certificate (default: the host
-                             of the address)
-  --token-file=FILE          send the bearer token in FILE (mode 0600 or stricter) on every call
-)";
-
-const char kServerFlagsHelp[] =
-    R"(  --tls-cert=FILE            serve TLS with this certificate chain (PEM; with --tls-key)
-  --tls-key=FILE             its private key (mode 0600 or stricter)
-  --tls-client-ca=FILE       mutual TLS: require client certificates signed by FILE (PEM)
-  --writer-token-file=FILE   bearer tokens that may write (Ingest), one per line, `TOKEN` or
-                             `NAME TOKEN`; mode 0600 or stricter. With token files, a role
-                             whose file is not given is refused to everyone
-  --reader-token-file=FILE   bearer tokens that may read (Watch, GetReport, ListProcesses, ...)
-  --insecure                 allow listening beyond loopback without TLS and tokens
-)";
-
 namespace {
 
 constexpr size_t kMaxSecretBytes = 1 << 20;
@@ -505,37 +484,6 @@ grpc::Status ServerGuard::Authorize(const grpc::ServerContextBase& context,
     }
   }
   return grpc::Status::OK;
-}
-
-bool SetClientFlag(std::string_view flag, std::string_view value, ClientSecurity* security) {
-  if (flag.substr(0, 2) == "--") flag.remove_prefix(2);
-  std::string* field = flag == "tls-ca"            ? &security->ca_file
-                       : flag == "tls-cert"        ? &security->cert_file
-                       : flag == "tls-key"         ? &security->key_file
-                       : flag == "tls-server-name" ? &security->server_name
-                       : flag == "token-file"      ? &security->token_file
-                                                   : nullptr;
-  if (field == nullptr) return false;
-  *field = std::string(value);
-  return true;
-}
-
-bool IsClientFlag(std::string_view flag) {
-  ClientSecurity scratch;
-  return SetClientFlag(flag, "", &scratch);
-}
-
-bool SetServerFlag(std::string_view flag, std::string_view value, ServerSecurity* security) {
-  if (flag.substr(0, 2) == "--") flag.remove_prefix(2);
-  std::string* field = flag == "tls-cert"            ? &security->cert_file
-                       : flag == "tls-key"           ? &security->key_file
-                       : flag == "tls-client-ca"     ? &security->client_ca_file
-                       : flag == "writer-token-file" ? &security->writer_token_file
-                       : flag == "reader-token-file" ? &security->reader_token_file
-                                                     : nullptr;
-  if (field == nullptr) return false;
-  *field = std::string(value);
-  return true;
 }
 
 }  // namespace vramscope::net

@@ -2,8 +2,8 @@
 # The Debian package, as a user gets it: scripts/build-deb.sh packages this build, dpkg installs
 # it into an empty root (a fresh dpkg database, as in a new container; the libraries it depends
 # on come from the machine, so --force-depends), and the installed files work from there:
-# `--version` of the three programs, a replay of a bundled trace, `vramscope run` finding the
-# installed shim, the systemd units pointing at the installed binaries and passing
+# `--version` of the three programs, their man pages and bash/zsh completions, a replay of a
+# bundled trace, `vramscope run` finding the installed shim, the systemd units pointing at the installed binaries and passing
 # `systemd-analyze verify`, the LICENSE, and dpkg's own record of the package and its Depends.
 #   tests/package/package_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -86,4 +86,17 @@ for unit in vramscope-agent vramscope-collector; do
   fi
 done
 grep -q 'Apache License' "$root$prefix/share/doc/vramscope/LICENSE" || fail "no LICENSE"
+
+# The man pages and completions generated from each program's flags (lib/cli).
+for program in vramscope vramscope-agent vramscope-collector; do
+  page=$root$prefix/share/man/man1/$program.1
+  [ -s "$page" ] || fail "no man page $program.1"
+  grep -q '^\.TH ' "$page" || fail "$program.1 is not a man page"
+  grep -q -- '\\-\\-version' "$page" || fail "$program.1 does not list --version"
+  completion=$root$prefix/share/bash-completion/completions/$program
+  [ -s "$completion" ] || fail "no bash completion for $program"
+  bash -n "$completion" || fail "the bash completion of $program does not parse"
+  zsh_completion=$root$prefix/share/zsh/vendor-completions/_$program
+  grep -q "^#compdef $program\$" "$zsh_completion" || fail "no zsh completion for $program"
+done
 echo "ok: $(basename "$deb") installs and runs ($(dpkg-deb -f "$deb" Installed-Size) KiB)"

@@ -226,10 +226,10 @@ TEST(ReplayCommand, UsageErrors) {
   EXPECT_EQ(RunCommand({}, nullptr, &err), 2);
   EXPECT_THAT(err, HasSubstr("missing TRACE"));
   EXPECT_EQ(RunCommand({"--frobnicate", "x"}, nullptr, &err), 2);
-  EXPECT_THAT(err, HasSubstr("unknown option '--frobnicate'"));
+  EXPECT_THAT(err, HasSubstr("unknown flag --frobnicate"));
   EXPECT_EQ(RunCommand({"a", "b"}, nullptr, &err), 2);
   EXPECT_EQ(RunCommand({"a", "--policy"}, nullptr, &err), 2);
-  EXPECT_THAT(err, HasSubstr("--policy needs a NAME"));
+  EXPECT_THAT(err, HasSubstr("--policy needs a value"));
   EXPECT_EQ(RunCommand({"a", "--policy=nope"}, nullptr, &err), 2);
   EXPECT_THAT(err, HasSubstr("unknown policy 'nope'"));
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,12 +18,13 @@
 #include "check/check_output.h"
 #include "check/compare.h"
 #include "check/history_baseline.h"
-#include "common/args.h"
 #include "common/command.h"
+#include "common/labels_arg.h"
 #include "common/process_end.h"
 #include "common/report_file.h"
 #include "common/size.h"
 #include "vramscope/atomic_file.h"
+#include "vramscope/command_line.h"
 
 namespace vramscope::cli {
 namespace {
@@ -38,68 +40,29 @@ struct CheckOptions {
   HistoryBaselineOptions history;  // --baseline-from
 };
 
-void PrintCheckUsage(std::FILE* out) {
-  std::fprintf(
-      out,
-      "usage: vramscope check --baseline FILE --report FILE [--tolerance PCT] [--new-floor SIZE]\n"
-      "                       [--junit FILE] [--allow-killed] [--allow-empty] [--update-baseline]\n"
-      "       vramscope check --baseline-from ADDR --label KEY=VALUE... [--baseline-runs N]\n"
-      "                       --report FILE [--tolerance PCT] [--new-floor SIZE] [--junit ...]\n"
-      "\n"
-      "Compares the peaks in a `vramscope run --json` report with a baseline report (the same\n"
-      "format: one Report, or {\"reports\": [...]}) and fails when one grew.\n"
-      "\n"
-      "Figures compared, per process and device: peak requested, peak allocated and peak\n"
-      "reserved bytes; per NVTX range on a device: peak allocated bytes while it was open.\n"
-      "Processes are matched by position when each file has exactly one, otherwise by command\n"
-      "line (the k-th process with a command line matches the k-th with the same one); devices\n"
-      "by ordinal (cuda:N); NVTX ranges by domain and name.\n"
-      "\n"
-      "A figure REGRESSES when it grew by more than the tolerance (percent of its baseline);\n"
-      "it is an improvement when it shrank by more. A device or process only in the report, or\n"
-      "a baseline of 0, has no percentage: it regresses when its peak reaches --new-floor.\n"
-      "NVTX ranges only in the report are listed as added and never regress (their memory is\n"
-      "counted in the device's figures). Figures only in the baseline are listed as removed.\n"
-      "\n"
-      "options:\n"
-      "  --baseline FILE     the accepted report (with --update-baseline it may not exist yet)\n"
-      "  --baseline-from ADDR  instead of a file: the baseline from the run history of the\n"
-      "                      collector at ADDR (HOST:PORT): per device, the median peaks of the\n"
-      "                      last --baseline-runs (default 5) passing runs (exit 0, not killed)\n"
-      "                      having every --label given (NVTX figures: the newest such run's)\n"
-      "  --label KEY=VALUE   with --baseline-from: which runs (repeatable; at least one)\n"
-      "  --tls-ca FILE, --tls-cert FILE, --tls-key FILE, --tls-server-name NAME,\n"
-      "  --token-file FILE   with --baseline-from: how to reach a collector that serves TLS\n"
-      "                      and tokens (a reader token), as `vramscope report --help` says\n"
-      "  --report FILE       the report to check\n"
-      "  --tolerance PCT     allowed growth in percent, e.g. 2.5 or 2.5%% (default 5)\n"
-      "  --new-floor SIZE    peak at which a new device or process, or growth from a baseline\n"
-      "                      of 0, is a regression (default 1MiB; 0 = any growth; SIZE as\n"
-      "                      4096, 512KiB, 1.5GB)\n"
-      "  --junit FILE        also write JUnit XML: a testcase per figure, a failure per\n"
-      "                      regression, removed figures skipped\n"
-      "  --allow-killed      a process of the report that was killed (by a signal, or vanished\n"
-      "                      without an exit record: its peaks may be short of a full run)\n"
-      "                      is only listed; without it, it fails the check\n"
-      "  --update-baseline   check that --report is a valid report, print the comparison with\n"
-      "                      the old baseline when there is a readable one, then replace the\n"
-      "                      baseline with the report file (atomically) and exit 0\n"
-      "  --allow-empty       accept a report or baseline that measured nothing (no process,\n"
-      "                      no event, or no device); without it such a file is an error\n"
-      "                      (exit 2), since it is what a run looks like when the shim did\n"
-      "                      not attach\n"
-      "  -h, --help          this text\n"
-      "\n"
-      "Output: a table of what grew or shrank beyond the tolerance, added and removed (baseline,\n"
-      "now, delta, delta %%) and a summary line on stdout; problems on stderr. With\n"
-      "GITHUB_ACTIONS=true in the environment, also GitHub annotations on stdout: ::error per\n"
-      "regression, ::notice per improvement.\n"
-      "exit status: 0 no regression (or baseline updated), 1 regression or a killed process\n"
-      "(without --allow-killed), 2 usage error, no passing run with the labels, input file "
-      "missing, unreadable, not a report or\n"
-      "empty (without --allow-empty), or (when nothing regressed) a --junit file that cannot be\n"
-      "written; 3 --baseline-from's collector cannot be reached.\n");
-}
+constexpr char kFooter[] =
+    "Other form: vramscope check --baseline-from ADDR --label KEY=VALUE... [--baseline-runs N] "
+    "--report FILE [--tolerance PCT] [--new-floor SIZE] [--junit ...].\n"
+    "Compares the peaks in a `vramscope run --json` report with a baseline report (the same "
+    "format: one Report, or {\"reports\": [...]}) and fails when one grew.\n"
+    "Figures compared, per process and device: peak requested, peak allocated and peak reserved "
+    "bytes; per NVTX range on a device: peak allocated bytes while it was open. Processes are "
+    "matched by position when each file has exactly one, otherwise by command line (the k-th "
+    "process with a command line matches the k-th with the same one); devices by ordinal "
+    "(cuda:N); NVTX ranges by domain and name.\n"
+    "A figure REGRESSES when it grew by more than the tolerance (percent of its baseline); it is "
+    "an improvement when it shrank by more. A device or process only in the report, or a "
+    "baseline of 0, has no percentage: it regresses when its peak reaches --new-floor. NVTX "
+    "ranges only in the report are listed as added and never regress (their memory is counted in "
+    "the device's figures). Figures only in the baseline are listed as removed.\n"
+    "Output: a table of what grew or shrank beyond the tolerance, added and removed (baseline, "
+    "now, delta, delta %) and a summary line on stdout; problems on stderr. With "
+    "GITHUB_ACTIONS=true in the environment, also GitHub annotations on stdout: ::error per "
+    "regression, ::notice per improvement.\n"
+    "Exit status: 0 no regression (or baseline updated), 1 regression or a killed process "
+    "(without --allow-killed), 2 usage error, no passing run with the labels, input file missing, "
+    "unreadable, not a report or empty (without --allow-empty), or (when nothing regressed) a "
+    "--junit file that cannot be written; 3 --baseline-from's collector cannot be reached.";
 
 std::optional<double> ParseTolerance(std::string text) {
   if (!text.empty() && text.back() == '%') text.pop_back();
@@ -112,93 +75,91 @@ std::optional<double> ParseTolerance(std::string text) {
   return value;
 }
 
-// One baseline: --baseline FILE, or --baseline-from ADDR with --label. False after printing why.
-bool CheckBaselineSource(const CheckOptions& options) {
+// Which flags go together: "" or why not.
+std::string CheckCombination(const CheckOptions& options) {
   const bool from_history = !options.history.collector.empty();
   if (options.report_path.empty() || from_history == !options.baseline_path.empty()) {
-    std::fprintf(stderr,
-                 "vramscope check: --report FILE and one of --baseline FILE or --baseline-from "
-                 "ADDR are required\n");
-    return false;
+    return "--report FILE and one of --baseline FILE or --baseline-from ADDR are required";
   }
   if (from_history != !options.history.labels.empty()) {
-    std::fprintf(stderr, from_history
-                             ? "vramscope check: --baseline-from needs --label KEY=VALUE (which "
-                               "runs make the baseline)\n"
-                             : "vramscope check: --label goes with --baseline-from\n");
-    return false;
+    return from_history ? "--baseline-from needs --label KEY=VALUE (which runs make the baseline)"
+                        : "--label goes with --baseline-from";
   }
-  if (from_history && options.update_baseline) {
-    std::fprintf(stderr, "vramscope check: --update-baseline needs --baseline FILE\n");
-    return false;
+  if (from_history && options.update_baseline) return "--update-baseline needs --baseline FILE";
+  if (options.update_baseline && !options.junit_path.empty()) {
+    return "--junit cannot go with --update-baseline (nothing is checked when the baseline is "
+           "replaced)";
   }
-  return true;
+  return "";
 }
 
-// Returns nullopt after printing the problem (usage error) or for --help (help set).
-std::optional<CheckOptions> ParseArgs(int argc, char** argv, bool* help) {
-  CheckOptions options;
-  ArgReader args("check", argc, argv);
-  while (args.Next()) {
-    const std::string_view arg = args.arg();
-    const std::string& flag = args.flag();
-    std::string value;
-    auto take = [&]() -> bool { return args.Value(&value); };
-    if (flag == "-h" || flag == "--help") {
-      *help = true;
-      return std::nullopt;
-    } else if (std::optional<bool> taken = ParseHistoryBaselineFlag(args, &options.history)) {
-      if (!*taken) return std::nullopt;
-    } else if (flag == "--baseline") {
-      if (!take()) return std::nullopt;
-      options.baseline_path = value;
-    } else if (flag == "--report") {
-      if (!take()) return std::nullopt;
-      options.report_path = value;
-    } else if (flag == "--junit") {
-      if (!take()) return std::nullopt;
-      options.junit_path = value;
-    } else if (flag == "--tolerance") {
-      if (!take()) return std::nullopt;
-      const std::optional<double> tolerance = ParseTolerance(value);
-      if (!tolerance) {
-        std::fprintf(stderr,
-                     "vramscope check: --tolerance '%s' is not a percentage (a number >= 0, "
-                     "e.g. 5 or 2.5)\n",
-                     value.c_str());
-        return std::nullopt;
-      }
-      options.compare.tolerance_percent = *tolerance;
-    } else if (flag == "--new-floor") {
-      if (!take()) return std::nullopt;
-      const std::optional<std::uint64_t> floor = ParseSize(value);
-      if (!floor) {
-        std::fprintf(stderr,
-                     "vramscope check: --new-floor '%s' is not a size (examples: 0, 1MiB, "
-                     "512KiB, 1.5GB)\n",
-                     value.c_str());
-        return std::nullopt;
-      }
-      options.compare.new_floor_bytes = *floor;
-    } else if (flag == "--update-baseline" && !args.HasInlineValue()) {
-      options.update_baseline = true;
-    } else if (flag == "--allow-empty" && !args.HasInlineValue()) {
-      options.allow_empty = true;
-    } else if (flag == "--allow-killed" && !args.HasInlineValue()) {
-      options.allow_killed = true;
-    } else {
-      std::fprintf(stderr, "vramscope check: unknown argument '%s'\n", std::string(arg).c_str());
-      return std::nullopt;
-    }
-  }
-  if (!CheckBaselineSource(options)) return std::nullopt;
-  if (options.update_baseline && !options.junit_path.empty()) {
-    std::fprintf(stderr,
-                 "vramscope check: --junit cannot go with --update-baseline (nothing is "
-                 "checked when the baseline is replaced)\n");
-    return std::nullopt;
-  }
-  return options;
+// --baseline-from and what goes with it (history_baseline.h).
+void DefineHistoryFlags(CLI::App& app, HistoryBaselineOptions* history) {
+  app.add_option("--baseline-from", history->collector,
+                 "instead of a file: the baseline from the run history of the collector at ADDR "
+                 "(HOST:PORT): per device, the median peaks of the last --baseline-runs passing "
+                 "runs (exit 0, not killed) having every --label given (NVTX figures: the newest "
+                 "such run's)")
+      ->type_name("ADDR")
+      ->check([](const std::string& value) { return value.empty() ? "needs HOST:PORT" : ""; });
+  app.add_option_function<std::vector<std::string>>(
+         "--label",
+         [history](const std::vector<std::string>& values) {
+           for (const std::string& value : values) {
+             if (absl::Status s = AddLabelArg(value, &history->labels); !s.ok()) {
+               throw CLI::ValidationError(std::string(s.message()));
+             }
+           }
+         },
+         "with --baseline-from: which runs (repeatable; at least one)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  app.add_option("--baseline-runs", history->runs, "with --baseline-from: how many runs")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1000));
+  cmdline::AddClientSecurityFlags(app, &history->security);
+}
+
+void DefineFlags(CLI::App& app, CheckOptions* options) {
+  cmdline::MakeApp(app,
+                   "--baseline FILE --report FILE [--tolerance PCT] [--new-floor SIZE] [FLAGS]");
+  app.footer(kFooter);
+  app.add_option("--baseline", options->baseline_path,
+                 "the accepted report (with --update-baseline it may not exist yet)")
+      ->type_name("FILE");
+  DefineHistoryFlags(app, &options->history);
+  app.add_option("--report", options->report_path, "the report to check")->type_name("FILE");
+  app.add_option_function<std::string>(
+         "--tolerance",
+         [options](const std::string& value) {
+           const std::optional<double> tolerance = ParseTolerance(value);
+           if (!tolerance) {
+             throw CLI::ValidationError("--tolerance '" + value +
+                                        "' is not a percentage (a number >= 0, e.g. 5 or 2.5)");
+           }
+           options->compare.tolerance_percent = *tolerance;
+         },
+         "allowed growth in percent, e.g. 2.5 or 2.5% (default 5)")
+      ->type_name("PCT");
+  cmdline::AddSize(app, "--new-floor", &options->compare.new_floor_bytes,
+                   "peak at which a new device or process, or growth from a baseline of 0, is a "
+                   "regression (default 1MiB; 0 = any growth)");
+  app.add_option("--junit", options->junit_path,
+                 "also write JUnit XML: a testcase per figure, a failure per regression, removed "
+                 "figures skipped")
+      ->type_name("FILE");
+  app.add_flag("--allow-killed", options->allow_killed,
+               "a process of the report that was killed (by a signal, or vanished without an exit "
+               "record: its peaks may be short of a full run) is only listed; without it, it "
+               "fails the check");
+  app.add_flag("--update-baseline", options->update_baseline,
+               "check that --report is a valid report, print the comparison with the old baseline "
+               "when there is a readable one, then replace the baseline with the report file "
+               "(atomically) and exit 0");
+  app.add_flag("--allow-empty", options->allow_empty,
+               "accept a report or baseline that measured nothing (no process, no event, or no "
+               "device); without it such a file is an error (exit 2), since it is what a run "
+               "looks like when the shim did not attach");
 }
 
 // A file that measured nothing must not pass the gate: an empty report is what a run looks like
@@ -322,18 +283,20 @@ int CheckAgainstHistory(const CheckOptions& options) {
 
 }  // namespace
 
+std::shared_ptr<void> DefineCheckFlags(CLI::App& app) {
+  auto options = std::make_shared<CheckOptions>();
+  DefineFlags(app, options.get());
+  return options;
+}
+
 int RunCheck(int argc, char** argv) {
-  bool help = false;
-  const std::optional<CheckOptions> parsed = ParseArgs(argc, argv, &help);
-  if (help) {
-    PrintCheckUsage(stdout);
-    return kExitOk;
+  CLI::App app(std::string(kCheckSummary), "vramscope check");
+  CheckOptions options;
+  DefineFlags(app, &options);
+  if (std::optional<int> exit_code = cmdline::Parse(app, argc, argv)) return *exit_code;
+  if (const std::string problem = CheckCombination(options); !problem.empty()) {
+    return cmdline::UsageError(app, problem);
   }
-  if (!parsed) {
-    std::fprintf(stderr, "`vramscope check --help` for usage\n");
-    return kExitUsage;
-  }
-  const CheckOptions& options = *parsed;
   if (options.update_baseline) return UpdateBaseline(options);
 
   if (!options.history.collector.empty()) return CheckAgainstHistory(options);

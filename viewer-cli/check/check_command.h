@@ -5,7 +5,10 @@
 // unreadable or corrupt input files, or an output file that cannot be written.
 #pragma once
 
+#include <memory>
 #include <string_view>
+
+#include "common/command.h"
 
 namespace vramscope::cli {
 
@@ -14,5 +17,7 @@ inline constexpr std::string_view kCheckSummary =
 
 // argv[0] is "check".
 int RunCheck(int argc, char** argv);
+// Adds the verb's flags to `app` (for `vramscope --help`, the man page, the completions).
+std::shared_ptr<void> DefineCheckFlags(CLI::App& app);
 
 }  // namespace vramscope::cli

@@ -21,33 +21,6 @@ std::uint64_t Median(std::vector<std::uint64_t> values) {
 
 }  // namespace
 
-std::optional<bool> ParseHistoryBaselineFlag(ArgReader& args, HistoryBaselineOptions* options) {
-  const bool security = net::IsClientFlag(args.flag());
-  if (!args.Is("--baseline-from") && !args.Is("--label") && !args.Is("--baseline-runs") &&
-      !security) {
-    return std::nullopt;
-  }
-  std::string value;
-  if (!args.Value(&value)) return false;
-  if (security) return net::SetClientFlag(args.flag(), value, &options->security);
-  if (args.Is("--baseline-from")) {
-    options->collector = value;
-    if (value.empty()) std::fprintf(stderr, "vramscope check: --baseline-from needs HOST:PORT\n");
-    return !value.empty();
-  }
-  if (args.Is("--label")) {
-    absl::Status s = AddLabelArg(value, &options->labels);
-    if (!s.ok()) std::fprintf(stderr, "vramscope check: %s\n", std::string(s.message()).c_str());
-    return s.ok();
-  }
-  if (!absl::SimpleAtoi(value, &options->runs) || options->runs < 1 || options->runs > 1000) {
-    std::fprintf(stderr, "vramscope check: --baseline-runs '%s' is not a count (1..1000)\n",
-                 value.c_str());
-    return false;
-  }
-  return true;
-}
-
 v1::Report MedianBaseline(const v1::Report& latest, const std::vector<v1::RunSummary>& runs) {
   v1::Report baseline = latest;
   for (v1::DeviceReport& device : *baseline.mutable_devices()) {

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "client/collector_call.h"
-#include "common/args.h"
 #include "common/labels_arg.h"
 #include "vramscope/net_security.h"
 #include "vramscope/v1/collector.pb.h"
@@ -30,11 +29,6 @@ struct HistoryBaselineOptions {
   int runs = 5;                  // --baseline-runs
   net::ClientSecurity security;  // --tls-ca, --tls-cert, --tls-key, --token-file, ...
 };
-
-// One of --baseline-from, --label, --baseline-runs or a client security flag (--tls-ca, ...,
-// vramscope/net_security.h): true when taken, false after printing a
-// usage error; nullopt when `args` holds another flag.
-std::optional<bool> ParseHistoryBaselineFlag(ArgReader& args, HistoryBaselineOptions* options);
 
 // The median baseline (above) from `latest` (the newest run's report) and `runs`.
 v1::Report MedianBaseline(const v1::Report& latest, const std::vector<v1::RunSummary>& runs);

@@ -1,39 +1,28 @@
 #include "export/export_command.h"
 
-#include <absl/strings/numbers.h>
-
 #include <cstdio>
 #include <fstream>
 #include <optional>
 #include <string>
 
-#include "common/args.h"
 #include "common/command.h"
 #include "common/recorded_events.h"
 #include "export/torch_snapshot.h"
 #include "vramscope/collector/record_log.h"
+#include "vramscope/command_line.h"
 
 namespace vramscope::cli {
 namespace {
 
-void PrintHelp(std::FILE* out) {
-  std::fprintf(
-      out,
-      "usage: vramscope export --format torch-snapshot -o OUT [--pid PID] EVENTS\n"
-      "\n"
-      "Writes a PyTorch memory snapshot (the pickle torch.cuda.memory._dump_snapshot writes;\n"
-      "open it at https://pytorch.org/memory_viz) of one process's allocations: every alloc,\n"
-      "free and pool reservation per device with its stack (when recorded with --stacks) and\n"
-      "NVTX range, and the segments live at the end.\n"
-      "\n"
-      "EVENTS is an event log: `vramscope run --events FILE -- CMD` writes one, and\n"
-      "vramscope-collector keeps one per process (*.vslog in its data directory). A --json\n"
-      "report holds figures, not the allocations, and is refused.\n"
-      "\n"
-      "  --pid PID   the process to export (default: the first one that allocated)\n"
-      "\n"
-      "exit codes: 0 written, 2 usage or unreadable input\n");
-}
+constexpr char kFooter[] =
+    "Writes a PyTorch memory snapshot (the pickle torch.cuda.memory._dump_snapshot writes; open "
+    "it at https://pytorch.org/memory_viz) of one process's allocations: every alloc, free and "
+    "pool reservation per device with its stack (when recorded with --stacks) and NVTX range, "
+    "and the segments live at the end.\n"
+    "EVENTS is an event log: `vramscope run --events FILE -- CMD` writes one, and "
+    "vramscope-collector keeps one per process (*.vslog in its data directory). A --json report "
+    "holds figures, not the allocations, and is refused.\n"
+    "Exit codes: 0 written, 2 usage or unreadable input.";
 
 struct ExportOptions {
   std::string format;
@@ -42,41 +31,21 @@ struct ExportOptions {
   std::optional<std::uint32_t> pid;
 };
 
-std::optional<ExportOptions> Parse(int argc, char** argv) {
-  ExportOptions options;
-  ArgReader args("export", argc, argv);
-  std::string pid;
-  while (args.Next()) {
-    if (args.Is("--format")) {
-      if (!args.Value(&options.format)) return std::nullopt;
-    } else if (args.Is("-o") || args.Is("--output")) {
-      if (!args.Value(&options.output)) return std::nullopt;
-    } else if (args.Is("--pid")) {
-      std::uint32_t value = 0;
-      if (!args.Value(&pid)) return std::nullopt;
-      if (!absl::SimpleAtoi(pid, &value)) {
-        std::fprintf(stderr, "vramscope export: --pid needs a number, not '%s'\n", pid.c_str());
-        return std::nullopt;
-      }
-      options.pid = value;
-    } else if (!args.arg().empty() && args.arg()[0] != '-' && options.input.empty()) {
-      options.input = std::string(args.arg());
-    } else {
-      std::fprintf(stderr, "vramscope export: unexpected argument '%s'\n",
-                   std::string(args.arg()).c_str());
-      return std::nullopt;
-    }
-  }
-  if (options.format != "torch-snapshot") {
-    std::fprintf(stderr, "vramscope export: --format torch-snapshot is required (%s)\n",
-                 options.format.empty() ? "none given" : "unknown format");
-    return std::nullopt;
-  }
-  if (options.output.empty() || options.input.empty()) {
-    std::fprintf(stderr, "vramscope export: needs -o OUT and an EVENTS file\n");
-    return std::nullopt;
-  }
-  return options;
+void DefineFlags(CLI::App& app, ExportOptions* options) {
+  cmdline::MakeApp(app, "--format torch-snapshot -o OUT [--pid PID] EVENTS");
+  app.footer(kFooter);
+  app.add_option("--format", options->format, "the output format (today one: torch-snapshot)")
+      ->type_name("FORMAT")
+      ->required()
+      ->check(CLI::IsMember({"torch-snapshot"}));
+  app.add_option("-o,--output", options->output, "the file to write")
+      ->type_name("FILE")
+      ->required();
+  app.add_option_function<std::uint32_t>(
+         "--pid", [options](std::uint32_t pid) { options->pid = pid; },
+         "the process to export (default: the first one that allocated)")
+      ->type_name("PID");
+  app.add_option("events", options->input, "the event log")->type_name("EVENTS")->required();
 }
 
 // A JSON report given where an event log belongs gets a message that says what to do.
@@ -103,19 +72,17 @@ const ProcessEvents* Choose(const RecordedEvents& events, std::optional<std::uin
 
 }  // namespace
 
+std::shared_ptr<void> DefineExportFlags(CLI::App& app) {
+  auto options = std::make_shared<ExportOptions>();
+  DefineFlags(app, options.get());
+  return options;
+}
+
 int RunExport(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      PrintHelp(stdout);
-      return kExitOk;
-    }
-  }
-  std::optional<ExportOptions> options = Parse(argc, argv);
-  if (!options) {
-    PrintHelp(stderr);
-    return kExitUsage;
-  }
+  CLI::App app(std::string(kExportSummary), "vramscope export");
+  auto options = std::make_shared<ExportOptions>();
+  DefineFlags(app, options.get());
+  if (std::optional<int> exit_code = cmdline::Parse(app, argc, argv)) return *exit_code;
   if (LooksLikeJson(options->input)) {
     std::fprintf(stderr,
                  "vramscope export: %s is a JSON report: reports hold figures, not the allocation "

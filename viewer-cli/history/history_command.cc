@@ -5,14 +5,16 @@
 #include <absl/time/time.h>
 
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "client/collector_call.h"
-#include "common/args.h"
 #include "common/command.h"
 #include "common/labels_arg.h"
 #include "history/history_format.h"
+#include "vramscope/command_line.h"
 #include "vramscope/net_security.h"
 
 namespace vramscope::cli {
@@ -29,78 +31,50 @@ struct HistoryOptions {
   Format format = Format::kText;
 };
 
-void PrintHistoryUsage(std::FILE* out) {
-  std::fprintf(
-      out,
-      "usage: vramscope history --collector ADDR [--label KEY=VALUE]... [--since AGE]\n"
-      "                         [--format text|csv|json] [--limit N]\n"
-      "\n"
-      "The runs a collector keeps in its history (every traced process that finished), with\n"
-      "their peaks: text groups them by label set, oldest first, with a sparkline of peak\n"
-      "reserved bytes; csv has one row per run and device; json is the ListRuns answer.\n"
-      "\n"
-      "  --collector ADDR   the collector's HOST:PORT\n"
-      "  --label KEY=VALUE  only runs with this label (repeatable: every one must match)\n"
-      "  --since AGE        only runs started within AGE: 45s, 30m, 12h, 7d, 2w\n"
-      "  --format FORMAT    text (default), csv or json\n"
-      "  --limit N          the N most recent runs at most (default 1000)\n"
-      "%s"
-      "exit status: 0; 2 usage errors or a collector without history; 3 collector unreachable\n",
-      net::kClientFlagsHelp);
-}
+constexpr char kFooter[] =
+    "The runs a collector keeps in its history (every traced process that finished), with their "
+    "peaks: text groups them by label set, oldest first, with a sparkline of peak reserved "
+    "bytes; csv has one row per run and device; json is the ListRuns answer.\n"
+    "Exit status: 0; 2 usage errors or a collector without history; 3 collector unreachable.";
 
-std::optional<HistoryOptions> ParseArgs(int argc, char** argv, bool* help) {
-  HistoryOptions options;
-  ArgReader args("history", argc, argv);
-  while (args.Next()) {
-    std::string value;
-    if (args.Is("-h") || args.Is("--help")) {
-      *help = true;
-      return std::nullopt;
-    }
-    const bool known = args.Is("--collector") || args.Is("--label") || args.Is("--since") ||
-                       args.Is("--format") || args.Is("--limit") || net::IsClientFlag(args.flag());
-    if (!known) {
-      std::fprintf(stderr, "vramscope history: unknown option '%s'\n",
-                   std::string(args.arg()).c_str());
-      return std::nullopt;
-    }
-    if (!args.Value(&value)) return std::nullopt;
-    std::string problem;
-    if (args.Is("--collector")) {
-      options.collector = value;
-    } else if (net::SetClientFlag(args.flag(), value, &options.security)) {
-    } else if (args.Is("--label")) {
-      if (absl::Status s = AddLabelArg(value, &options.labels); !s.ok())
-        problem = std::string(s.message());
-    } else if (args.Is("--since")) {
-      std::uint64_t age = 0;
-      if (!ParseSince(value, &age)) problem = "--since '" + value + "' is not an age (7d, 12h)";
-      const std::int64_t now = absl::ToUnixNanos(absl::Now());
-      options.since_ns = age >= static_cast<std::uint64_t>(now) ? 1 : now - age;
-    } else if (args.Is("--format")) {
-      if (value == "text") {
-        options.format = Format::kText;
-      } else if (value == "csv") {
-        options.format = Format::kCsv;
-      } else if (value == "json") {
-        options.format = Format::kJson;
-      } else {
-        problem = "--format '" + value + "' is not text, csv or json";
-      }
-    } else if (!absl::SimpleAtoi(value, &options.limit) || options.limit == 0) {
-      problem = "--limit '" + value + "' is not a positive count";
-    }
-    if (!problem.empty()) {
-      std::fprintf(stderr, "vramscope history: %s\n", problem.c_str());
-      return std::nullopt;
-    }
-  }
-  if (options.collector.empty()) {
-    std::fprintf(stderr, "vramscope history: --collector HOST:PORT is required\n");
-    return std::nullopt;
-  }
-  return options;
+void DefineFlags(CLI::App& app, HistoryOptions* options) {
+  cmdline::MakeApp(app, "--collector ADDR [--label KEY=VALUE]... [--since AGE] [FLAGS]");
+  app.footer(kFooter);
+  app.add_option("--collector", options->collector, "the collector's HOST:PORT")->type_name("ADDR");
+  cmdline::AddClientSecurityFlags(app, &options->security);
+  app.add_option_function<std::vector<std::string>>(
+         "--label",
+         [options](const std::vector<std::string>& values) {
+           for (const std::string& value : values) {
+             if (absl::Status s = AddLabelArg(value, &options->labels); !s.ok()) {
+               throw CLI::ValidationError(std::string(s.message()));
+             }
+           }
+         },
+         "only runs with this label (repeatable: every one must match)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  app.add_option_function<std::string>(
+         "--since",
+         [options](const std::string& value) {
+           std::uint64_t age = 0;
+           if (!ParseSince(value, &age)) {
+             throw CLI::ValidationError("--since '" + value + "' is not an age (7d, 12h)");
+           }
+           const std::int64_t now = absl::ToUnixNanos(absl::Now());
+           options->since_ns = age >= static_cast<std::uint64_t>(now) ? 1 : now - age;
+         },
+         "only runs started within AGE: 45s, 30m, 12h, 7d, 2w")
+      ->type_name("AGE");
+  app.add_option("--format", options->format, "text (default), csv or json")
+      ->type_name("FORMAT")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, Format>{
+              {"text", Format::kText}, {"csv", Format::kCsv}, {"json", Format::kJson}},
+          CLI::ignore_case));
+  app.add_option("--limit", options->limit, "the N most recent runs at most")
+      ->type_name("N")
+      ->check(CLI::Range(std::uint32_t{1}, ~std::uint32_t{0}));
 }
 
 }  // namespace
@@ -134,16 +108,19 @@ bool ParseSince(std::string_view text, std::uint64_t* ns) {
   return true;
 }
 
+std::shared_ptr<void> DefineHistoryFlags(CLI::App& app) {
+  auto options = std::make_shared<HistoryOptions>();
+  DefineFlags(app, options.get());
+  return options;
+}
+
 int RunHistory(int argc, char** argv) {
-  bool help = false;
-  const std::optional<HistoryOptions> options = ParseArgs(argc, argv, &help);
-  if (help) {
-    PrintHistoryUsage(stdout);
-    return kExitOk;
-  }
-  if (!options) {
-    std::fprintf(stderr, "`vramscope history --help` for usage\n");
-    return kExitUsage;
+  CLI::App app(std::string(kHistorySummary), "vramscope history");
+  auto options = std::make_shared<HistoryOptions>();
+  DefineFlags(app, options.get());
+  if (std::optional<int> exit_code = cmdline::Parse(app, argc, argv)) return *exit_code;
+  if (options->collector.empty()) {
+    return cmdline::UsageError(app, "--collector HOST:PORT is required");
   }
   v1::ListRunsRequest request;
   for (const auto& [key, value] : options->labels) (*request.mutable_labels())[key] = value;

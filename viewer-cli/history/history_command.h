@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
+
+#include "common/command.h"
 
 namespace vramscope::cli {
 
@@ -13,6 +16,7 @@ inline constexpr std::string_view kHistorySummary =
 
 // argv[0] is "history".
 int RunHistory(int argc, char** argv);
+std::shared_ptr<void> DefineHistoryFlags(CLI::App& app);
 
 // "7d", "12h", "30m", "45s", "2w" as nanoseconds; false for anything else.
 bool ParseSince(std::string_view text, std::uint64_t* ns);

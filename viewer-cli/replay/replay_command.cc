@@ -1,6 +1,5 @@
 #include "replay/replay_command.h"
 
-#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
 #include <unistd.h>
@@ -8,11 +7,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "common/command.h"
 #include "replay/snapshot_loader.h"
+#include "vramscope/command_line.h"
 #include "vramscope/json/json_string.h"
 #include "vramscope/pool/pool.h"
 
@@ -102,66 +104,86 @@ std::vector<std::string_view> PolicyList() {
   return names;
 }
 
-void PrintHelp(std::FILE* out) {
+constexpr char kFooter[] =
+    "Replays the alloc and free_requested events of a recorded allocation trace through "
+    "vramscope's pool over a virtual upstream: address bookkeeping only, no GPU needed, every "
+    "free reusable at once. Reports peak live, requested, allocated and reserved bytes, reserved "
+    "over live, external fragmentation (1 - largest free block / free bytes) when reserved bytes "
+    "reach their peak, upstream (driver) calls, and the host time the pool spends per alloc or "
+    "free (the fastest of up to 5 runs, pool calls only).\n"
+    "TRACE is a CSV file, plain or gzip-compressed, with the header "
+    "action,addr,size,stream,time_us,site as recorded from PyTorch (see traces/README.md). "
+    "free_completed, segment_alloc and segment_free rows are checked and skipped. The trace must "
+    "be consistent: a free of an address that is not live, an alloc of a live address, a size of "
+    "0 or above 2^48, a malformed number or an unknown action is an error naming FILE:LINE.\n"
+    "TRACE may also be a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot, or `vramscope "
+    "export --format torch-snapshot`): one device's trace is replayed, the first holding an alloc "
+    "unless --device N says which. Frees of blocks allocated before the snapshot's history began "
+    "are skipped. The pickle is read as plain data only: GLOBAL, REDUCE and every other "
+    "object-building opcode are refused (exit 2), nothing is run.\n"
+    "A progress bar is drawn on stderr when stderr is a terminal and the replay takes more than "
+    "half a second.\n"
+    "Exit codes: 0 ok; 2 bad usage, or a trace that cannot be read or is invalid; 1 the pool "
+    "broke its contract (a bug: please report it).";
+
+struct ReplayFlags {
+  std::string trace;
+  bool json = false;
+  std::string policy;
+  ReplayOptions options;
+  std::optional<std::uint32_t> device;
+};
+
+std::string PolicyHelp() {
   std::string policies;
   for (std::string_view name : PolicyList()) {
     policies +=
         policies.empty() ? absl::StrFormat("%s (default)", name) : absl::StrFormat(", %s", name);
   }
-  std::fprintf(
-      out,
-      "usage: vramscope replay TRACE [--json] [--policy NAME] [--device N]\n"
-      "                        [--fence MODEL --gpu-lag US]\n"
-      "\n"
-      "Replays the alloc and free_requested events of a recorded allocation trace through\n"
-      "vramscope's pool over a virtual upstream: address bookkeeping only, no GPU needed, every\n"
-      "free reusable at once. Reports peak live, requested, allocated and reserved bytes,\n"
-      "reserved over live, external fragmentation (1 - largest free block / free bytes) when\n"
-      "reserved bytes reach their peak, upstream (driver) calls, and the host time the pool\n"
-      "spends per alloc or free (the fastest of up to 5 runs, pool calls only).\n"
-      "\n"
-      "TRACE is a CSV file, plain or gzip-compressed, with the header\n"
-      "  action,addr,size,stream,time_us,site\n"
-      "as recorded from PyTorch (see traces/README.md). free_completed, segment_alloc and\n"
-      "segment_free rows are checked and skipped. The trace must be consistent: a free of an\n"
-      "address that is not live, an alloc of a live address, a size of 0 or above 2^48, a\n"
-      "malformed number or an unknown action is an error naming FILE:LINE.\n"
-      "\n"
-      "TRACE may also be a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot, or\n"
-      "`vramscope export --format torch-snapshot`): one device's trace is replayed, the first\n"
-      "holding an alloc unless --device N says which. Frees of blocks allocated before the\n"
-      "snapshot's history began are skipped. The pickle is read as plain data only: GLOBAL,\n"
-      "REDUCE and every other object-building opcode are refused (exit 2), nothing is run.\n"
-      "\n"
-      "options:\n"
-      "  --json          print one JSON object on stdout instead of the table\n"
-      "  --policy NAME   the pool's layout policy: %s\n"
-      "  --device N      a snapshot's device trace to replay\n"
-      "  --fence MODEL   when a free becomes reusable: none (default: at once), events (the\n"
-      "                  shim's stream-aware event fences: once the GPU passed the free, with\n"
-      "                  the lag bound that waits for the oldest fence rather than grow), devsync\n"
-      "                  (VRAMSCOPE_FENCE_EVENTS=0: a device synchronisation after 1,024 frees or\n"
-      "                  2.2 GB, one at a time)\n"
-      "  --gpu-lag US    how far the GPU runs behind the trace's host times, microseconds\n"
-      "                  (default 0; a free never completes before its free_completed row)\n"
-      "  --lag-fraction N  events: wait rather than grow while over 1/N of what the pool holds\n"
-      "                  waits for fences (default 16, as VRAMSCOPE_FENCE_LAG_FRACTION; 0: grow)\n"
-      "  -h, --help      print this help\n"
-      "\n"
-      "A progress bar is drawn on stderr when stderr is a terminal and the replay takes more\n"
-      "than half a second.\n"
-      "exit codes: 0 ok; 2 bad usage, or a trace that cannot be read or is invalid; 1 the pool\n"
-      "broke its contract (a bug: please report it).\n",
-      policies.c_str());
+  return "the pool's layout policy: " + policies;
 }
 
-int UsageError(std::string_view message) {
-  std::fprintf(stderr,
-               "vramscope replay: %.*s\n"
-               "usage: vramscope replay TRACE [--json] [--policy NAME] [--device N]\n"
-               "                        [--fence MODEL --gpu-lag US]  (--help for more)\n",
-               static_cast<int>(message.size()), message.data());
-  return kExitUsage;
+void DefineFlags(CLI::App& app, ReplayFlags* flags) {
+  cmdline::MakeApp(app,
+                   "TRACE [--json] [--policy NAME] [--device N]\n"
+                   "                        [--fence MODEL --gpu-lag US]");
+  app.footer(kFooter);
+  app.add_option("trace", flags->trace, "the trace (CSV, .csv.gz) or PyTorch snapshot")
+      ->type_name("TRACE");
+  app.add_flag("--json", flags->json, "print one JSON object on stdout instead of the table");
+  app.add_option("--policy", flags->policy, PolicyHelp())
+      ->type_name("NAME")
+      ->check([](const std::string& policy) {
+        for (std::string_view name : PolicyList()) {
+          if (name == policy) return std::string();
+        }
+        return absl::StrFormat("unknown policy '%s' (known: %s)", policy,
+                               vramscope::pool::PolicyNames());
+      });
+  app.add_option_function<std::uint32_t>(
+         "--device", [flags](std::uint32_t device) { flags->device = device; },
+         "a snapshot's device trace to replay")
+      ->type_name("N");
+  app.add_option("--fence", flags->options.fence,
+                 "when a free becomes reusable: none (default: at once), events (the shim's "
+                 "stream-aware event fences: once the GPU passed the free, with the lag bound that "
+                 "waits for the oldest fence rather than grow), devsync (VRAMSCOPE_FENCE_EVENTS=0: "
+                 "a device synchronisation after 1,024 frees or 2.2 GB, one at a time)")
+      ->type_name("MODEL")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, FenceModel>{{"none", FenceModel::kNone},
+                                            {"events", FenceModel::kEvents},
+                                            {"devsync", FenceModel::kDeviceSync}}));
+  app.add_option("--gpu-lag", flags->options.gpu_lag_us,
+                 "how far the GPU runs behind the trace's host times, microseconds (default 0; a "
+                 "free never completes before its free_completed row)")
+      ->type_name("US")
+      ->check(CLI::Range(0, 60000000));
+  app.add_option("--lag-fraction", flags->options.lag_fraction,
+                 "events: wait rather than grow while over 1/N of what the pool holds waits for "
+                 "fences (as VRAMSCOPE_FENCE_LAG_FRACTION; 0: grow)")
+      ->type_name("N")
+      ->check(CLI::Range(0, 1000000));
 }
 
 }  // namespace
@@ -258,103 +280,24 @@ std::string FormatReplayText(const LoadedTrace& trace, const ReplayResult& resul
   return out;
 }
 
-int RunReplay(int argc, char** argv) {
-  bool json = false;
-  std::string policy;
-  ReplayOptions options;
-  bool lag_given = false;
-  std::optional<std::uint32_t> device;
-  std::vector<std::string> traces;
-  bool options_done = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (options_done || arg.empty() || arg[0] != '-' || arg == "-") {
-      traces.emplace_back(arg);
-    } else if (arg == "--") {
-      options_done = true;
-    } else if (arg == "-h" || arg == "--help") {
-      PrintHelp(stdout);
-      return kExitOk;
-    } else if (arg == "--json") {
-      json = true;
-    } else if (arg == "--policy") {
-      if (i + 1 >= argc) return UsageError("--policy needs a NAME");
-      policy = argv[++i];
-    } else if (arg == "--device" || arg.substr(0, 9) == "--device=") {
-      std::uint32_t value = 0;
-      std::string text =
-          arg == "--device" ? (i + 1 < argc ? argv[++i] : "") : std::string(arg.substr(9));
-      if (!absl::SimpleAtoi(text, &value)) return UsageError("--device needs a device ordinal");
-      device = value;
-    } else if (arg.substr(0, 9) == "--policy=") {
-      policy = std::string(arg.substr(9));
-    } else if (arg == "--fence" || arg.substr(0, 8) == "--fence=") {
-      std::string_view value;
-      if (arg == "--fence") {
-        if (i + 1 >= argc) return UsageError("--fence needs a MODEL");
-        value = argv[++i];
-      } else {
-        value = arg.substr(8);
-      }
-      if (value == "none") {
-        options.fence = FenceModel::kNone;
-      } else if (value == "events") {
-        options.fence = FenceModel::kEvents;
-      } else if (value == "devsync") {
-        options.fence = FenceModel::kDeviceSync;
-      } else {
-        return UsageError(
-            absl::StrFormat("unknown fence model '%s' (known: none, events, devsync)", value));
-      }
-    } else if (arg == "--gpu-lag" || arg.substr(0, 10) == "--gpu-lag=") {
-      std::string value;
-      if (arg == "--gpu-lag") {
-        if (i + 1 >= argc) return UsageError("--gpu-lag needs microseconds");
-        value = argv[++i];
-      } else {
-        value = std::string(arg.substr(10));
-      }
-      if (!absl::SimpleAtoi(value, &options.gpu_lag_us) || options.gpu_lag_us > 60000000) {
-        return UsageError(absl::StrFormat(
-            "--gpu-lag '%s' is not a number of microseconds from 0 to 60000000", value));
-      }
-      lag_given = true;
-    } else if (arg == "--lag-fraction" || arg.substr(0, 15) == "--lag-fraction=") {
-      std::string value;
-      if (arg == "--lag-fraction") {
-        if (i + 1 >= argc) return UsageError("--lag-fraction needs a number");
-        value = argv[++i];
-      } else {
-        value = std::string(arg.substr(15));
-      }
-      if (!absl::SimpleAtoi(value, &options.lag_fraction) || options.lag_fraction > 1000000) {
-        return UsageError(
-            absl::StrFormat("--lag-fraction '%s' is not a number from 0 to 1000000", value));
-      }
-    } else {
-      return UsageError(absl::StrFormat("unknown option '%s'", arg));
-    }
-  }
-  if (lag_given && options.fence == FenceModel::kNone) {
-    return UsageError("--gpu-lag needs --fence events or --fence devsync");
-  }
-  if (traces.size() != 1) {
-    return UsageError(traces.empty() ? "missing TRACE"
-                                     : absl::StrCat("expected one TRACE, got ", traces.size()));
-  }
-  if (!policy.empty()) {
-    bool known = false;
-    for (std::string_view name : PolicyList()) known = known || name == policy;
-    if (!known) {
-      return UsageError(absl::StrFormat("unknown policy '%s' (known: %s)", policy,
-                                        vramscope::pool::PolicyNames()));
-    }
-  }
+std::shared_ptr<void> DefineReplayFlags(CLI::App& app) {
+  auto flags = std::make_shared<ReplayFlags>();
+  DefineFlags(app, flags.get());
+  return flags;
+}
 
+namespace {
+
+// Loads, replays and prints; the exit code.
+int Execute(const ReplayFlags& flags) {
+  const std::string& trace_path = flags.trace;
+  const ReplayOptions& options = flags.options;
+  const std::string& policy = flags.policy;
   ProgressBar bar;
   SnapshotLoadInfo snapshot;
   absl::StatusOr<LoadedTrace> trace = LoadAnyTrace(
-      traces[0], device, [&bar](double fraction) { bar.Update("reading", fraction); }, &snapshot);
+      trace_path, flags.device, [&bar](double fraction) { bar.Update("reading", fraction); },
+      &snapshot);
   if (!trace.ok()) {
     bar.Clear();
     std::fprintf(stderr, "vramscope replay: %s\n", std::string(trace.status().message()).c_str());
@@ -365,22 +308,37 @@ int RunReplay(int argc, char** argv) {
     std::fprintf(stderr,
                  "vramscope replay: %s: %llu frees of blocks allocated before the snapshot's "
                  "history began were skipped\n",
-                 traces[0].c_str(), static_cast<unsigned long long>(snapshot.frees_before_history));
+                 trace_path.c_str(),
+                 static_cast<unsigned long long>(snapshot.frees_before_history));
   }
   absl::StatusOr<ReplayResult> result = ReplayTrace(
       *trace, policy,
       [&bar](std::string_view phase, double fraction) { bar.Update(phase, fraction); }, options);
   bar.Clear();
   if (!result.ok()) {
-    std::fprintf(stderr, "vramscope replay: %s: %s\n", traces[0].c_str(),
+    std::fprintf(stderr, "vramscope replay: %s: %s\n", trace_path.c_str(),
                  std::string(result.status().message()).c_str());
     return result.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage
                                                                         : kExitCheckFailed;
   }
   const std::string report =
-      json ? FormatReplayJson(*trace, *result) : FormatReplayText(*trace, *result);
+      flags.json ? FormatReplayJson(*trace, *result) : FormatReplayText(*trace, *result);
   std::fputs(report.c_str(), stdout);
   return kExitOk;
+}
+
+}  // namespace
+
+int RunReplay(int argc, char** argv) {
+  CLI::App app(std::string(kReplaySummary), "vramscope replay");
+  ReplayFlags flags;
+  DefineFlags(app, &flags);
+  if (std::optional<int> exit_code = cmdline::Parse(app, argc, argv)) return *exit_code;
+  if (app.count("--gpu-lag") > 0 && flags.options.fence == FenceModel::kNone) {
+    return cmdline::UsageError(app, "--gpu-lag needs --fence events or --fence devsync");
+  }
+  if (flags.trace.empty()) return cmdline::UsageError(app, "missing TRACE");
+  return Execute(flags);
 }
 
 }  // namespace vramscope::cli

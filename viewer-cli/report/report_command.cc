@@ -3,21 +3,22 @@
 #include "report/report_command.h"
 
 #include <absl/status/statusor.h>
-#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "common/args.h"
 #include "common/command.h"
 #include "common/report_file.h"
 #include "common/report_text.h"
 #include "report/collector_source.h"
 #include "report/report_html.h"
 #include "vramscope/atomic_file.h"
+#include "vramscope/command_line.h"
 #include "vramscope/net_security.h"
 
 namespace vramscope::cli {
@@ -36,152 +37,79 @@ struct ReportOptions {
   net::ClientSecurity security;
 };
 
-void PrintReportUsage(std::FILE* out) {
-  std::fprintf(
-      out,
-      "usage: vramscope report FILE.json [--format text|json|html] [-o FILE]\n"
-      "       vramscope report --collector ADDR --pid PID [--host HOST] [--format ...] [-o FILE]\n"
-      "       vramscope report --collector ADDR --run ID [--format ...] [-o FILE]\n"
-      "       vramscope report --collector ADDR\n"
-      "\n"
-      "Shows a report: one saved with `vramscope run --json FILE` (one Report, or\n"
-      "{\"reports\": [...]} for several processes), or the report a running vramscope-collector\n"
-      "holds for process PID. With --collector and no --pid, lists the collector's processes\n"
-      "(running and finished) and exits 0: pick one with --pid (and --host when the same pid\n"
-      "is known on several hosts; of several processes with that pid on one host, the latest\n"
-      "started is shown).\n"
-      "\n"
-      "options:\n"
-      "  --format FORMAT   text (default): the summary `vramscope run` prints at exit;\n"
-      "                    json: the report with proto field names, as `vramscope run --json`\n"
-      "                    writes it (readable by `vramscope check` and by this command);\n"
-      "                    html: one self-contained page (no network): per device a plot of\n"
-      "                    requested, allocated and reserved bytes over time with NVTX ranges\n"
-      "                    shaded, and tables of peaks, fragmentation, OOMs, NVTX ranges, top\n"
-      "                    allocation sites, allocations not freed at exit, bytes by kind\n"
-      "  -o, --output FILE write there (replaced atomically) instead of stdout\n"
-      "  --collector ADDR  the collector's HOST:PORT (vramscope-collector --listen); several,\n"
-      "                    comma-separated, are merged, each event counted once\n"
-      "  --pid PID         with --collector: the process to report\n"
-      "  --host HOST       with --pid: the host the process ran on\n"
-      "  --run ID          with --collector: a run from its history (`vramscope history`\n"
-      "                    lists them with their ids), finished at any time\n"
-      "  -h, --help        this text\n"
-      "with --collector, how to reach it:\n"
-      "%s"
-      "\n"
-      "exit status: 0 ok, 2 usage error, input missing or not a report, no such process at the\n"
-      "collector, or an output that cannot be written; 3 the collector cannot be reached.\n",
-      net::kClientFlagsHelp);
-}
+constexpr char kFooter[] =
+    "Other forms: vramscope report --collector ADDR --pid PID [--host HOST] [--format ...] [-o "
+    "FILE]; vramscope report --collector ADDR --run ID [--format ...] [-o FILE]; vramscope report "
+    "--collector ADDR.\n"
+    "Shows a report: one saved with `vramscope run --json FILE` (one Report, or {\"reports\": "
+    "[...]} for several processes), or the report a running vramscope-collector holds for process "
+    "PID. With --collector and no --pid, lists the collector's processes (running and finished) "
+    "and exits 0: pick one with --pid (and --host when the same pid is known on several hosts; of "
+    "several processes with that pid on one host, the latest started is shown).\n"
+    "Exit status: 0 ok, 2 usage error, input missing or not a report, no such process at the "
+    "collector, or an output that cannot be written; 3 the collector cannot be reached.";
 
-// Which options go together. False after printing why.
-bool CheckCombination(const ReportOptions& options, bool have_format) {
+// Which options go together: "" or why not.
+std::string CheckCombination(const ReportOptions& options, bool have_format) {
   if (options.file.empty() == options.collector.empty()) {
-    std::fprintf(stderr, options.file.empty()
-                             ? "vramscope report: give a report FILE.json or --collector ADDR\n"
-                             : "vramscope report: a FILE and --collector cannot go together\n");
-    return false;
+    return options.file.empty() ? "give a report FILE.json or --collector ADDR"
+                                : "a FILE and --collector cannot go together";
   }
   if (!options.file.empty() && (options.pid || !options.host.empty())) {
-    std::fprintf(stderr, "vramscope report: --pid and --host need --collector\n");
-    return false;
+    return "--pid and --host need --collector";
   }
   if (options.run && (options.collector.empty() || options.pid)) {
-    std::fprintf(stderr, "vramscope report: --run needs --collector and goes without --pid\n");
-    return false;
+    return "--run needs --collector and goes without --pid";
   }
-  if (!options.host.empty() && !options.pid) {
-    std::fprintf(stderr, "vramscope report: --host needs --pid\n");
-    return false;
-  }
+  if (!options.host.empty() && !options.pid) return "--host needs --pid";
   if (!options.collector.empty() && !options.pid && !options.run &&
       (have_format || !options.output.empty())) {
-    std::fprintf(stderr,
-                 "vramscope report: --format and -o need a report: add --pid PID (`vramscope "
-                 "report --collector %s` lists the processes)\n",
-                 options.collector.c_str());
-    return false;
+    return "--format and -o need a report: add --pid PID (`vramscope report --collector " +
+           options.collector + "` lists the processes)";
   }
-  return true;
+  return "";
 }
 
-// Returns nullopt after printing the problem (usage error) or for --help (help set).
-std::optional<ReportOptions> ParseArgs(int argc, char** argv, bool* help) {
-  ReportOptions options;
-  bool have_format = false;
-  ArgReader args("report", argc, argv);
-  while (args.Next()) {
-    const std::string_view arg = args.arg();
-    const std::string& flag = args.flag();
-    std::string value;
-    auto take = [&]() -> bool { return args.Value(&value); };
-    if (flag == "-h" || flag == "--help") {
-      *help = true;
-      return std::nullopt;
-    } else if (flag == "--format") {
-      if (!take()) return std::nullopt;
-      if (value == "text") {
-        options.format = Format::kText;
-      } else if (value == "json") {
-        options.format = Format::kJson;
-      } else if (value == "html") {
-        options.format = Format::kHtml;
-      } else {
-        std::fprintf(stderr, "vramscope report: --format '%s' is not text, json or html\n",
-                     value.c_str());
-        return std::nullopt;
-      }
-      have_format = true;
-    } else if (flag == "-o" || flag == "--output") {
-      if (!take()) return std::nullopt;
-      if (value.empty()) {
-        std::fprintf(stderr, "vramscope report: %s needs a file name\n", flag.c_str());
-        return std::nullopt;
-      }
-      options.output = value;
-    } else if (flag == "--collector") {
-      if (!take()) return std::nullopt;
-      if (value.empty()) {
-        std::fprintf(stderr, "vramscope report: --collector needs HOST:PORT\n");
-        return std::nullopt;
-      }
-      options.collector = value;
-    } else if (net::IsClientFlag(flag)) {
-      if (!take()) return std::nullopt;
-      net::SetClientFlag(flag, value, &options.security);
-    } else if (flag == "--pid") {
-      if (!take()) return std::nullopt;
-      std::uint32_t pid = 0;
-      if (!absl::SimpleAtoi(value, &pid) || pid == 0) {
-        std::fprintf(stderr, "vramscope report: --pid '%s' is not a process id\n", value.c_str());
-        return std::nullopt;
-      }
-      options.pid = pid;
-    } else if (flag == "--host") {
-      if (!take()) return std::nullopt;
-      options.host = value;
-    } else if (flag == "--run") {
-      if (!take()) return std::nullopt;
-      std::int64_t run = 0;
-      if (!absl::SimpleAtoi(value, &run) || run <= 0) {
-        std::fprintf(stderr, "vramscope report: --run '%s' is not a run id\n", value.c_str());
-        return std::nullopt;
-      }
-      options.run = run;
-    } else if (arg.size() > 1 && arg[0] == '-') {
-      std::fprintf(stderr, "vramscope report: unknown option '%s'\n", std::string(arg).c_str());
-      return std::nullopt;
-    } else if (options.file.empty()) {
-      options.file = std::string(arg);
-    } else {
-      std::fprintf(stderr, "vramscope report: one input file only ('%s' and '%s' given)\n",
-                   options.file.c_str(), std::string(arg).c_str());
-      return std::nullopt;
-    }
-  }
-  if (!CheckCombination(options, have_format)) return std::nullopt;
-  return options;
+void DefineFlags(CLI::App& app, ReportOptions* options) {
+  cmdline::MakeApp(app, "FILE.json [--format text|json|html] [-o FILE]");
+  app.footer(kFooter);
+  app.add_option("file", options->file, "a report `vramscope run --json` wrote")
+      ->type_name("FILE.json");
+  app.add_option("--format", options->format,
+                 "text (default): the summary `vramscope run` prints at exit; json: the report "
+                 "with proto field names, as `vramscope run --json` writes it (readable by "
+                 "`vramscope check` and by this command); html: one self-contained page (no "
+                 "network): per device a plot of requested, allocated and reserved bytes over "
+                 "time with NVTX ranges shaded, and tables of peaks, fragmentation, OOMs, NVTX "
+                 "ranges, top allocation sites, allocations not freed at exit, bytes by kind")
+      ->type_name("FORMAT")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, Format>{
+              {"text", Format::kText}, {"json", Format::kJson}, {"html", Format::kHtml}},
+          CLI::ignore_case));
+  app.add_option("-o,--output", options->output,
+                 "write there (replaced atomically) instead of stdout")
+      ->type_name("FILE")
+      ->check([](const std::string& value) { return value.empty() ? "needs a file name" : ""; });
+  app.add_option("--collector", options->collector,
+                 "the collector's HOST:PORT (vramscope-collector --listen); several, "
+                 "comma-separated, are merged, each event counted once")
+      ->type_name("ADDR")
+      ->check([](const std::string& value) { return value.empty() ? "needs HOST:PORT" : ""; });
+  cmdline::AddClientSecurityFlags(app, &options->security);
+  app.add_option_function<std::uint32_t>(
+         "--pid", [options](std::uint32_t pid) { options->pid = pid; },
+         "with --collector: the process to report")
+      ->type_name("PID")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--host", options->host, "with --pid: the host the process ran on")
+      ->type_name("HOST");
+  app.add_option_function<std::int64_t>(
+         "--run", [options](std::int64_t run) { options->run = run; },
+         "with --collector: a run from its history (`vramscope history` lists them with their "
+         "ids), finished at any time")
+      ->type_name("ID")
+      ->check(CLI::PositiveNumber);
 }
 
 std::string Render(const std::vector<v1::Report>& reports, Format format) {
@@ -215,20 +143,8 @@ int ListProcesses(const ReportOptions& options, const CollectorQuery& query) {
   return kExitOk;
 }
 
-}  // namespace
-
-int RunReport(int argc, char** argv) {
-  bool help = false;
-  const std::optional<ReportOptions> parsed = ParseArgs(argc, argv, &help);
-  if (help) {
-    PrintReportUsage(stdout);
-    return kExitOk;
-  }
-  if (!parsed) {
-    std::fprintf(stderr, "`vramscope report --help` for usage\n");
-    return kExitUsage;
-  }
-  const ReportOptions& options = *parsed;
+// Reads or fetches the report and writes it; the exit code.
+int Execute(const ReportOptions& options) {
   CollectorQuery query;
   query.address = options.collector;
   if (!options.collector.empty()) {
@@ -279,6 +195,26 @@ int RunReport(int argc, char** argv) {
     return kExitUsage;
   }
   return kExitOk;
+}
+
+}  // namespace
+
+std::shared_ptr<void> DefineReportFlags(CLI::App& app) {
+  auto options = std::make_shared<ReportOptions>();
+  DefineFlags(app, options.get());
+  return options;
+}
+
+int RunReport(int argc, char** argv) {
+  CLI::App app(std::string(kReportSummary), "vramscope report");
+  ReportOptions options;
+  DefineFlags(app, &options);
+  if (std::optional<int> exit_code = cmdline::Parse(app, argc, argv)) return *exit_code;
+  if (const std::string problem = CheckCombination(options, app.count("--format") > 0);
+      !problem.empty()) {
+    return cmdline::UsageError(app, problem);
+  }
+  return Execute(options);
 }
 
 }  // namespace vramscope::cli

@@ -6,7 +6,10 @@
 // that cannot be written; 3 the collector cannot be reached.
 #pragma once
 
+#include <memory>
 #include <string_view>
+
+#include "common/command.h"
 
 namespace vramscope::cli {
 
@@ -15,5 +18,7 @@ inline constexpr std::string_view kReportSummary =
 
 // argv[0] is "report".
 int RunReport(int argc, char** argv);
+// Adds the verb's flags to `app` (for `vramscope --help`, the man page, the completions).
+std::shared_ptr<void> DefineReportFlags(CLI::App& app);
 
 }  // namespace vramscope::cli

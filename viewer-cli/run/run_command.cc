@@ -37,6 +37,7 @@
 #include "run/ring_session.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
+#include "vramscope/command_line.h"
 #include "vramscope/log.h"
 #include "vramscope/net_security.h"
 
@@ -67,83 +68,103 @@ struct RunOptions {
 
 RunLiveViewFactory g_live_view_factory = nullptr;
 
-void PrintRunUsage(std::FILE* out) {
-  std::fprintf(
-      out,
-      "usage: vramscope run [--json FILE] [--trace FILE] [--events FILE] [--max-peak SIZE]\n"
-      "                     [--collector ADDR] [--live] [--no-stacks] [--folded FILE]\n"
-      "                     [--no-cupti] [--label KEY=VALUE]... [--] CMD [ARGS...]\n"
-      "\n"
-      "Runs CMD with the vramscope shim preloaded (no daemon needed). CMD and every process it\n"
-      "starts are traced; at exit a report per process and device goes to stderr: peak\n"
-      "requested, allocated and reserved bytes, fragmentation, counts, NVTX ranges, top sites,\n"
-      "memory not freed at exit.\n"
-      "\n"
-      "options:\n"
-      "  --json FILE       write the report as JSON (proto field names): one process -> a\n"
-      "                    vramscope.v1.Report object; otherwise {\"reports\": [Report, ...]}\n"
-      "  --trace FILE      write a trace for ui.perfetto.dev: FILE.pftrace a Perfetto protobuf\n"
-      "                    trace (allocations as slices per device with their stacks as\n"
-      "                    callstacks, exact requested/allocated/reserved counters, NVTX\n"
-      "                    ranges); any other name a Chrome trace (JSON): per device counter\n"
-      "                    tracks \"cuda:N allocated/reserved/requested\" (and \"cuda:N CUPTI\n"
-      "                    device bytes\" with CUPTI), allocations as async slices, NVTX ranges\n"
-      "  --events FILE     write every allocation, free, pool reservation, NVTX range and site\n"
-      "                    as an event log, for `vramscope export --format torch-snapshot`\n"
-      "  --max-peak SIZE   exit 1 when any process's peak RESERVED bytes on any device (what the\n"
-      "                    driver held for it: the figure that runs out) exceed SIZE; SIZE is\n"
-      "                    bytes or 512MiB, 4GiB, 1.5GB, 2G (K/M/G/T and KiB.. = 1024-based,\n"
-      "                    KB/MB/GB/TB = 1000-based)\n"
-      "  --collector ADDR  also stream the events to vramscope-collector at ADDR (HOST:PORT)\n"
-      "                    while CMD runs, as vramscope-agent does (batches, sequence numbers,\n"
-      "                    resend after a reconnect); after the report, wait up to 10 s for the\n"
-      "                    collector to acknowledge everything. If it does not, a warning says\n"
-      "                    so; the local report and files are complete either way. How to\n"
-      "                    reach it (TLS, token; as vramscope-agent):\n"
-      "%s"
-      "  --live            show the live dashboard (as `vramscope top`) while CMD runs; on a\n"
-      "                    terminal CMD reads /dev/null and its output is held back and\n"
-      "                    printed when it exits; otherwise one plain line per process and\n"
-      "                    device every second on stdout\n"
-      "  --no-cupti        do not load CUPTI in CMD (default: VRAMSCOPE_CUPTI=1 unless the\n"
-      "                    environment sets VRAMSCOPE_CUPTI: the driver's own memory records,\n"
-      "                    reported as \"CUPTI (driver view)\" and traced as \"cuda:N CUPTI "
-      "device\n"
-      "                    bytes\"; if another tool holds CUPTI, one warning and hooks only)\n"
-      "  --no-stacks       do not record allocation call stacks. By default CMD records the\n"
-      "                    native call stack of every allocation (VRAMSCOPE_STACKS=1 unless\n"
-      "                    the environment sets VRAMSCOPE_STACKS; about 0.2 us each, walked\n"
-      "                    in CMD with cached unwind rules, resolved here with libdw): the\n"
-      "                    report's top allocation sites get function (file:line) frames,\n"
-      "                    and it lists the peak requested bytes of each calling library\n"
-      "                    (--stacks, the old switch, is still accepted)\n"
-      "  --folded FILE     write folded stacks for flamegraph.pl/speedscope:\n"
-      "                    \"outermost;...;innermost BYTES\", BYTES = total requested bytes\n"
-      "                    allocated from that stack over the run (every site, not only the top)\n"
-      "  --label KEY=VALUE a label of this run (repeatable): job name, git commit, test id;\n"
-      "                    KEY is [A-Za-z_][A-Za-z0-9_]* (64 bytes at most), VALUE UTF-8 (256\n"
-      "                    bytes at most). Merged over the environment's VRAMSCOPE_LABELS\n"
-      "                    (k=v,k=v) and passed to CMD in it; in reports and the collector's\n"
-      "                    run history\n"
-      "  -h, --help        this text\n"
-      "\n"
-      "NVTX ranges are received through NVTX_INJECTION64_PATH, set to the shim unless already\n"
-      "set (no change to CMD needed).\n"
-      "The shim is found at $VRAMSCOPE_SHIM, else next to this executable (build tree:\n"
-      "../interposer/shim/libvramscope.so; installed: ../lib/libvramscope.so).\n"
-      "exit status: CMD's (128+N when killed by signal N, 127 when it cannot start); when CMD\n"
-      "succeeded: 1 if --max-peak was exceeded, else 2 if an output file could not be written,\n"
-      "else 3 if --collector was given and the collector did not acknowledge every event\n"
-      "within the 10 s (unreachable, refused, or events dropped beyond the 256 MiB kept in\n"
-      "memory for it); 2 for usage errors.\n",
-      net::kClientFlagsHelp);
+constexpr char kFooter[] =
+    "Runs CMD with the vramscope shim preloaded (no daemon needed). CMD and every process it "
+    "starts are traced; at exit a report per process and device goes to stderr: peak requested, "
+    "allocated and reserved bytes, fragmentation, counts, NVTX ranges, top sites, memory not "
+    "freed at exit.\n"
+    "NVTX ranges are received through NVTX_INJECTION64_PATH, set to the shim unless already set "
+    "(no change to CMD needed). The shim is found at $VRAMSCOPE_SHIM, else next to this "
+    "executable (build tree: ../interposer/shim/libvramscope.so; installed: "
+    "../lib/libvramscope.so).\n"
+    "Exit status: CMD's (128+N when killed by signal N, 127 when it cannot start); when CMD "
+    "succeeded: 1 if --max-peak was exceeded, else 2 if an output file could not be written, "
+    "else 3 if --collector was given and the collector did not acknowledge every event within "
+    "the 10 s (unreachable, refused, or events dropped beyond the 256 MiB kept in memory for "
+    "it); 2 for usage errors.";
+
+// A file-name flag's check: refuses an empty name.
+std::string NeedsFileName(const std::string& value) {
+  return value.empty() ? "needs a file name" : "";
 }
 
-// One --label; false after printing why.
-bool TakeLabel(const std::string& label, Labels* labels) {
-  absl::Status s = AddLabelArg(label, labels);
-  if (!s.ok()) std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
-  return s.ok();
+void DefineOutputFlags(CLI::App& app, RunOptions* options) {
+  app.add_option("--json", options->json_path,
+                 "write the report as JSON (proto field names): one process -> a "
+                 "vramscope.v1.Report object; otherwise {\"reports\": [Report, ...]}")
+      ->type_name("FILE");
+  app.add_option("--trace", options->trace_path,
+                 "write a trace for ui.perfetto.dev: FILE.pftrace a Perfetto protobuf trace "
+                 "(allocations as slices per device with their stacks as callstacks, exact "
+                 "requested/allocated/reserved counters, NVTX ranges); any other name a Chrome "
+                 "trace (JSON): per device counter tracks, allocations as async slices, NVTX "
+                 "ranges")
+      ->type_name("FILE");
+  app.add_option("--events", options->events_path,
+                 "write every allocation, free, pool reservation, NVTX range and site as an event "
+                 "log, for `vramscope export --format torch-snapshot`")
+      ->type_name("FILE")
+      ->check(NeedsFileName);
+  cmdline::AddSize(app, "--max-peak", &options->max_peak,
+                   "exit 1 when any process's peak RESERVED bytes on any device (what the driver "
+                   "held for it: the figure that runs out) exceed SIZE");
+  app.add_option("--folded", options->folded_path,
+                 "write folded stacks for flamegraph.pl/speedscope: \"outermost;...;innermost "
+                 "BYTES\", BYTES = total requested bytes allocated from that stack over the run")
+      ->type_name("FILE")
+      ->check(NeedsFileName);
+}
+
+void DefineFlags(CLI::App& app, RunOptions* options, Labels* labels) {
+  cmdline::MakeApp(app, "[FLAGS] [--] CMD [ARGS...]");
+  app.footer(kFooter);
+  DefineOutputFlags(app, options);
+  app.add_option("--collector", options->collector,
+                 "also stream the events to vramscope-collector at ADDR (HOST:PORT) while CMD "
+                 "runs, as vramscope-agent does; after the report, wait up to 10 s for the "
+                 "collector to acknowledge everything (a warning if it does not)")
+      ->type_name("ADDR")
+      ->check([](const std::string& value) {
+        return value.empty() ? "needs HOST:PORT (e.g. 127.0.0.1:7411)" : "";
+      });
+  cmdline::AddClientSecurityFlags(app, &options->security);
+  app.add_flag("--live", options->live,
+               "show the live dashboard (as `vramscope top`) while CMD runs; on a terminal CMD "
+               "reads /dev/null and its output is held back and printed when it exits; otherwise "
+               "one plain line per process and device every second on stdout");
+  app.add_flag_callback(
+      "--no-cupti", [options] { options->cupti = false; },
+      "do not load CUPTI in CMD (default: VRAMSCOPE_CUPTI=1 unless the environment sets "
+      "VRAMSCOPE_CUPTI: the driver's own memory records in the report and trace)");
+  app.add_flag("--no-stacks", options->no_stacks,
+               "do not record allocation call stacks (recorded by default, about 0.2 us each: the "
+               "report's top allocation sites get function (file:line) frames)");
+  app.add_flag("--stacks", options->stacks, "record allocation call stacks (the default)");
+  app.add_option_function<std::vector<std::string>>(
+         "--label",
+         [labels](const std::vector<std::string>& values) {
+           for (const std::string& value : values) {
+             if (absl::Status s = AddLabelArg(value, labels); !s.ok()) {
+               throw CLI::ValidationError(std::string(s.message()));
+             }
+           }
+         },
+         "a label of this run (repeatable): job name, git commit, test id; merged over the "
+         "environment's VRAMSCOPE_LABELS and passed to CMD in it")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+}
+
+// Where CMD starts: the first argument that is neither a flag nor a flag's value, or "--".
+int CommandStart(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--" || arg.empty() || arg[0] != '-' || arg == "-") return i;
+    if (arg.find('=') != std::string_view::npos) continue;
+    const CLI::Option* option = app.get_option_no_throw(std::string(arg));
+    if (option != nullptr && option->get_expected_max() > 0) ++i;  // its value
+  }
+  return argc;
 }
 
 // `--label`s over the environment's VRAMSCOPE_LABELS, as the text for CMD's. False after
@@ -168,111 +189,25 @@ bool MergeLabels(const Labels& given, std::string* text) {
   return true;
 }
 
-// Returns nullopt after printing the problem (usage error) or for --help (help set).
-std::optional<RunOptions> ParseArgs(int argc, char** argv, bool* help) {
-  RunOptions options;
+// The flags, then CMD. nullopt: go on; else the exit code (--help, or a usage error printed).
+std::optional<int> ParseRunArgs(int argc, char** argv, RunOptions* options) {
+  CLI::App app(std::string(kRunSummary), "vramscope run");
   Labels labels;
-  int i = 1;
-  auto value = [&](std::string_view flag, std::string* out) -> bool {
-    const std::string_view arg = argv[i];
-    if (arg.size() > flag.size() && arg.substr(0, flag.size()) == flag && arg[flag.size()] == '=') {
-      *out = std::string(arg.substr(flag.size() + 1));
-      return true;
+  DefineFlags(app, options, &labels);
+  int start = CommandStart(app, argc, argv);
+  if (std::optional<int> exit_code = cmdline::Parse(app, start, argv)) return *exit_code;
+  if (start < argc && std::string_view(argv[start]) == "--") ++start;
+  for (int i = start; i < argc; ++i) options->command.push_back(argv[i]);
+  if (options->command.empty()) return cmdline::UsageError(app, "no command given");
+  if (!options->folded_path.empty()) {
+    if (options->no_stacks) {
+      return cmdline::UsageError(app, "--folded needs the stacks that --no-stacks turns off");
     }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "vramscope run: %.*s needs a value\n", static_cast<int>(flag.size()),
-                   flag.data());
-      return false;
-    }
-    *out = argv[++i];
-    return true;
-  };
-  auto matches = [&](std::string_view flag) {
-    const std::string_view arg = argv[i];
-    return arg == flag || (arg.size() > flag.size() && arg.substr(0, flag.size()) == flag &&
-                           arg[flag.size()] == '=');
-  };
-  for (; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (arg == "-h" || arg == "--help") {
-      *help = true;
-      return std::nullopt;
-    }
-    if (matches("--json")) {
-      if (!value("--json", &options.json_path)) return std::nullopt;
-    } else if (matches("--trace")) {
-      if (!value("--trace", &options.trace_path)) return std::nullopt;
-    } else if (matches("--events")) {
-      if (!value("--events", &options.events_path)) return std::nullopt;
-      if (options.events_path.empty()) {
-        std::fprintf(stderr, "vramscope run: --events needs a file name\n");
-        return std::nullopt;
-      }
-    } else if (matches("--max-peak")) {
-      std::string size;
-      if (!value("--max-peak", &size)) return std::nullopt;
-      options.max_peak = ParseSize(size);
-      if (!options.max_peak) {
-        std::fprintf(stderr,
-                     "vramscope run: --max-peak '%s' is not a size (examples: 4GiB, 512MiB, "
-                     "1.5GB, 1073741824)\n",
-                     size.c_str());
-        return std::nullopt;
-      }
-    } else if (matches("--collector")) {
-      if (!value("--collector", &options.collector)) return std::nullopt;
-      if (options.collector.empty()) {
-        std::fprintf(stderr, "vramscope run: --collector needs HOST:PORT (e.g. 127.0.0.1:7411)\n");
-        return std::nullopt;
-      }
-    } else if (const std::string_view name = arg.substr(0, arg.find('='));
-               net::IsClientFlag(name)) {
-      std::string flag_value;
-      if (!value(name, &flag_value)) return std::nullopt;
-      net::SetClientFlag(name, flag_value, &options.security);
-    } else if (arg == "--live") {
-      options.live = true;
-    } else if (arg == "--no-cupti") {
-      options.cupti = false;
-    } else if (arg == "--stacks") {
-      options.stacks = true;
-    } else if (arg == "--no-stacks") {
-      options.no_stacks = true;
-    } else if (matches("--folded")) {
-      if (!value("--folded", &options.folded_path)) return std::nullopt;
-      if (options.folded_path.empty()) {
-        std::fprintf(stderr, "vramscope run: --folded needs a file name\n");
-        return std::nullopt;
-      }
-      options.stacks = true;
-    } else if (matches("--label")) {
-      std::string label;
-      if (!value("--label", &label) || !TakeLabel(label, &labels)) return std::nullopt;
-    } else if (!arg.empty() && arg[0] == '-') {
-      std::fprintf(stderr, "vramscope run: unknown option '%s'\n", argv[i]);
-      return std::nullopt;
-    } else {
-      break;  // CMD starts here
-    }
+    options->stacks = true;
   }
-  for (; i < argc; ++i) options.command.push_back(argv[i]);
-  if (options.command.empty()) {
-    std::fprintf(stderr, "vramscope run: no command given\n");
-    return std::nullopt;
-  }
-  if (options.no_stacks) {
-    if (!options.folded_path.empty()) {
-      std::fprintf(stderr, "vramscope run: --folded needs the stacks that --no-stacks turns off\n");
-      return std::nullopt;
-    }
-    options.stacks = false;
-  }
-  if (!labels.empty() && !MergeLabels(labels, &options.labels_text)) return std::nullopt;
-  return options;
+  if (options->no_stacks) options->stacks = false;
+  if (!labels.empty() && !MergeLabels(labels, &options->labels_text)) return kExitUsage;
+  return std::nullopt;
 }
 
 bool IsFile(const std::string& path) {
@@ -507,61 +442,75 @@ void ReplayHeldOutput(int fd) {
   }
 }
 
-}  // namespace
+// What one run holds from the start of CMD to the report. Not movable: the session points at
+// `trace` and `outbox`.
+struct RunContext {
+  std::string shim;
+  std::string ring_dir;
+  net::ClientCredentials credentials;
+  ChromeTrace trace;
+  // --collector: the agent library's Outbox (sequence numbers, memory bound, counted drops) and
+  // Uplink (stream, acknowledgements, reconnect and resend), as vramscope-agent uses them.
+  std::unique_ptr<agent::Outbox> outbox;
+  std::unique_ptr<agent::Uplink> uplink;
+  std::unique_ptr<RingSession> session;
+  RecordedEvents recorded;  // the per-allocation events, for --events and a Perfetto --trace
+  bool perfetto = false;
+  std::size_t shown_sites = 0;
+  std::unique_ptr<RunLiveView> live;
+  int held_output = -1;  // --live on a terminal: CMD's output, held back
+  int exec_errno = 0;
+};
 
-void SetRunLiveViewFactory(RunLiveViewFactory factory) { g_live_view_factory = factory; }
-
-int RunRun(int argc, char** argv) {
-  bool help = false;
-  const std::optional<RunOptions> parsed = ParseArgs(argc, argv, &help);
-  if (help) {
-    PrintRunUsage(stdout);
-    return kExitOk;
-  }
-  if (!parsed) {
-    std::fprintf(stderr, "`vramscope run --help` for usage\n");
-    return kExitUsage;
-  }
-  const RunOptions& options = *parsed;
-  if (options.live && g_live_view_factory == nullptr) {
-    std::fprintf(stderr, "vramscope run: --live is not available in this build\n");
-    return kExitUsage;
-  }
+// Credentials, the shim, the ring directory and the session. 0, or the exit code after printing
+// why.
+int Prepare(const RunOptions& options, RunContext* run) {
   absl::StatusOr<net::ClientCredentials> credentials = net::LoadClientCredentials(options.security);
   if (!credentials.ok()) {
     std::fprintf(stderr, "vramscope run: %s\n",
                  std::string(credentials.status().message()).c_str());
     return kExitUsage;
   }
-  const std::string shim = FindShim();
-  if (shim.empty()) return kExitUsage;
-  const std::string ring_dir = MakeRingDir();
-  if (ring_dir.empty()) {
+  run->credentials = *std::move(credentials);
+  run->shim = FindShim();
+  if (run->shim.empty()) return kExitUsage;
+  run->ring_dir = MakeRingDir();
+  if (run->ring_dir.empty()) {
     std::fprintf(stderr, "vramscope run: cannot create a ring directory in /dev/shm or $TMPDIR\n");
     return kExitUsage;
   }
-
-  ChromeTrace trace;
-  // --collector: the agent library's Outbox (sequence numbers, memory bound, counted drops) and
-  // Uplink (stream, acknowledgements, reconnect and resend), as vramscope-agent uses them.
-  std::unique_ptr<agent::Outbox> outbox;
   if (!options.collector.empty()) {
     // The uplink's per-retry warnings would interleave with CMD's output; one summary line
     // after the report says how delivery went.
     vramscope::SetMinLogLevel(vramscope::LogLevel::kError);
-    outbox = std::make_unique<agent::Outbox>(agent::OutboxOptions{});
+    run->outbox = std::make_unique<agent::Outbox>(agent::OutboxOptions{});
   }
   collector::StatsOptions stats_options;
-  const std::size_t shown_sites = stats_options.max_top_sites;
+  run->shown_sites = stats_options.max_top_sites;
   // --folded wants every site; the report keeps its usual top ones.
   if (!options.folded_path.empty()) stats_options.max_top_sites = SIZE_MAX;
-  RingSession session(ring_dir, stats_options, options.trace_path.empty() ? nullptr : &trace,
-                      outbox.get());
-  // The per-allocation events, for --events and a Perfetto --trace.
-  const bool perfetto = absl::EndsWith(options.trace_path, ".pftrace");
-  RecordedEvents recorded;
-  if (perfetto || !options.events_path.empty()) session.SetRecorder(&recorded);
+  run->session = std::make_unique<RingSession>(run->ring_dir, stats_options,
+                                               options.trace_path.empty() ? nullptr : &run->trace,
+                                               run->outbox.get());
+  run->perfetto = absl::EndsWith(options.trace_path, ".pftrace");
+  if (run->perfetto || !options.events_path.empty()) run->session->SetRecorder(&run->recorded);
+  return 0;
+}
 
+// Started after the fork: the child execs at once and needs none of gRPC's threads.
+void StartUplink(const RunOptions& options, RunContext* run) {
+  if (run->outbox == nullptr) return;
+  agent::UplinkOptions uplink_options;
+  uplink_options.collector = options.collector;
+  uplink_options.credentials = run->credentials;
+  // A collector that comes up late is found within a second, well inside kCollectorWait.
+  uplink_options.max_backoff = absl::Seconds(1);
+  run->uplink = std::make_unique<agent::Uplink>(run->outbox.get(), uplink_options);
+  run->uplink->Start();
+}
+
+// Starts CMD and drains until it exits; CMD's exit code (126 when it could not start).
+int RunChild(const RunOptions& options, RunContext* run) {
   // Ctrl-C reaches CMD through the terminal's process group; we outlive it to report.
   struct sigaction ignore = {}, forward = {}, old_int, old_quit, old_term, old_hup;
   ignore.sa_handler = SIG_IGN;
@@ -572,38 +521,26 @@ int RunRun(int argc, char** argv) {
   sigaction(SIGHUP, &forward, &old_hup);
 
   // --live: the view; on a terminal CMD's output is held in an unlinked file meanwhile.
-  std::unique_ptr<RunLiveView> live = options.live ? g_live_view_factory() : nullptr;
-  int held_output = -1;
-  if (live != nullptr && live->TakesTerminal()) {
-    std::string held = ring_dir + "/output.XXXXXX";
-    held_output = mkostemp(held.data(), O_CLOEXEC);
-    if (held_output >= 0) unlink(held.c_str());
+  run->live = options.live ? g_live_view_factory() : nullptr;
+  if (run->live != nullptr && run->live->TakesTerminal()) {
+    std::string held = run->ring_dir + "/output.XXXXXX";
+    run->held_output = mkostemp(held.data(), O_CLOEXEC);
+    if (run->held_output >= 0) unlink(held.c_str());
   }
-  int exec_errno = 0;
-  const pid_t child = Spawn(options, shim, ring_dir, &exec_errno, held_output);
-  // Started after the fork: the child execs at once and needs none of gRPC's threads.
-  std::unique_ptr<agent::Uplink> uplink;
-  if (outbox != nullptr) {
-    agent::UplinkOptions uplink_options;
-    uplink_options.collector = options.collector;
-    uplink_options.credentials = *credentials;
-    // A collector that comes up late is found within a second, well inside kCollectorWait.
-    uplink_options.max_backoff = absl::Seconds(1);
-    uplink = std::make_unique<agent::Uplink>(outbox.get(), uplink_options);
-    uplink->Start();
-  }
+  const pid_t child = Spawn(options, run->shim, run->ring_dir, &run->exec_errno, run->held_output);
+  StartUplink(options, run);
   int exit_code;
   if (child < 0) {
     std::fprintf(stderr, "vramscope run: cannot start a process: %s\n", strerror(errno));
     exit_code = 126;
   } else {
     g_child = child;
-    session.WatchChild(static_cast<std::uint32_t>(child));
-    const int status = Supervise(child, session, live.get());
+    run->session->WatchChild(static_cast<std::uint32_t>(child));
+    const int status = Supervise(child, *run->session, run->live.get());
     g_child = 0;
-    if (exec_errno != 0) {
+    if (run->exec_errno != 0) {
       std::fprintf(stderr, "vramscope run: cannot run %s: %s\n", options.command[0],
-                   strerror(exec_errno));
+                   strerror(run->exec_errno));
     }
     exit_code = WIFEXITED(status)     ? WEXITSTATUS(status)
                 : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
@@ -613,45 +550,41 @@ int RunRun(int argc, char** argv) {
   sigaction(SIGQUIT, &old_quit, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
   sigaction(SIGHUP, &old_hup, nullptr);
+  return exit_code;
+}
 
-  if (absl::Status s = session.Finish(); !s.ok()) {
-    std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
+// Names the allocation sites' frames and writes --folded; false when --folded failed.
+bool SymbolizeAndFold(const RunOptions& options, RunContext* run,
+                      std::vector<v1::Report>* reports) {
+  if (!options.stacks) return true;
+  const SymbolizeResult symbols = SymbolizeReports(reports);
+  if (symbols.unreadable_modules > 0) {
+    std::fprintf(stderr,
+                 "vramscope run: %zu modules of the allocation sites could not be read as "
+                 "ELF files; their frames are shown as MODULE+0xOFFSET\n",
+                 symbols.unreadable_modules);
   }
-  std::vector<v1::Report> reports = session.Reports();
-  bool outputs_ok = true;
-  if (options.stacks) {
-    const SymbolizeResult symbols = SymbolizeReports(&reports);
-    if (symbols.unreadable_modules > 0) {
-      std::fprintf(stderr,
-                   "vramscope run: %zu modules of the allocation sites could not be read as "
-                   "ELF files; their frames are shown as MODULE+0xOFFSET\n",
-                   symbols.unreadable_modules);
-    }
-    if (recorded.events() > 0) SymbolizeSites(&recorded);
-    if (!options.folded_path.empty()) {
-      outputs_ok &= WriteFile(options.folded_path, FoldedStacks(reports));
-      for (v1::Report& report : reports) {
-        for (v1::DeviceReport& device : *report.mutable_devices()) {
-          auto* sites = device.mutable_top_sites();
-          if (static_cast<std::size_t>(sites->size()) > shown_sites) {
-            sites->DeleteSubrange(static_cast<int>(shown_sites),
-                                  sites->size() - static_cast<int>(shown_sites));
-          }
-        }
+  if (run->recorded.events() > 0) SymbolizeSites(&run->recorded);
+  if (options.folded_path.empty()) return true;
+  const bool ok = WriteFile(options.folded_path, FoldedStacks(*reports));
+  for (v1::Report& report : *reports) {
+    for (v1::DeviceReport& device : *report.mutable_devices()) {
+      auto* sites = device.mutable_top_sites();
+      if (static_cast<std::size_t>(sites->size()) > run->shown_sites) {
+        sites->DeleteSubrange(static_cast<int>(run->shown_sites),
+                              sites->size() - static_cast<int>(run->shown_sites));
       }
     }
   }
-  RemoveRingDir(ring_dir);
-  if (live != nullptr) live->Close(reports);
-  if (held_output >= 0) {
-    ReplayHeldOutput(held_output);
-    close(held_output);
-  }
+  return ok;
+}
 
-  for (const std::string& warning : session.warnings()) {
+// The session's warnings and a report per process on stderr.
+void PrintReports(const RunContext& run, const std::vector<v1::Report>& reports) {
+  for (const std::string& warning : run.session->warnings()) {
     std::fprintf(stderr, "vramscope run: %s\n", warning.c_str());
   }
-  if (reports.empty() && exec_errno == 0) {
+  if (reports.empty() && run.exec_errno == 0) {
     std::fprintf(stderr,
                  "vramscope run: no process wrote an event ring (the shim records only programs "
                  "that use the CUDA driver)\n");
@@ -669,55 +602,104 @@ int RunRun(int argc, char** argv) {
     std::fprintf(stderr, "vramscope: %d more traced process%s used no device memory\n", idle,
                  idle == 1 ? "" : "es");
   }
+}
 
-  if (!options.json_path.empty())
-    outputs_ok &= WriteFile(options.json_path, FormatReportsJson(reports));
+// --json, --trace and --events; false when one could not be written.
+bool WriteOutputs(const RunOptions& options, const RunContext& run,
+                  const std::vector<v1::Report>& reports) {
+  bool ok = true;
+  if (!options.json_path.empty()) ok &= WriteFile(options.json_path, FormatReportsJson(reports));
   if (!options.trace_path.empty()) {
-    outputs_ok &= WriteFile(options.trace_path,
-                            perfetto ? PerfettoTrace(recorded, reports) : trace.Json(reports));
+    ok &= WriteFile(options.trace_path,
+                    run.perfetto ? PerfettoTrace(run.recorded, reports) : run.trace.Json(reports));
   }
   if (!options.events_path.empty()) {
-    if (absl::Status s = WriteEventLog(options.events_path, recorded); !s.ok()) {
+    if (absl::Status s = WriteEventLog(options.events_path, run.recorded); !s.ok()) {
       std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
-      outputs_ok = false;
+      ok = false;
     }
   }
-  if (!options.trace_path.empty() && !perfetto && trace.slices_dropped() > 0) {
+  if (!options.trace_path.empty() && !run.perfetto && run.trace.slices_dropped() > 0) {
     std::fprintf(
         stderr,
         "vramscope run: the Chrome trace keeps 200000 slices, allocations and CUPTI points "
         "of each kind; %llu more were left out (FILE.pftrace keeps every allocation)\n",
-        static_cast<unsigned long long>(trace.slices_dropped()));
+        static_cast<unsigned long long>(run.trace.slices_dropped()));
   }
-  if (recorded.dropped() > 0) {
+  if (run.recorded.dropped() > 0) {
     std::fprintf(stderr,
                  "vramscope run: kept the first %zu events for --events/--trace; %llu more were "
                  "not kept\n",
-                 recorded.events(), static_cast<unsigned long long>(recorded.dropped()));
+                 run.recorded.events(), static_cast<unsigned long long>(run.recorded.dropped()));
   }
+  return ok;
+}
 
+// --max-peak: true (each excess printed) when a device's peak reserved bytes exceed it.
+bool OverMaxPeak(const RunOptions& options, const std::vector<v1::Report>& reports) {
+  if (!options.max_peak) return false;
   bool over = false;
-  if (options.max_peak) {
-    for (const v1::Report& report : reports) {
-      for (const v1::DeviceReport& device : report.devices()) {
-        if (device.peak_reserved_bytes() <= *options.max_peak) continue;
-        over = true;
-        std::fprintf(stderr,
-                     "vramscope run: FAIL: pid %u cuda:%u peak reserved %s (%llu bytes) exceeds "
-                     "--max-peak %s (%llu bytes)\n",
-                     report.process().pid(), device.device().ordinal(),
-                     FormatBytes(device.peak_reserved_bytes()).c_str(),
-                     static_cast<unsigned long long>(device.peak_reserved_bytes()),
-                     FormatBytes(*options.max_peak).c_str(),
-                     static_cast<unsigned long long>(*options.max_peak));
-      }
-    }
-    if (!over) {
-      std::fprintf(stderr, "vramscope run: peak reserved within --max-peak %s\n",
-                   FormatBytes(*options.max_peak).c_str());
+  for (const v1::Report& report : reports) {
+    for (const v1::DeviceReport& device : report.devices()) {
+      if (device.peak_reserved_bytes() <= *options.max_peak) continue;
+      over = true;
+      std::fprintf(stderr,
+                   "vramscope run: FAIL: pid %u cuda:%u peak reserved %s (%llu bytes) exceeds "
+                   "--max-peak %s (%llu bytes)\n",
+                   report.process().pid(), device.device().ordinal(),
+                   FormatBytes(device.peak_reserved_bytes()).c_str(),
+                   static_cast<unsigned long long>(device.peak_reserved_bytes()),
+                   FormatBytes(*options.max_peak).c_str(),
+                   static_cast<unsigned long long>(*options.max_peak));
     }
   }
-  const bool delivered = uplink == nullptr || WaitForCollector(options.collector, *outbox, *uplink);
+  if (!over) {
+    std::fprintf(stderr, "vramscope run: peak reserved within --max-peak %s\n",
+                 FormatBytes(*options.max_peak).c_str());
+  }
+  return over;
+}
+
+}  // namespace
+
+void SetRunLiveViewFactory(RunLiveViewFactory factory) { g_live_view_factory = factory; }
+
+std::shared_ptr<void> DefineRunFlags(CLI::App& app) {
+  struct Flags {
+    RunOptions options;
+    Labels labels;
+  };
+  auto flags = std::make_shared<Flags>();
+  DefineFlags(app, &flags->options, &flags->labels);
+  return flags;
+}
+
+int RunRun(int argc, char** argv) {
+  RunOptions options;
+  if (std::optional<int> exit_code = ParseRunArgs(argc, argv, &options)) return *exit_code;
+  if (options.live && g_live_view_factory == nullptr) {
+    std::fprintf(stderr, "vramscope run: --live is not available in this build\n");
+    return kExitUsage;
+  }
+  RunContext run;
+  if (int code = Prepare(options, &run); code != 0) return code;
+  const int exit_code = RunChild(options, &run);
+  if (absl::Status s = run.session->Finish(); !s.ok()) {
+    std::fprintf(stderr, "vramscope run: %s\n", std::string(s.message()).c_str());
+  }
+  std::vector<v1::Report> reports = run.session->Reports();
+  bool outputs_ok = SymbolizeAndFold(options, &run, &reports);
+  RemoveRingDir(run.ring_dir);
+  if (run.live != nullptr) run.live->Close(reports);
+  if (run.held_output >= 0) {
+    ReplayHeldOutput(run.held_output);
+    close(run.held_output);
+  }
+  PrintReports(run, reports);
+  outputs_ok &= WriteOutputs(options, run, reports);
+  const bool over = OverMaxPeak(options, reports);
+  const bool delivered =
+      run.uplink == nullptr || WaitForCollector(options.collector, *run.outbox, *run.uplink);
   if (exit_code != 0) return exit_code;
   if (over) return kExitCheckFailed;
   if (!outputs_ok) return kExitUsage;

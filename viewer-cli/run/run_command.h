@@ -7,8 +7,10 @@
 // run).
 #pragma once
 
+#include <memory>
 #include <string_view>
 
+#include "common/command.h"
 #include "common/live_view.h"
 
 namespace vramscope::cli {
@@ -22,5 +24,7 @@ inline constexpr std::string_view kRunSummary =
 
 // argv[0] is "run".
 int RunRun(int argc, char** argv);
+// Adds the verb's flags to `app` (for `vramscope --help`, the man page, the completions).
+std::shared_ptr<void> DefineRunFlags(CLI::App& app);
 
 }  // namespace vramscope::cli

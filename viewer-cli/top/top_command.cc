@@ -11,12 +11,12 @@
 #include <optional>
 #include <string>
 
-#include "common/args.h"
 #include "common/command.h"
 #include "top/dashboard.h"
 #include "top/nvml.h"
 #include "top/top_model.h"
 #include "top/watch_source.h"
+#include "vramscope/command_line.h"
 #include "vramscope/net_security.h"
 #include "vramscope/process_key.h"
 
@@ -64,42 +64,19 @@ class GpuFeed {
   absl::Time last_ = absl::InfinitePast();
 };
 
-void PrintTopUsage(std::FILE* out) {
-  std::fprintf(
-      out,
-      "usage: vramscope top [--collector ADDR] [--interval DURATION] [--filter TEXT] [--plain]\n"
-      "                     [--once] [--no-gpus]\n"
-      "\n"
-      "Live dashboard of every process vramscope-collector knows: a row per process and device\n"
-      "with allocated and reserved bytes now and at peak, fragmentation, allocations per\n"
-      "second and OOMs; a graph of memory (the selected row or the total) over a window that\n"
-      "fits how long it has been watched (30 s up to 60 min); the selected process's NVTX\n"
-      "ranges and top allocation sites. Where NVML (the NVIDIA driver's libnvidia-ml.so.1) is\n"
-      "present: a line per GPU of this machine with its capacity and used memory, and per GPU\n"
-      "one row for the memory of this machine's processes that are not traced.\n"
-      "\n"
-      "keys: q quit, s sort by the next column, r reverse, / filter by command or pid\n"
-      "      (Enter keeps, Esc cancels), j/k or arrows select, t graph selected/total, ? help\n"
-      "\n"
-      "options:\n"
-      "  --collector ADDR     the collector (HOST:PORT; default %s); several, comma-separated,\n"
-      "                       are merged (an agent fleet's --collector a,b,c)\n"
-      "  --interval DURATION  update interval: seconds (1, 0.5) or 500ms, 2s (default 1s;\n"
-      "                       the collector allows 50ms to 60s)\n"
-      "  --filter TEXT        start with this filter (substring of the command line or pid)\n"
-      "  --plain              plain lines instead of the dashboard (the default when stdout\n"
-      "                       is not a terminal): one line per process and device per\n"
-      "                       interval, key=value with bytes as integers, the command last\n"
-      "  --once               print one snapshot in plain lines and exit\n"
-      "  --no-gpus            leave NVML alone: no GPU lines, no untraced row\n"
-      "%s"
-      "  -h, --help           this text\n"
-      "\n"
-      "`vramscope run --live -- CMD` shows the same dashboard for CMD with no collector.\n"
-      "exit status: 0 ok; 2 usage; 3 the collector cannot be reached (in plain mode also when\n"
-      "the stream to it breaks; the dashboard shows \"reconnecting\" and keeps trying).\n",
-      kDefaultCollector, net::kClientFlagsHelp);
-}
+constexpr char kFooter[] =
+    "Live dashboard of every process vramscope-collector knows: a row per process and device with "
+    "allocated and reserved bytes now and at peak, fragmentation, allocations per second and "
+    "OOMs; a graph of memory (the selected row or the total) over a window that fits how long it "
+    "has been watched (30 s up to 60 min); the selected process's NVTX ranges and top allocation "
+    "sites. Where NVML (the NVIDIA driver's libnvidia-ml.so.1) is present: a line per GPU of this "
+    "machine with its capacity and used memory, and per GPU one row for the memory of this "
+    "machine's processes that are not traced.\n"
+    "Keys: q quit, s sort by the next column, r reverse, / filter by command or pid (Enter keeps, "
+    "Esc cancels), j/k or arrows select, t graph selected/total, ? help.\n"
+    "`vramscope run --live -- CMD` shows the same dashboard for CMD with no collector.\n"
+    "Exit status: 0 ok; 2 usage; 3 the collector cannot be reached (in plain mode also when the "
+    "stream to it breaks; the dashboard shows \"reconnecting\" and keeps trying).";
 
 std::optional<absl::Duration> ParseInterval(const std::string& text) {
   double seconds = 0;
@@ -112,55 +89,43 @@ std::optional<absl::Duration> ParseInterval(const std::string& text) {
   return std::nullopt;
 }
 
-// nullopt after printing the problem, or for --help (help set).
-std::optional<TopOptions> ParseTopArgs(int argc, char** argv, bool* help) {
-  TopOptions options;
-  ArgReader args("top", argc, argv);
-  while (args.Next()) {
-    const std::string arg(args.arg());
-    const std::string& name = args.flag();
-    std::string value;
-    auto take = [&]() -> bool { return args.Value(&value); };
-    if (name == "-h" || name == "--help") {
-      *help = true;
-      return std::nullopt;
-    } else if (name == "--collector") {
-      if (!take()) return std::nullopt;
-      if (value.empty()) {
-        std::fprintf(stderr, "vramscope top: --collector needs HOST:PORT (e.g. %s)\n",
-                     kDefaultCollector);
-        return std::nullopt;
-      }
-      options.collector = value;
-    } else if (name == "--interval") {
-      if (!take()) return std::nullopt;
-      std::optional<absl::Duration> interval = ParseInterval(value);
-      if (!interval) {
-        std::fprintf(stderr,
-                     "vramscope top: --interval '%s' is not a positive duration (1, 0.5, 500ms, "
-                     "2s)\n",
-                     value.c_str());
-        return std::nullopt;
-      }
-      options.interval = *interval;
-    } else if (net::IsClientFlag(name)) {
-      if (!take()) return std::nullopt;
-      net::SetClientFlag(name, value, &options.security);
-    } else if (name == "--filter") {
-      if (!take()) return std::nullopt;
-      options.filter = value;
-    } else if (name == "--plain" && !args.HasInlineValue()) {
-      options.plain = true;
-    } else if (name == "--once" && !args.HasInlineValue()) {
-      options.once = true;
-    } else if (name == "--no-gpus" && !args.HasInlineValue()) {
-      options.gpus = false;
-    } else {
-      std::fprintf(stderr, "vramscope top: unknown argument '%s'\n", arg.c_str());
-      return std::nullopt;
-    }
-  }
-  return options;
+void DefineFlags(CLI::App& app, TopOptions* options) {
+  cmdline::MakeApp(app,
+                   "[--collector ADDR] [--interval DURATION] [--filter TEXT] [--plain] [FLAGS]");
+  app.footer(kFooter);
+  app.add_option("--collector", options->collector,
+                 "the collector (HOST:PORT); several, comma-separated, are merged (an agent "
+                 "fleet's --collector a,b,c)")
+      ->type_name("ADDR")
+      ->check([](const std::string& value) {
+        return value.empty() ? std::string("needs HOST:PORT (e.g. ") + kDefaultCollector + ")"
+                             : std::string();
+      });
+  app.add_option_function<std::string>(
+         "--interval",
+         [options](const std::string& value) {
+           std::optional<absl::Duration> interval = ParseInterval(value);
+           if (!interval) {
+             throw CLI::ValidationError("--interval '" + value +
+                                        "' is not a positive duration (1, 0.5, 500ms, 2s)");
+           }
+           options->interval = *interval;
+         },
+         "update interval: seconds (1, 0.5) or 500ms, 2s (default 1s; the collector allows 50ms "
+         "to 60s)")
+      ->type_name("DURATION");
+  app.add_option("--filter", options->filter,
+                 "start with this filter (substring of the command line or pid)")
+      ->type_name("TEXT");
+  app.add_flag("--plain", options->plain,
+               "plain lines instead of the dashboard (the default when stdout is not a terminal): "
+               "one line per process and device per interval, key=value with bytes as integers, "
+               "the command last");
+  app.add_flag("--once", options->once, "print one snapshot in plain lines and exit");
+  app.add_flag_callback(
+      "--no-gpus", [options] { options->gpus = false; },
+      "leave NVML alone: no GPU lines, no untraced row");
+  cmdline::AddClientSecurityFlags(app, &options->security);
 }
 
 // False when stdout is gone (a closed pipe, where SIGPIPE is ignored).
@@ -297,18 +262,17 @@ class LiveView : public RunLiveView {
 
 }  // namespace
 
+std::shared_ptr<void> DefineTopFlags(CLI::App& app) {
+  auto options = std::make_shared<TopOptions>();
+  DefineFlags(app, options.get());
+  return options;
+}
+
 int RunTop(int argc, char** argv) {
-  bool help = false;
-  const std::optional<TopOptions> parsed = ParseTopArgs(argc, argv, &help);
-  if (help) {
-    PrintTopUsage(stdout);
-    return kExitOk;
-  }
-  if (!parsed) {
-    std::fprintf(stderr, "`vramscope top --help` for usage\n");
-    return kExitUsage;
-  }
-  const TopOptions& options = *parsed;
+  CLI::App app(std::string(kTopSummary), "vramscope top");
+  TopOptions options;
+  DefineFlags(app, &options);
+  if (std::optional<int> exit_code = cmdline::Parse(app, argc, argv)) return *exit_code;
   absl::StatusOr<net::ClientCredentials> credentials = net::LoadClientCredentials(options.security);
   if (!credentials.ok()) {
     std::fprintf(stderr, "vramscope top: %s\n",

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string_view>
 
+#include "common/command.h"
 #include "common/live_view.h"
 
 namespace vramscope::cli {
@@ -19,6 +20,8 @@ inline constexpr std::string_view kTopSummary =
 
 // argv[0] is "top".
 int RunTop(int argc, char** argv);
+// Adds the verb's flags to `app` (for `vramscope --help`, the man page, the completions).
+std::shared_ptr<void> DefineTopFlags(CLI::App& app);
 
 // The `vramscope run --live` view: the dashboard when stdin and stdout are terminals, else one
 // plain line per process and device every second on stdout.

@@ -2,12 +2,13 @@
 // for every gRPC client (agent, `vramscope run --collector`, `top`, `report`, ...) and server
 // (the collector, and any later listener), plus the flags that set them.
 //
-// Clients: parse flags into a ClientSecurity (SetClientFlag), load it once at start
+// Clients: parse flags into a ClientSecurity (the CLI11 definitions of vramscope/command_line.h,
+// lib/cli), load it once at start
 // (LoadClientCredentials: reads the files, refuses a token file others may read), then
 // MakeChannel(target, credentials) for every channel. The token travels as
 // `authorization: Bearer TOKEN` on every call.
 //
-// Servers: parse flags into a ServerSecurity (SetServerFlag), ServerGuard::Load it once with the
+// Servers: parse flags into a ServerSecurity (lib/cli as well), ServerGuard::Load it once with the
 // table of which role may call which method, CheckListen the address, AddListeningPort and
 // AddInterceptor on the builder, and call Authorize first thing in every handler. A method not in
 // the table is refused, by Authorize and by the interceptor (for a handler that forgot to ask).
@@ -147,22 +148,6 @@ class ServerGuard {
   std::vector<Token> reader_tokens_;
   bool insecure_ = false;
 };
-
-// ---- Flags
-// ---------------------------------------------------------------------------------------
-
-// `flag` with or without its leading "--". True when it is one of the client flags (--tls-ca,
-// --tls-cert, --tls-key, --tls-server-name, --token-file); the value is stored.
-bool SetClientFlag(std::string_view flag, std::string_view value, ClientSecurity* security);
-bool IsClientFlag(std::string_view flag);
-// True when it is one of the server flags that take a value (--tls-cert, --tls-key,
-// --tls-client-ca, --writer-token-file, --reader-token-file); --insecure takes none and is the
-// caller's to set.
-bool SetServerFlag(std::string_view flag, std::string_view value, ServerSecurity* security);
-
-// Usage text for the flags above, lines indented by two spaces, descriptions at column 29.
-extern const char kClientFlagsHelp[];
-extern const char kServerFlagsHelp[];
 
 // Reads a secret: a regular file (not a link) that neither group nor others may read or write.
 // `what` names it in messages ("--token-file").

@@ -1,0 +1,44 @@
+// The shim's settings (interposer/shim/config.cc) read from the environment: the size variables
+// take the one size grammar of every vramscope program (vramscope/size_parse.h), anything else is
+// ignored with a warning and the default kept; counts and switches are plain decimal numbers.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "interposer/shim/config.h"
+
+namespace vramscope::interposer {
+namespace {
+
+std::uint64_t CapacityFor(const char* value) {
+  setenv("VRAMSCOPE_POOL_CAPACITY", value, 1);
+  const Config config = ReadConfig();
+  unsetenv("VRAMSCOPE_POOL_CAPACITY");
+  return config.capacity_bytes;
+}
+
+TEST(ShimConfigTest, SizesTakeTheOneGrammar) {
+  EXPECT_EQ(CapacityFor("512MiB"), 512ull << 20);
+  EXPECT_EQ(CapacityFor("512M"), 512ull << 20);
+  EXPECT_EQ(CapacityFor("0.5GiB"), 512ull << 20);
+  EXPECT_EQ(CapacityFor("1G"), 1ull << 30);
+  EXPECT_EQ(CapacityFor("1GB"), 1000000000u);
+  EXPECT_EQ(CapacityFor("4096"), 4096u);
+  setenv("VRAMSCOPE_FENCE_BATCH_BYTES", "64MB", 1);
+  EXPECT_EQ(ReadConfig().fence_batch_bytes, 64000000u);
+  unsetenv("VRAMSCOPE_FENCE_BATCH_BYTES");
+}
+
+TEST(ShimConfigTest, GarbageKeepsTheDefault) {
+  const std::uint64_t unlimited = Config().capacity_bytes;
+  for (const char* garbage : {"12XB", "-1", "1e9", "0x10", "18446744073709551616", "G", "4 "}) {
+    EXPECT_EQ(CapacityFor(garbage), unlimited) << garbage;
+  }
+  setenv("VRAMSCOPE_FENCE_BATCH_FREES", "0x10", 1);
+  EXPECT_EQ(ReadConfig().fence_batch_frees, Config().fence_batch_frees);
+  setenv("VRAMSCOPE_FENCE_BATCH_FREES", "16", 1);
+  EXPECT_EQ(ReadConfig().fence_batch_frees, 16u);
+  unsetenv("VRAMSCOPE_FENCE_BATCH_FREES");
+}
+
+}  // namespace
+}  // namespace vramscope::interposer
