@@ -134,7 +134,9 @@ TEST_F(RunCollectorTest, TheCollectorReportsWhatTheLocalReportSays) {
 TEST_F(RunCollectorTest, UnreachableCollectorExits3WithTheLocalReportWritten) {
   const std::string address = absl::StrCat("127.0.0.1:", DeadPort());
   const std::string json = data_.path() + "/unreachable.json";
-  EXPECT_EQ(Run({"--collector", address, "--json", json, "--", FakeApp(), "--allocs", "4"}), 3);
+  EXPECT_EQ(Run({"--collector", address, "--collector-wait", "0.5", "--json", json, "--", FakeApp(),
+                 "--allocs", "4"}),
+            3);
   EXPECT_NE(stderr_.find("cannot reach the collector at " + address), std::string::npos) << stderr_;
   EXPECT_NE(stderr_.find("peak"), std::string::npos) << stderr_;  // the local report
   const v1::Report local = ReadReport(json);
@@ -142,8 +144,20 @@ TEST_F(RunCollectorTest, UnreachableCollectorExits3WithTheLocalReportWritten) {
   EXPECT_EQ(local.devices(0).alloc_count(), 4u);
 
   // CMD's own failure wins over the collector's absence.
-  EXPECT_EQ(Run({"--collector", address, "--", FakeApp(), "--exit", "5"}), 5);
-  EXPECT_NE(stderr_.find("cannot reach the collector"), std::string::npos) << stderr_;
+  EXPECT_EQ(
+      Run({"--collector", address, "--collector-wait", "0.2", "--", FakeApp(), "--exit", "5"}), 5);
+  EXPECT_NE(stderr_.find("cannot reach the collector at " + address + " within 200ms"),
+            std::string::npos)
+      << stderr_;
+}
+
+TEST_F(RunCollectorTest, CollectorWaitIsCheckedAndSaidInTheWarning) {
+  const std::string address = absl::StrCat("127.0.0.1:", DeadPort());
+  EXPECT_EQ(Run({"--collector", address, "--collector-wait", "0", "--", FakeApp()}), 3);
+  EXPECT_NE(stderr_.find("within 0"), std::string::npos) << stderr_;
+  EXPECT_EQ(Run({"--collector", address, "--collector-wait", "-1", "--", FakeApp()}), 2);
+  EXPECT_NE(stderr_.find("--collector-wait"), std::string::npos) << stderr_;
+  EXPECT_EQ(Run({"--collector", address, "--collector-wait", "soon", "--", FakeApp()}), 2);
 }
 
 TEST_F(RunCollectorTest, ACommandLineThatIsNotUtf8ReachesTheCollectorEscaped) {

@@ -45,8 +45,6 @@ namespace vramscope::cli {
 namespace {
 
 constexpr int kPollIntervalMs = 10;
-// After the report, how long to wait for the collector to acknowledge everything (--collector).
-constexpr absl::Duration kCollectorWait = absl::Seconds(10);
 
 struct RunOptions {
   std::string json_path;
@@ -54,6 +52,9 @@ struct RunOptions {
   std::string events_path;  // --events FILE: the event log `vramscope export` reads
   std::optional<std::uint64_t> max_peak;
   std::string collector;
+  // --collector-wait: after the report, how long to wait for the collector to acknowledge
+  // everything (seconds).
+  double collector_wait_s = 10;
   net::ClientSecurity security;  // how to reach the collector
   bool live = false;
   bool cupti = true;
@@ -80,7 +81,8 @@ constexpr char kFooter[] =
     "Exit status: CMD's (128+N when killed by signal N, 127 when it cannot start); when CMD "
     "succeeded: 1 if --max-peak was exceeded, else 2 if an output file could not be written, "
     "else 3 if --collector was given and the collector did not acknowledge every event within "
-    "the 10 s (unreachable, refused, or events dropped beyond the 256 MiB kept in memory for "
+    "--collector-wait (unreachable, refused, or events dropped beyond the 256 MiB kept in memory "
+    "for "
     "it); 2 for usage errors.";
 
 // A file-name flag's check: refuses an empty name.
@@ -121,12 +123,17 @@ void DefineFlags(CLI::App& app, RunOptions* options, Labels* labels) {
   DefineOutputFlags(app, options);
   app.add_option("--collector", options->collector,
                  "also stream the events to vramscope-collector at ADDR (HOST:PORT) while CMD "
-                 "runs, as vramscope-agent does; after the report, wait up to 10 s for the "
-                 "collector to acknowledge everything (a warning if it does not)")
+                 "runs, as vramscope-agent does; after the report, wait up to --collector-wait "
+                 "for the collector to acknowledge everything (a warning if it does not)")
       ->type_name("ADDR")
       ->check([](const std::string& value) {
         return value.empty() ? "needs HOST:PORT (e.g. 127.0.0.1:7411)" : "";
       });
+  app.add_option("--collector-wait", options->collector_wait_s,
+                 "with --collector: how long to wait after the report for the collector to "
+                 "acknowledge everything, in seconds (default 10; 0 = do not wait)")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.0, 3600.0));
   cmdline::AddClientSecurityFlags(app, &options->security);
   app.add_flag("--live", options->live,
                "show the live dashboard (as `vramscope top`) while CMD runs; on a terminal CMD "
@@ -381,8 +388,9 @@ bool WriteFile(const std::string& path, const std::string& content) {
 
 // Waits (bounded) for the collector to acknowledge every batch, stops the uplink, and prints
 // one line on how delivery went. False when something was left unacknowledged or dropped.
-bool WaitForCollector(const std::string& address, agent::Outbox& outbox, agent::Uplink& uplink) {
-  const bool acked = outbox.WaitAllAcked(kCollectorWait);
+bool WaitForCollector(const std::string& address, absl::Duration wait, agent::Outbox& outbox,
+                      agent::Uplink& uplink) {
+  const bool acked = outbox.WaitAllAcked(wait);
   uplink.Stop();
   const agent::AgentCounters c = outbox.counters();
   if (acked && c.batches_rejected > 0) {
@@ -397,7 +405,7 @@ bool WaitForCollector(const std::string& address, agent::Outbox& outbox, agent::
                  "vramscope run: WARNING: cannot reach the collector at %s within %s: none of "
                  "%llu events (%llu batches) was stored there (%s). The report above is "
                  "complete; check --collector and that vramscope-collector runs there.\n",
-                 address.c_str(), absl::FormatDuration(kCollectorWait).c_str(),
+                 address.c_str(), absl::FormatDuration(wait).c_str(),
                  static_cast<unsigned long long>(c.events_cut),
                  static_cast<unsigned long long>(c.batches_cut),
                  std::string(uplink.last_error().message()).c_str());
@@ -407,8 +415,7 @@ bool WaitForCollector(const std::string& address, agent::Outbox& outbox, agent::
                  "within %s (%s); the rest was not stored there. The report above is "
                  "complete.\n",
                  address.c_str(), static_cast<unsigned long long>(c.batches_acked),
-                 static_cast<unsigned long long>(c.batches_cut),
-                 absl::FormatDuration(kCollectorWait).c_str(),
+                 static_cast<unsigned long long>(c.batches_cut), absl::FormatDuration(wait).c_str(),
                  std::string(uplink.last_error().message()).c_str());
   }
   if (c.batches_rejected > 0) {
@@ -503,7 +510,8 @@ void StartUplink(const RunOptions& options, RunContext* run) {
   agent::UplinkOptions uplink_options;
   uplink_options.collector = options.collector;
   uplink_options.credentials = run->credentials;
-  // A collector that comes up late is found within a second, well inside kCollectorWait.
+  // A collector that comes up late is found within a second, well inside --collector-wait's
+  // default.
   uplink_options.max_backoff = absl::Seconds(1);
   run->uplink = std::make_unique<agent::Uplink>(run->outbox.get(), uplink_options);
   run->uplink->Start();
@@ -699,7 +707,9 @@ int RunRun(int argc, char** argv) {
   outputs_ok &= WriteOutputs(options, run, reports);
   const bool over = OverMaxPeak(options, reports);
   const bool delivered =
-      run.uplink == nullptr || WaitForCollector(options.collector, *run.outbox, *run.uplink);
+      run.uplink == nullptr ||
+      WaitForCollector(options.collector, absl::Seconds(options.collector_wait_s), *run.outbox,
+                       *run.uplink);
   if (exit_code != 0) return exit_code;
   if (over) return kExitCheckFailed;
   if (!outputs_ok) return kExitUsage;
