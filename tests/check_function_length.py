@@ -25,19 +25,6 @@ MAX_LINES = 80
 SOURCE_DIRS = ("agent", "collector", "lib", "viewer-cli", "interposer")
 SUFFIXES = (".cc", ".h", ".cpp", ".hpp", ".cu")
 
-# Files being split on another branch: their long functions are reported but do not fail the
-# check. Temporary: this list is to be emptied once those branches are merged.
-ALLOWLIST = (
-    "agent/main.cc",
-    "collector/main.cc",
-    "viewer-cli/replay/replay_command.cc",
-    "viewer-cli/run/run_command.cc",
-    "interposer/shim/device_pools.cc",
-    "interposer/shim/fast_unwind.cc",
-    "interposer/shim/ipc_export.cc",
-    "interposer/shim/ipc_import.cc",
-)
-
 
 def is_generated(text):
     """A file that says it is generated (first lines) is not written by hand: skip it."""
@@ -255,10 +242,9 @@ def source_files(root):
                     yield os.path.relpath(path, root)
 
 
-def check(root, allowlist=ALLOWLIST, out=sys.stdout):
-    """Returns the number of offending functions outside the allowlist; prints every one."""
+def check(root, out=sys.stdout):
+    """Returns the number of functions over MAX_LINES lines; prints every one."""
     bad = 0
-    allowed = 0
     count = 0
     for rel in source_files(root):
         with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
@@ -270,14 +256,9 @@ def check(root, allowlist=ALLOWLIST, out=sys.stdout):
             length = last - first + 1
             if length <= MAX_LINES:
                 continue
-            if rel in allowlist:
-                allowed += 1
-                print(f"{rel}:{first}: {name} is {length} lines (allowed for now)", file=out)
-            else:
-                bad += 1
-                print(f"{rel}:{first}: {name} is {length} lines (limit {MAX_LINES})", file=out)
-    print(f"{count} functions checked; {bad} over {MAX_LINES} lines, {allowed} allowlisted",
-          file=out)
+            bad += 1
+            print(f"{rel}:{first}: {name} is {length} lines (limit {MAX_LINES})", file=out)
+    print(f"{count} functions checked; {bad} over {MAX_LINES} lines", file=out)
     return bad
 
 

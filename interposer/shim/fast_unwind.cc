@@ -221,6 +221,110 @@ void RestoreRule(State* s, const State& initial, std::uint64_t reg) {
   if (reg == kRegRa) SetRule(s, reg, initial.ra, initial.ra_offset);
 }
 
+// DW_CFA_advance_loc1/2/4: sets `*advance` to the operand; false for any other op.
+bool AdvanceOp(Cursor* c, std::uint8_t op, std::uint64_t* advance) {
+  switch (op) {
+    case 0x02:
+      *advance = c->Fixed<std::uint8_t>();
+      return true;
+    case 0x03:
+      *advance = c->Fixed<std::uint16_t>();
+      return true;
+    case 0x04:
+      *advance = c->Fixed<std::uint32_t>();
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The ops that define the CFA (def_cfa and its variants); false for any other op, which is left
+// unread.
+bool CfaOp(Cursor* c, std::uint8_t op, const Cie& cie, State* s) {
+  switch (op) {
+    case 0x0c:
+      s->cfa_reg = static_cast<unsigned>(c->Uleb());
+      s->cfa_offset = static_cast<std::int64_t>(c->Uleb());
+      s->cfa_expression = false;
+      return true;
+    case 0x0d:
+      s->cfa_reg = static_cast<unsigned>(c->Uleb());
+      return true;
+    case 0x0e:
+      s->cfa_offset = static_cast<std::int64_t>(c->Uleb());
+      return true;
+    case 0x0f:  // def_cfa_expression
+      c->p += c->Uleb();
+      s->cfa_expression = true;
+      return true;
+    case 0x12:
+      s->cfa_reg = static_cast<unsigned>(c->Uleb());
+      s->cfa_offset = c->Sleb() * cie.data_align;
+      s->cfa_expression = false;
+      return true;
+    case 0x13:
+      s->cfa_offset = c->Sleb() * cie.data_align;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The extended ops that set one register's rule; false for any other op, which is left unread.
+bool RegisterOp(Cursor* c, std::uint8_t op, const Cie& cie, const State& initial, State* s) {
+  switch (op) {
+    case 0x05: {  // offset_extended
+      const std::uint64_t reg = c->Uleb();
+      SetRule(s, reg, State::kOffset, static_cast<std::int64_t>(c->Uleb()) * cie.data_align);
+      return true;
+    }
+    case 0x06:
+      RestoreRule(s, initial, c->Uleb());
+      return true;
+    case 0x07:
+      SetRule(s, c->Uleb(), State::kUndefined, 0);
+      return true;
+    case 0x08:
+      SetRule(s, c->Uleb(), State::kSame, 0);
+      return true;
+    case 0x09: {  // register
+      const std::uint64_t reg = c->Uleb();
+      c->Uleb();
+      SetRule(s, reg, State::kOther, 0);
+      return true;
+    }
+    case 0x10:    // expression
+    case 0x16: {  // val_expression
+      const std::uint64_t reg = c->Uleb();
+      c->p += c->Uleb();
+      SetRule(s, reg, State::kOther, 0);
+      return true;
+    }
+    case 0x11: {  // offset_extended_sf
+      const std::uint64_t reg = c->Uleb();
+      SetRule(s, reg, State::kOffset, c->Sleb() * cie.data_align);
+      return true;
+    }
+    case 0x14:    // val_offset
+    case 0x15: {  // val_offset_sf
+      const std::uint64_t reg = c->Uleb();
+      if (op == 0x14)
+        c->Uleb();
+      else
+        c->Sleb();
+      SetRule(s, reg, State::kOther, 0);
+      return true;
+    }
+    case 0x2f: {  // GNU_negative_offset_extended
+      const std::uint64_t reg = c->Uleb();
+      SetRule(s, reg, State::kOffset, -static_cast<std::int64_t>(c->Uleb()) * cie.data_align);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
 // Runs a CFA program from `loc` until the location passes `pc` (pc 0: the whole program, for a
 // CIE's initial instructions). Returns false on an instruction it does not know.
 bool RunProgram(Cursor c, const std::uint8_t* end, const Cie& cie, std::uintptr_t loc,
@@ -243,104 +347,21 @@ bool RunProgram(Cursor c, const std::uint8_t* end, const Cie& cie, std::uintptr_
       default:
         break;
     }
-    if (advance == 0) {
-      switch (op) {
-        case 0x00:
-          continue;  // nop
-        case 0x02:
-          advance = c.Fixed<std::uint8_t>();
-          break;
-        case 0x03:
-          advance = c.Fixed<std::uint16_t>();
-          break;
-        case 0x04:
-          advance = c.Fixed<std::uint32_t>();
-          break;
-        case 0x05: {  // offset_extended
-          const std::uint64_t reg = c.Uleb();
-          SetRule(s, reg, State::kOffset, static_cast<std::int64_t>(c.Uleb()) * cie.data_align);
-          continue;
-        }
-        case 0x06:
-          RestoreRule(s, initial, c.Uleb());
-          continue;
-        case 0x07:
-          SetRule(s, c.Uleb(), State::kUndefined, 0);
-          continue;
-        case 0x08:
-          SetRule(s, c.Uleb(), State::kSame, 0);
-          continue;
-        case 0x09: {  // register
-          const std::uint64_t reg = c.Uleb();
-          c.Uleb();
-          SetRule(s, reg, State::kOther, 0);
-          continue;
-        }
-        case 0x0a:
-          if (depth == 8) return false;
-          stack[depth++] = *s;
-          continue;
-        case 0x0b:
-          if (depth == 0) return false;
-          // The CFA rule comes back with the registers' rules, as libgcc restores it.
-          *s = stack[--depth];
-          continue;
-        case 0x0c:
-          s->cfa_reg = static_cast<unsigned>(c.Uleb());
-          s->cfa_offset = static_cast<std::int64_t>(c.Uleb());
-          s->cfa_expression = false;
-          continue;
-        case 0x0d:
-          s->cfa_reg = static_cast<unsigned>(c.Uleb());
-          continue;
-        case 0x0e:
-          s->cfa_offset = static_cast<std::int64_t>(c.Uleb());
-          continue;
-        case 0x0f:  // def_cfa_expression
-          c.p += c.Uleb();
-          s->cfa_expression = true;
-          continue;
-        case 0x10:    // expression
-        case 0x16: {  // val_expression
-          const std::uint64_t reg = c.Uleb();
-          c.p += c.Uleb();
-          SetRule(s, reg, State::kOther, 0);
-          continue;
-        }
-        case 0x11: {  // offset_extended_sf
-          const std::uint64_t reg = c.Uleb();
-          SetRule(s, reg, State::kOffset, c.Sleb() * cie.data_align);
-          continue;
-        }
-        case 0x12:
-          s->cfa_reg = static_cast<unsigned>(c.Uleb());
-          s->cfa_offset = c.Sleb() * cie.data_align;
-          s->cfa_expression = false;
-          continue;
-        case 0x13:
-          s->cfa_offset = c.Sleb() * cie.data_align;
-          continue;
-        case 0x14:    // val_offset
-        case 0x15: {  // val_offset_sf
-          const std::uint64_t reg = c.Uleb();
-          if (op == 0x14)
-            c.Uleb();
-          else
-            c.Sleb();
-          SetRule(s, reg, State::kOther, 0);
-          continue;
-        }
-        case 0x2e:
-          c.Uleb();
-          continue;   // GNU_args_size
-        case 0x2f: {  // GNU_negative_offset_extended
-          const std::uint64_t reg = c.Uleb();
-          SetRule(s, reg, State::kOffset, -static_cast<std::int64_t>(c.Uleb()) * cie.data_align);
-          continue;
-        }
-        default:
-          return false;  // set_loc and anything newer
+    // An advance_loc of delta 0 reaches the ops below as an unknown one: the walk gives up.
+    if (advance == 0 && !AdvanceOp(&c, op, &advance)) {
+      if (op == 0x0a) {  // remember_state
+        if (depth == 8) return false;
+        stack[depth++] = *s;
+      } else if (op == 0x0b) {  // restore_state
+        if (depth == 0) return false;
+        // The CFA rule comes back with the registers' rules, as libgcc restores it.
+        *s = stack[--depth];
+      } else if (op == 0x2e) {  // GNU_args_size
+        c.Uleb();
+      } else if (op != 0x00 && !CfaOp(&c, op, cie, s) && !RegisterOp(&c, op, cie, initial, s)) {
+        return false;  // set_loc and anything newer (0x00 is nop)
       }
+      continue;
     }
     loc += advance * cie.code_align;
     if (pc != 0 && loc > pc) break;

@@ -230,6 +230,130 @@ void FillHandle(CUipcMemHandle* out, std::uint32_t index, std::uint64_t offset,
   memcpy(out->reserved, &h, sizeof(h));
 }
 
+// The first unused export slot, or kIpcSlots when all are taken.
+std::uint32_t FreeExportLocked() {
+  for (std::uint32_t i = 0; i < kIpcSlots; ++i) {
+    if (!g_exports[i].used) return i;
+  }
+  return kIpcSlots;
+}
+
+// Takes one descriptor per chunk of the block (`maps`: `count` mappings) into export `index`
+// and its table slot. On failure the descriptors taken are dropped and the export cleared.
+bool TakeChunksLocked(Slot* slot, const std::pair<std::uintptr_t, std::size_t>* maps, int count,
+                      std::uint32_t index) {
+  Export& e = g_exports[index];
+  IpcSlot& s = g_table->slots[index];
+  for (int i = 0; i < count; ++i) {
+    const int fd = ChunkFdLocked(slot, maps[i].first, maps[i].second);
+    if (fd < 0) {
+      for (std::uint32_t j = 0; j < e.chunks; ++j) DropChunkLocked(e.chunk_va[j]);
+      e = Export{};
+      return false;
+    }
+    e.chunk_va[i] = maps[i].first;
+    e.chunks = static_cast<std::uint32_t>(i + 1);
+    s.chunks[i].offset = maps[i].first - maps[0].first;
+    s.chunks[i].size = maps[i].second;
+    s.chunks[i].fd = fd;
+  }
+  return true;
+}
+
+// Completes export `index` (its chunks taken, `first_chunk` the first one's address) of the
+// block `info` and opens it to importers; counted and written to the ring.
+void PublishLocked(std::uint32_t index, const Slot& slot, const pool::BlockInfo& info,
+                   std::uintptr_t first_chunk, int count) {
+  Export& e = g_exports[index];
+  IpcSlot& s = g_table->slots[index];
+  std::uint64_t nonce = 0;
+  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) {
+    nonce = static_cast<std::uint64_t>(clock()) * 0x9E3779B97F4A7C15ull ^ info.address;
+  }
+  s.chunk_count = static_cast<std::uint32_t>(count);
+  s.nonce = nonce;
+  s.offset = info.address - first_chunk;
+  s.size = info.requested;
+  s.importers.store(0, std::memory_order_relaxed);
+  for (IpcHolder& holder : s.holders) holder.pid.store(0, std::memory_order_relaxed);
+  // Published last: an importer checks the generation and `revoked` after taking its count.
+  s.revoked.store(0, std::memory_order_seq_cst);
+  e.used = true;
+  e.block = info.address;
+  (*g_by_block)[info.address] = index;
+  e.bytes = info.requested;
+  e.device = slot.device;
+  g_ipc_live_exports.fetch_add(1, std::memory_order_relaxed);
+  KindCounters& kind = Counters().kind[static_cast<int>(Kind::kIpcExport)];
+  kind.bytes.Add(info.requested);
+  kind.allocs.Add(1);
+  RingExport(index, e, /*alloc=*/true);
+}
+
+// How an export under g_mu ended; IpcExportPooled logs and answers once g_mu is released.
+enum class ExportOutcome : std::uint8_t {
+  kExported,       // a new export, its handle filled in
+  kSameHandle,     // the live block was exported before: its handle again
+  kNoTable,        // the export table could not be created (errno says why)
+  kTooManyChunks,  // the block spans more physical allocations than an export holds
+  kNoFreeSlot,     // too many blocks exported at once
+  kDriverRefused,  // the driver did not export a chunk's memory
+};
+
+// Exports the pooled block `info` of `slot` (`maps`: its `count` chunk mappings, count <= 0 when
+// they are too many) into `handle`. Takes the export table, descriptors and a slot under g_mu.
+ExportOutcome ExportLocked(Slot* slot, const pool::BlockInfo& info,
+                           const std::pair<std::uintptr_t, std::size_t>* maps, int count,
+                           CUipcMemHandle* handle) {
+  if (!EnsureTableLocked()) return ExportOutcome::kNoTable;
+  // The same live block exported again: the same handle, as the driver gives.
+  if (auto it = g_by_block->find(info.address); it != g_by_block->end()) {
+    const Export& e = g_exports[it->second];
+    if (!e.deferred && e.chunks > 0) {
+      FillHandle(handle, it->second, info.address - e.chunk_va[0], e.bytes);
+      return ExportOutcome::kSameHandle;
+    }
+  }
+  if (count <= 0) return ExportOutcome::kTooManyChunks;
+  const std::uint32_t index = FreeExportLocked();
+  if (index == kIpcSlots) return ExportOutcome::kNoFreeSlot;
+  if (!TakeChunksLocked(slot, maps, count, index)) return ExportOutcome::kDriverRefused;
+  PublishLocked(index, *slot, info, maps[0].first, count);
+  const IpcSlot& s = g_table->slots[index];
+  FillHandle(handle, index, s.offset, s.size);
+  return ExportOutcome::kExported;
+}
+
+// Says why the export of `dptr` was refused (called without g_mu).
+void LogRefusal(ExportOutcome outcome, CUdeviceptr dptr) {
+  switch (outcome) {
+    case ExportOutcome::kNoTable:
+      VRAMSCOPE_LOG_ONCE(kWarn, "cuIpcGetMemHandle: cannot create the IPC export table (%s)",
+                         strerror(errno));
+      break;
+    case ExportOutcome::kTooManyChunks:
+    case ExportOutcome::kNoFreeSlot:
+      VRAMSCOPE_LOG_ONCE(kWarn,
+                         "cuIpcGetMemHandle(%#llx): %s; refused with CUDA_ERROR_NOT_SUPPORTED "
+                         "(VRAMSCOPE_MODE=passthrough shares any allocation by legacy IPC)",
+                         static_cast<unsigned long long>(dptr),
+                         outcome == ExportOutcome::kTooManyChunks
+                             ? "the block spans more physical allocations than an export holds"
+                             : "too many blocks exported at once");
+      Counters().ipc_refused.Add(1);
+      break;
+    case ExportOutcome::kDriverRefused:
+      VRAMSCOPE_LOG_ONCE(kWarn,
+                         "cuIpcGetMemHandle(%#llx): the driver did not export the pool's "
+                         "memory; refused with CUDA_ERROR_NOT_SUPPORTED",
+                         static_cast<unsigned long long>(dptr));
+      break;
+    case ExportOutcome::kExported:
+    case ExportOutcome::kSameHandle:
+      break;
+  }
+}
+
 }  // namespace
 
 bool IpcSlotHeld(IpcSlot& slot, bool check_alive) {
@@ -271,88 +395,18 @@ bool IpcExportPooled(CUipcMemHandle* handle, CUdeviceptr dptr, CUresult* result,
   const int count = slot->upstream.MappingsCovering(info.address, info.requested, maps,
                                                     static_cast<int>(kIpcMaxChunks));
   pthread_mutex_lock(&g_mu);
-  if (!EnsureTableLocked()) {
-    pthread_mutex_unlock(&g_mu);
-    VRAMSCOPE_LOG_ONCE(kWarn, "cuIpcGetMemHandle: cannot create the IPC export table (%s)",
-                       strerror(errno));
-    *result = CUDA_ERROR_NOT_SUPPORTED;
-    return true;
-  }
-  // The same live block exported again: the same handle, as the driver gives.
-  if (auto it = g_by_block->find(info.address); it != g_by_block->end()) {
-    const Export& e = g_exports[it->second];
-    if (!e.deferred && e.chunks > 0) {
-      FillHandle(handle, it->second, info.address - e.chunk_va[0], e.bytes);
-      pthread_mutex_unlock(&g_mu);
-      *result = CUDA_SUCCESS;
-      return true;
-    }
-  }
-  std::uint32_t index = kIpcSlots;
-  for (std::uint32_t i = 0; i < kIpcSlots && count > 0; ++i) {
-    if (!g_exports[i].used) {
-      index = i;
-      break;
-    }
-  }
-  if (count <= 0 || index == kIpcSlots) {
-    pthread_mutex_unlock(&g_mu);
-    VRAMSCOPE_LOG_ONCE(kWarn,
-                       "cuIpcGetMemHandle(%#llx): %s; refused with CUDA_ERROR_NOT_SUPPORTED "
-                       "(VRAMSCOPE_MODE=passthrough shares any allocation by legacy IPC)",
-                       static_cast<unsigned long long>(dptr),
-                       count <= 0 ? "the block spans more physical allocations than an export holds"
-                                  : "too many blocks exported at once");
-    Counters().ipc_refused.Add(1);
-    *result = CUDA_ERROR_NOT_SUPPORTED;
-    return true;
-  }
-  Export& e = g_exports[index];
-  IpcSlot& s = g_table->slots[index];
-  for (int i = 0; i < count; ++i) {
-    const int fd = ChunkFdLocked(slot, maps[i].first, maps[i].second);
-    if (fd < 0) {
-      for (std::uint32_t j = 0; j < e.chunks; ++j) DropChunkLocked(e.chunk_va[j]);
-      e = Export{};
-      pthread_mutex_unlock(&g_mu);
-      VRAMSCOPE_LOG_ONCE(kWarn,
-                         "cuIpcGetMemHandle(%#llx): the driver did not export the pool's "
-                         "memory; refused with CUDA_ERROR_NOT_SUPPORTED",
-                         static_cast<unsigned long long>(dptr));
-      *result = CUDA_ERROR_NOT_SUPPORTED;
-      return true;
-    }
-    e.chunk_va[i] = maps[i].first;
-    e.chunks = static_cast<std::uint32_t>(i + 1);
-    s.chunks[i].offset = maps[i].first - maps[0].first;
-    s.chunks[i].size = maps[i].second;
-    s.chunks[i].fd = fd;
-  }
-  std::uint64_t nonce = 0;
-  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) {
-    nonce = static_cast<std::uint64_t>(clock()) * 0x9E3779B97F4A7C15ull ^ info.address;
-  }
-  s.chunk_count = static_cast<std::uint32_t>(count);
-  s.nonce = nonce;
-  s.offset = info.address - maps[0].first;
-  s.size = info.requested;
-  s.importers.store(0, std::memory_order_relaxed);
-  for (IpcHolder& holder : s.holders) holder.pid.store(0, std::memory_order_relaxed);
-  // Published last: an importer checks the generation and `revoked` after taking its count.
-  s.revoked.store(0, std::memory_order_seq_cst);
-  e.used = true;
-  e.block = info.address;
-  (*g_by_block)[info.address] = index;
-  e.bytes = info.requested;
-  e.device = slot->device;
-  g_ipc_live_exports.fetch_add(1, std::memory_order_relaxed);
-  KindCounters& kind = Counters().kind[static_cast<int>(Kind::kIpcExport)];
-  kind.bytes.Add(info.requested);
-  kind.allocs.Add(1);
-  RingExport(index, e, /*alloc=*/true);
-  FillHandle(handle, index, s.offset, s.size);
+  const ExportOutcome outcome = ExportLocked(slot, info, maps, count, handle);
   const std::uint64_t start = g_start_time;
   pthread_mutex_unlock(&g_mu);
+  if (outcome == ExportOutcome::kSameHandle) {
+    *result = CUDA_SUCCESS;
+    return true;
+  }
+  if (outcome != ExportOutcome::kExported) {
+    LogRefusal(outcome, dptr);
+    *result = CUDA_ERROR_NOT_SUPPORTED;
+    return true;
+  }
   if (!IpcStartService(start)) {
     VRAMSCOPE_LOG_ONCE(kWarn,
                        "cuIpcGetMemHandle: the IPC descriptor service did not start (%s); "

@@ -227,24 +227,26 @@ CUresult MapChunks(const IpcChunk* chunks, std::uint32_t count, const int* fds,
   return CUDA_SUCCESS;
 }
 
-CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
-  const ExporterKey key{h.pid, h.start_time};
-  // Opened already by this process: the same address.
+// An open of the same export by this process: counts one more open and sets `*pdptr` to the
+// address it got; false if there is none.
+bool ReopenLocked(const IpcWireHandle& h, CUdeviceptr* pdptr) {
   for (auto& [address, import] : *g_imports) {
-    if (import.exporter.pid == key.pid && import.exporter.start == key.start &&
+    if (import.exporter.pid == h.pid && import.exporter.start == h.start_time &&
         import.slot == h.slot && import.generation == h.generation && import.nonce == h.nonce) {
       ++import.refs;
       *pdptr = address;
-      return CUDA_SUCCESS;
+      return true;
     }
   }
-  // The exporter's identity: a pidfd, then its start time (a recycled pid has another one).
-  // Without pidfds (a kernel before 5.3, a seccomp profile) the start time alone, and the
-  // service, which checks the peer's pid itself.
-  PidFd pidfd(static_cast<int>(h.pid));
-  if (pidfd.get() < 0 && errno == ESRCH) return CUDA_ERROR_INVALID_HANDLE;  // the exporter is gone
-  if (ProcessStartTime(static_cast<int>(h.pid)) != h.start_time) return CUDA_ERROR_INVALID_HANDLE;
-  Fds fds;
+  return false;
+}
+
+// The exporter's table, mapped once per exporter: through `pidfd`, or from the exporter's
+// service (pidfd_getfd refused or off), which answers the handle's descriptors into `fds` too
+// (`*from_service`). Null for a handle or exporter that is no good.
+IpcTable* ExporterTableLocked(const IpcWireHandle& h, const PidFd& pidfd, Fds* fds,
+                              bool* from_service) {
+  const ExporterKey key{h.pid, h.start_time};
   Exporter& exporter = (*g_tables)[key];
   bool use_pidfd = Cfg().ipc_pidfd && pidfd.get() >= 0 && !exporter.via_service;
   if (use_pidfd && exporter.table == nullptr) {
@@ -254,65 +256,68 @@ CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
       close(fd);
       if (table == nullptr) {
         g_tables->erase(key);
-        return CUDA_ERROR_INVALID_HANDLE;
+        return nullptr;
       }
       exporter.table = table;
     } else {
       use_pidfd = false;  // refused (ptrace rules): the service from now on
     }
   }
+  *from_service = !use_pidfd;
   if (!use_pidfd) {
     const IpcRequest request{
         {'V', 'R', 'S', 'C', 'R', 'E', 'Q', '1'}, h.slot, h.generation, h.nonce};
-    const int n = IpcRequestFds(static_cast<int>(h.pid), h.start_time, request, fds.fd,
+    const int n = IpcRequestFds(static_cast<int>(h.pid), h.start_time, request, fds->fd,
                                 static_cast<int>(kIpcMaxChunks + 1));
-    if (n > 0) fds.count = n;
-    if (n > 0 && exporter.table == nullptr) exporter.table = MapTable(fds.fd[0], h);
+    if (n > 0) fds->count = n;
+    if (n > 0 && exporter.table == nullptr) exporter.table = MapTable(fds->fd[0], h);
     if (exporter.table == nullptr) {
       g_tables->erase(key);
-      return CUDA_ERROR_INVALID_HANDLE;
+      return nullptr;
     }
     exporter.via_service = true;
-    if (n <= 0) return CUDA_ERROR_INVALID_HANDLE;  // stale, forged, or no service
+    if (n <= 0) return nullptr;  // stale, forged, or no service
   }
-  const bool from_service = !use_pidfd;
-  IpcTable* table = exporter.table;
-  IpcSlot& slot = table->slots[h.slot];
-  std::uint32_t holder = kIpcHolders;
-  if (!Enter(slot, h, &holder)) return CUDA_ERROR_INVALID_HANDLE;
-  // From here the exporter keeps the export (and its descriptors) until we leave the slot.
-  IpcChunk chunks[kIpcMaxChunks];
-  const std::uint32_t count = slot.chunk_count;
+  return exporter.table;
+}
+
+// Copies the slot's chunk layout into `chunks` (`*count` of them); false unless the chunks are
+// contiguous from 0 and hold the handle's range.
+bool ReadLayout(const IpcSlot& slot, const IpcWireHandle& h, IpcChunk* chunks,
+                std::uint32_t* count) {
+  *count = slot.chunk_count;
   bool valid =
-      count >= 1 && count <= kIpcMaxChunks && slot.offset == h.offset && slot.size == h.size;
+      *count >= 1 && *count <= kIpcMaxChunks && slot.offset == h.offset && slot.size == h.size;
   std::uint64_t at = 0;
-  for (std::uint32_t i = 0; valid && i < count; ++i) {
+  for (std::uint32_t i = 0; valid && i < *count; ++i) {
     chunks[i] = slot.chunks[i];
     valid = chunks[i].offset == at && chunks[i].size != 0;
     at += chunks[i].size;
   }
-  valid = valid && h.offset < at && h.size <= at - h.offset;
-  if (valid && from_service) {
-    valid = fds.count == static_cast<int>(count) + 1;
-  } else if (valid) {
-    fds.fd[0] = -1;  // the layout of the service's answer: fd[0] the table (closed already)
-    fds.count = 1;
-    for (std::uint32_t i = 0; valid && i < count; ++i) {
-      const int fd = pidfd.GetFd(chunks[i].fd);
-      valid = fd >= 0;
-      if (valid) fds.fd[fds.count++] = fd;
-    }
+  return valid && h.offset < at && h.size <= at - h.offset;
+}
+
+// The chunks' descriptors in `fds`, laid out as the service answers (fd[0] the table, then one
+// per chunk): there already when they came from the service, else taken through `pidfd`.
+bool ChunkFds(const PidFd& pidfd, bool from_service, const IpcChunk* chunks, std::uint32_t count,
+              Fds* fds) {
+  if (from_service) return fds->count == static_cast<int>(count) + 1;
+  fds->fd[0] = -1;  // the table's place (closed already)
+  fds->count = 1;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const int fd = pidfd.GetFd(chunks[i].fd);
+    if (fd < 0) return false;
+    fds->fd[fds->count++] = fd;
   }
-  CUdeviceptr base = 0;
-  std::size_t total = 0;
-  const CUresult result =
-      valid ? MapChunks(chunks, count, fds.fd + 1, &base, &total) : CUDA_ERROR_INVALID_HANDLE;
-  if (result != CUDA_SUCCESS) {
-    Leave(slot, holder);
-    return result == CUDA_ERROR_OUT_OF_MEMORY ? result : CUDA_ERROR_INVALID_HANDLE;
-  }
+  return true;
+}
+
+// Records a new open of handle `h` mapped at `base` (`total` bytes); the program's address.
+CUdeviceptr AddImportLocked(const IpcWireHandle& h, IpcTable* table, std::uint32_t holder,
+                            const IpcChunk* chunks, std::uint32_t count, CUdeviceptr base,
+                            std::size_t total) {
   Import import;
-  import.exporter = key;
+  import.exporter = ExporterKey{h.pid, h.start_time};
   import.slot = h.slot;
   import.generation = h.generation;
   import.nonce = h.nonce;
@@ -326,7 +331,39 @@ CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
   import.chunks = count;
   for (std::uint32_t i = 0; i < count; ++i) import.chunk[i] = chunks[i];
   (*g_imports)[import.address] = import;
-  *pdptr = import.address;
+  return import.address;
+}
+
+CUresult OpenLocked(CUdeviceptr* pdptr, const IpcWireHandle& h) {
+  // Opened already by this process: the same address.
+  if (ReopenLocked(h, pdptr)) return CUDA_SUCCESS;
+  // The exporter's identity: a pidfd, then its start time (a recycled pid has another one).
+  // Without pidfds (a kernel before 5.3, a seccomp profile) the start time alone, and the
+  // service, which checks the peer's pid itself.
+  PidFd pidfd(static_cast<int>(h.pid));
+  if (pidfd.get() < 0 && errno == ESRCH) return CUDA_ERROR_INVALID_HANDLE;  // the exporter is gone
+  if (ProcessStartTime(static_cast<int>(h.pid)) != h.start_time) return CUDA_ERROR_INVALID_HANDLE;
+  Fds fds;
+  bool from_service = false;
+  IpcTable* table = ExporterTableLocked(h, pidfd, &fds, &from_service);
+  if (table == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  IpcSlot& slot = table->slots[h.slot];
+  std::uint32_t holder = kIpcHolders;
+  if (!Enter(slot, h, &holder)) return CUDA_ERROR_INVALID_HANDLE;
+  // From here the exporter keeps the export (and its descriptors) until we leave the slot.
+  IpcChunk chunks[kIpcMaxChunks];
+  std::uint32_t count = 0;
+  const bool valid =
+      ReadLayout(slot, h, chunks, &count) && ChunkFds(pidfd, from_service, chunks, count, &fds);
+  CUdeviceptr base = 0;
+  std::size_t total = 0;
+  const CUresult result =
+      valid ? MapChunks(chunks, count, fds.fd + 1, &base, &total) : CUDA_ERROR_INVALID_HANDLE;
+  if (result != CUDA_SUCCESS) {
+    Leave(slot, holder);
+    return result == CUDA_ERROR_OUT_OF_MEMORY ? result : CUDA_ERROR_INVALID_HANDLE;
+  }
+  *pdptr = AddImportLocked(h, table, holder, chunks, count, base, total);
   return CUDA_SUCCESS;
 }
 
