@@ -30,6 +30,7 @@
 #include "history/history_writer.h"
 #include "tests/collector/test_util.h"
 #include "tests/net/test_certs.h"
+#include "tests/pipeline/bench_batches.h"
 #include "vramscope/agent/agent.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
@@ -43,37 +44,14 @@
 namespace vramscope {
 namespace {
 
-constexpr int kEventsPerBatch = 4096;
+constexpr int kEventsPerBatch = testing::kBenchEventsPerBatch;
 constexpr int kBatchesPerIteration = 100;
 
-// Alternating allocations and frees of a working set, as a training loop produces them.
+// Batch `index` of a process: testing::AppendChurn's events from index * 4096 on.
 v1::EventBatch MakeBatch(const v1::ProcessKey& key, int index) {
   v1::EventBatch batch;
   *batch.mutable_process() = key;
-  for (int i = 0; i < kEventsPerBatch; ++i) {
-    v1::Event* event = batch.add_events();
-    const uint64_t n = static_cast<uint64_t>(index) * kEventsPerBatch + static_cast<uint64_t>(i);
-    event->set_time_ns(1000000 + n * 1000);
-    event->set_thread_id(4242);
-    const uint64_t address = 0x7f0000000000 + (n / 2 % 512) * 0x100000;
-    const uint64_t bytes = 4096 + (n / 2 % 97) * 512;
-    if (n % 2 == 0) {
-      v1::AllocEvent* alloc = event->mutable_alloc();
-      alloc->set_address(address);
-      alloc->set_requested_bytes(bytes - 100);
-      alloc->set_allocated_bytes(bytes);
-      alloc->set_kind(v1::ALLOCATION_KIND_POOLED);
-    } else {
-      v1::FreeEvent* free = event->mutable_free();
-      free->set_address(address);
-      free->set_requested_bytes(bytes - 100);
-      free->set_allocated_bytes(bytes);
-      free->set_kind(v1::ALLOCATION_KIND_POOLED);
-    }
-  }
-  v1::DeviceCounters* counters = batch.add_counters();
-  counters->set_device(0);
-  counters->set_peak_reserved_bytes(512u << 20);
+  testing::AppendChurn(&batch, static_cast<uint64_t>(index) * kEventsPerBatch, kEventsPerBatch);
   return batch;
 }
 

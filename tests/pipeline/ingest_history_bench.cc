@@ -54,6 +54,7 @@
 #include "history/history_writer.h"
 #include "tests/collector/postgres_server.h"
 #include "tests/collector/test_util.h"
+#include "tests/pipeline/bench_batches.h"
 #include "tests/pipeline/http_get.h"
 #include "vramscope/agent/outbox.h"
 #include "vramscope/agent/uplink.h"
@@ -65,7 +66,7 @@
 namespace vramscope {
 namespace {
 
-constexpr int kEventsPerBatch = 4096;
+constexpr int kEventsPerBatch = testing::kBenchEventsPerBatch;
 constexpr double kIngestGoal = 0.95;  // within 5% of the rate without a database
 constexpr double kScrapeGoalMs = 100;
 
@@ -107,30 +108,7 @@ v1::EventBatch WorkBatch(const v1::ProcessKey& key, int index, int batches) {
     start->add_command_line("train.py");
     (*start->mutable_labels())["job"] = "bench";
   }
-  for (int i = 0; i < kEventsPerBatch; ++i) {
-    v1::Event* event = batch.add_events();
-    const uint64_t n = static_cast<uint64_t>(index) * kEventsPerBatch + static_cast<uint64_t>(i);
-    event->set_time_ns(1000000 + n * 1000);
-    event->set_thread_id(4242);
-    const uint64_t address = 0x7f0000000000 + (n / 2 % 512) * 0x100000;
-    const uint64_t bytes = 4096 + (n / 2 % 97) * 512;
-    v1::AllocEvent* alloc = n % 2 == 0 ? event->mutable_alloc() : nullptr;
-    v1::FreeEvent* free = n % 2 == 0 ? nullptr : event->mutable_free();
-    if (alloc != nullptr) {
-      alloc->set_address(address);
-      alloc->set_requested_bytes(bytes - 100);
-      alloc->set_allocated_bytes(bytes);
-      alloc->set_kind(v1::ALLOCATION_KIND_POOLED);
-    } else {
-      free->set_address(address);
-      free->set_requested_bytes(bytes - 100);
-      free->set_allocated_bytes(bytes);
-      free->set_kind(v1::ALLOCATION_KIND_POOLED);
-    }
-  }
-  v1::DeviceCounters* counters = batch.add_counters();
-  counters->set_device(0);
-  counters->set_peak_reserved_bytes(512u << 20);
+  testing::AppendChurn(&batch, static_cast<uint64_t>(index) * kEventsPerBatch, kEventsPerBatch);
   if (index == batches - 1) {
     v1::Event* exit = batch.add_events();
     exit->set_time_ns(1000000 + static_cast<uint64_t>(index + 1) * kEventsPerBatch * 1000);
