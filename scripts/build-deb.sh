@@ -2,18 +2,29 @@
 # Builds a Debian package of vramscope: the three programs, the shim, the systemd units and the
 # LICENSE, as `meson install` lays them out, with dependencies found by dpkg-shlibdeps.
 #
-#   bash scripts/build-deb.sh [--no-build] [BUILD_DIR [OUT_DIR]]
+#   bash scripts/build-deb.sh [--no-build] [--compression=TYPE] [BUILD_DIR [OUT_DIR]]
 #
 # BUILD_DIR (default build-deb) is set up with --prefix=/usr if it does not exist; an existing
 # one is packaged with whatever prefix it has (tests/package uses the test build's). Only the
 # installed targets are built (--no-build: none, they must be built already). The .deb goes to
-# OUT_DIR (default .); its path is printed last.
+# OUT_DIR (default .); its path is printed last. --compression is dpkg-deb's -Z (xz, the
+# default; gzip, zstd or none): tests/package packages sanitizer builds of several hundred MB,
+# which xz takes minutes to compress, and uses none.
 set -euo pipefail
 no_build=0
-if [ "${1:-}" = "--no-build" ]; then
-  no_build=1
+compression=xz
+while [ $# -gt 0 ]; do
+  case $1 in
+    --no-build) no_build=1 ;;
+    --compression=*) compression=${1#--compression=} ;;
+    *) break ;;
+  esac
   shift
-fi
+done
+case $compression in
+  xz | gzip | zstd | none) ;;
+  *) echo "build-deb.sh: --compression must be xz, gzip, zstd or none, not '$compression'" >&2; exit 2 ;;
+esac
 build=${1:-build-deb}
 out=${2:-.}
 cd "$(dirname "$0")/.."
@@ -65,5 +76,5 @@ Description: GPU memory profiler and pooled allocator for unmodified CUDA progra
 CONTROL
 mkdir -p "$out"
 deb="$out/vramscope_${version}_${arch}.deb"
-dpkg-deb --root-owner-group --build "$stage/root" "$deb" >/dev/null
+dpkg-deb --root-owner-group "-Z$compression" --build "$stage/root" "$deb" >/dev/null
 echo "$deb"

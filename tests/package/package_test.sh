@@ -16,7 +16,9 @@ fail() {
   exit 1
 }
 
-deb=$(bash "$source_dir/scripts/build-deb.sh" --no-build "$build" "$work/out" | tail -1)
+# Uncompressed: the sanitizer build's programs weigh several hundred MB, which xz (the default)
+# takes minutes to compress; the package is the same otherwise.
+deb=$(bash "$source_dir/scripts/build-deb.sh" --no-build --compression=none "$build" "$work/out" | tail -1)
 [ -f "$deb" ] || fail "build-deb.sh made no package"
 
 root=$work/root
