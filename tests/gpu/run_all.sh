@@ -81,6 +81,10 @@ mean_of() {  # mean_of NAME: mean ms_per_step of NAME1..NAMEreps; NAME1's logs b
   echo "$1 runs (ms/step):" $all >&2
   echo "$all" | awk 'NF{s+=$1; n++} END{if (n) printf "%.2f", s/n}'
 }
+ratio_of() {  # ratio_of LOGNAME -> peak_reserved / peak_requested of the shim's summary
+  awk -v a="$(summary_field "$1" peak_reserved)" -v b="$(summary_field "$1" peak_requested)" \
+    'BEGIN{if (b+0>0) printf "%.3f", a/b; else print "?"}'
+}
 median_of() {  # median_of NAME: median ms_per_step of NAME1..NAMEreps
   for r in $(seq $reps); do grep -ho '"ms_per_step": [0-9.]*' "$logs/$1$r.out" | awk '{print $2}'; done |
     sort -g | awk '{v[NR]=$1} END{if (NR) printf "%.2f", (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'
@@ -387,10 +391,6 @@ echo "== 5b. stream-aware event fences (issue 18): memory held against requested
 # the default is the amortised device synchronisation alone (section 3's runs). Goals: GPT-2 no-cache step
 # peak reserved <= 1.15 peak requested, step time within 2% of that rule and within 5% of
 # PyTorch's own cache (section 3's runs); stream stress (plain and free-while-busy) <= 3x, no races.
-ratio_of() {  # ratio_of LOGNAME -> peak_reserved / peak_requested of the shim's summary
-  awk -v a="$(summary_field "$1" peak_reserved)" -v b="$(summary_field "$1" peak_requested)" \
-    'BEGIN{if (b+0>0) printf "%.3f", a/b; else print "?"}'
-}
 for rep in 1 2 3; do
   PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 VRAMSCOPE_FENCE_EVENTS=1 run torch.events$rep "${under_shim[@]}" "$python" tests/gpu/torch_gpt2.py 16
 done
@@ -437,10 +437,6 @@ echo "== 5c. event fences' lag bound against time (issue 18): GPT-2 no-cache ste
 # which contend with the program's launches in the driver), and lag 1/64 at 500/100 us. Medians of
 # ms/step and the largest peak reserved/requested per variant: which setting, if any, holds
 # <= 1.15 at the default rule's speed (within 2%).
-sweep_ratio() {
-  awk -v a="$(summary_field "$1" peak_reserved)" -v b="$(summary_field "$1" peak_requested)" \
-    'BEGIN{if (b+0>0) printf "%.3f", a/b; else print "?"}'
-}
 variants="devsync lag16 r500 r2000 lag64r500"
 for rep in 1 2 3; do
   for v in $variants; do
@@ -459,7 +455,7 @@ for v in $variants; do
   ms=$(for r in 1 2 3; do grep -ho '"ms_per_step": [0-9.]*' "$logs/sweep.$v.$r.out" | awk '{print $2}'; done |
     sort -g | awk '{x[NR]=$1} END{if (NR) printf "%.2f", (NR%2) ? x[(NR+1)/2] : (x[NR/2]+x[NR/2+1])/2}')
   all=$(for r in 1 2 3; do grep -ho '"ms_per_step": [0-9.]*' "$logs/sweep.$v.$r.out" | awk '{printf "%s ", $2}'; done)
-  ratio=$(for r in 1 2 3; do sweep_ratio "sweep.$v.$r"; echo; done | sort -g | tail -1)
+  ratio=$(for r in 1 2 3; do ratio_of "sweep.$v.$r"; echo; done | sort -g | tail -1)
   waits=$(for r in 1 2 3; do summary_field "sweep.$v.$r" event_fence_waits; echo; done | awk 'NF{s+=$1} END{print s+0}')
   [ "$v" = devsync ] && base_ms=$ms
   verdict=$(awk -v r="$ratio" -v m="$ms" -v b="$base_ms" 'BEGIN{
