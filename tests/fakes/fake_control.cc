@@ -94,6 +94,15 @@ VRAMSCOPE_FAKE_EXPORT int vramscope_fake_pending_kernels_on(CUstream stream) {
   return n;
 }
 
+VRAMSCOPE_FAKE_EXPORT int vramscope_fake_unordered_at_last_work(CUstream stream) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uintptr_t key = 0;
+  if (!vramscope::fake::StreamKey(s, stream, false, &key)) return -1;
+  const auto it = s.unordered_at_last_work.find(key);
+  return it == s.unordered_at_last_work.end() ? -1 : it->second;
+}
+
 VRAMSCOPE_FAKE_EXPORT CUstream vramscope_fake_blocked_wait_stream(void) {
   State& s = GlobalState();
   std::lock_guard<std::mutex> lock(s.mu);
