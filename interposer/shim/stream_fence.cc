@@ -752,6 +752,9 @@ bool GpuWaitOn() {
 bool HandOverOldestEventFence(Slot* slot) {
   EventFenceRing& ring = slot->event_fences;
   if (!GpuWaitOn() || ring.in_flight.load(std::memory_order_acquire) == 0) return false;
+  // The helper retires owed rounds as it polls; if it went to sleep just before a handover,
+  // this keeps the table from filling (a lock and a query per owed event, per handover).
+  if (g_owed_live.load(std::memory_order_acquire) >= kOwedRounds / 2) (void)RetireOwedWaits();
   DriverCallScope scope(slot->ctx);
   if (!scope.ok()) return false;
   pthread_mutex_lock(&ring.mu);

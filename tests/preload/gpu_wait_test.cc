@@ -210,6 +210,23 @@ TEST_F(GpuWaitTest, CaptureBegunAfterTheRoundIsNotInvalidatedAndItsLaunchWaits) 
   EXPECT_EQ(api_.cuStreamDestroy_v2(launch), CUDA_SUCCESS);
 }
 
+// A stream of another device (which may reach the block by peer access) waits too: events of
+// another device's context are valid in cuStreamWaitEvent.
+TEST_F(GpuWaitTest, StreamOfAnotherDeviceWaits) {
+  HandedOverBlock();
+  CUcontext other = nullptr;
+  ASSERT_EQ(api_.cuDevicePrimaryCtxRetain(&other, 1), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxSetCurrent(other), CUDA_SUCCESS);
+  CUstream s = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const std::uint64_t waits = Calls("cuStreamWaitEvent");
+  Launch(s);
+  EXPECT_GT(Calls("cuStreamWaitEvent"), waits) << "a stream of device 1 did not wait";
+  EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuDevicePrimaryCtxRelease_v2(1), CUDA_SUCCESS);
+}
+
 // Once the old kernel finished, nothing is owed: new streams queue work without any wait.
 TEST_F(GpuWaitTest, NothingOwedOnceTheRoundCompleted) {
   HandedOverBlock();
