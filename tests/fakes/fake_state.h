@@ -225,9 +225,10 @@ struct State {
   // Device-side waits (cuStreamWaitEvent on a pending event), per stream key: what each event
   // stood for when waited on, so later work on the stream is ordered after it (OrderedAfter).
   std::map<uintptr_t, std::vector<CUevent_st>> stream_waits;
-  // Per stream key: how many pending kernels the latest work queued there (a launch, a
-  // synchronous copy or memset) was not ordered after (NoteWorkLocked).
-  std::map<uintptr_t, int> unordered_at_last_work;
+  // Per stream key: the pending kernels (their record_seq) the latest work queued there (a
+  // launch, a synchronous copy or memset, a graph launch) was not ordered after (NoteWorkLocked).
+  std::map<uintptr_t, std::vector<uint64_t>> unordered_at_last_work;
+  uint64_t last_kernel_seq = 0;  // record_seq of the latest manual kernel launched
 
   std::map<std::string, uint64_t> call_counts;
   // cuMemUnmap calls made while an event was pending (with manual events, "a kernel still

@@ -147,16 +147,16 @@ void NoteWorkLocked(Call& call, uintptr_t key) {
   now.record_seq = s.next_record_seq;
   if (StreamInfo(call, key, &now.stream_ctx, &now.stream_kind) != CUDA_SUCCESS) return;
   const auto waits = s.stream_waits.find(key);
-  int unordered = 0;
+  std::vector<uint64_t> unordered;
   for (const CUevent_st* k : s.events) {
     if (!k->kernel || k->status != CUevent_st::Status::kPending) continue;
     bool ordered = BlocksLocked(k, &now);
     if (!ordered && waits != s.stream_waits.end()) {
       for (const CUevent_st& w : waits->second) ordered = ordered || BlocksLocked(k, &w);
     }
-    unordered += ordered ? 0 : 1;
+    if (!ordered) unordered.push_back(k->record_seq);
   }
-  s.unordered_at_last_work[key] = unordered;
+  s.unordered_at_last_work[key] = std::move(unordered);
 }
 
 namespace {
@@ -203,6 +203,7 @@ CUresult LaunchKernel(Call& call, CUfunction f, unsigned int blocks, unsigned in
     kernel->kernel = true;
     kernel->stream_key = key;
     kernel->record_seq = s.next_record_seq++;
+    s.last_kernel_seq = kernel->record_seq;
     kernel->status = CUevent_st::Status::kPending;
     (void)StreamInfo(call, key, &kernel->stream_ctx, &kernel->stream_kind);
     kernel->ctx = kernel->stream_ctx;
