@@ -393,7 +393,8 @@ echo "== 5b. stream-aware event fences (issue 18): memory held against requested
 # on the GPU before its next work. The default is the amortised device synchronisation alone.
 # Goals: stream stress (plain and free-while-busy) <= 3x reserved/requested, no races, in pool
 # and strict modes; the GPT-2 no-cache step's figures are section 5c's (interleaved rounds).
-# "events" = event fences with host waits, "gpuwait" = event fences with GPU waits.
+# "events" = event fences with host waits, "gpuwait" = event fences with GPU waits; strict mode
+# ignores both settings (every free waits as the driver's does), its row is the reference.
 for variant in "plain 8 400" "busy 8 200"; do
   read -r kind threads iters <<<"$variant"
   flag=""; [ "$kind" = busy ] && flag=--busy
