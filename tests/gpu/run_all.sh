@@ -437,14 +437,18 @@ echo "== 5c. event fences, host waits against GPU waits (issue 18): GPT-2 no-cac
 # VRAMSCOPE_FENCE_EVENTS=1), and event fences whose lag bound hands the oldest fence out at once
 # with GPU-side waits (gpuwait: VRAMSCOPE_FENCE_GPU_WAIT=1 too). Medians of ms/step over the
 # rounds, the largest peak reserved/requested; goal: <= 1.15x at devsync's speed (within 2%).
-variants="devsync events gpuwait"
-rounds=4
+# V5C="devsync gpuwait gpuwait64" (gpuwait64: GPU waits with the lag bound at 1/64) and
+# ROUNDS5C=N change the variants and rounds.
+variants=${V5C:-devsync events gpuwait}
+rounds=${ROUNDS5C:-4}
 for rep in $(seq $rounds); do
   for v in $variants; do
     case $v in
       devsync) envs=(VRAMSCOPE_FENCE_EVENTS=0) ;;
       events) envs=(VRAMSCOPE_FENCE_EVENTS=1) ;;
       gpuwait) envs=(VRAMSCOPE_FENCE_EVENTS=1 VRAMSCOPE_FENCE_GPU_WAIT=1) ;;
+      gpuwait64) envs=(VRAMSCOPE_FENCE_EVENTS=1 VRAMSCOPE_FENCE_GPU_WAIT=1 VRAMSCOPE_FENCE_LAG_FRACTION=64) ;;
+      *) echo "5c: unknown variant $v"; continue ;;
     esac
     PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run "sweep.$v.$rep" env "${envs[@]}" "${under_shim[@]}" "$python" tests/gpu/torch_gpt2.py 16
   done
