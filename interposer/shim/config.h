@@ -46,6 +46,10 @@ struct Config {
   // no-cache step 1.27x requested instead of 1.8x; stream stress 1.5x instead of 40x) but made
   // that step 10-25% slower (BENCHMARKS.md section 4).
   bool fence_events = false;
+  // VRAMSCOPE_FENCE_GPU_WAIT=1 (with event fences): an allocation that would wait on the host for
+  // the oldest fence (the lag bound) takes its blocks at once instead, and every stream waits on
+  // the GPU for that fence's events before its next work (stream_fence.h, "GPU-side waits").
+  bool fence_gpu_wait = false;
   // VRAMSCOPE_FENCE_LAG_FRACTION: with event fences, an allocation that would grow waits for the
   // oldest fence while more than 1/N of the device's pooled memory waits for fences (at least
   // 16 MiB). 0: never wait (grow).

@@ -101,6 +101,10 @@ struct ShimCounters {
   Counter event_fences;       // event fences queued (stream_fence.h), one per pool per round
   Counter event_fence_syncs;  // of those, not exact: completed by a device synchronisation
   Counter event_fence_waits;  // allocations that waited for the oldest event fence
+  // VRAMSCOPE_FENCE_GPU_WAIT: fences handed over to GPU-side waits instead of a host wait, and
+  // the cuStreamWaitEvent calls they cost (stream_fence.h).
+  Counter gpu_wait_handovers;
+  Counter gpu_waits;
 };
 
 // The process's counters (zeroed in a fork child: ResetCountersInChild, shim.cc's fork table).

@@ -70,10 +70,21 @@ class EpochFences final : public pool::FenceTracker {
     const std::uint64_t fence = epoch_.fetch_add(1, std::memory_order_seq_cst);
     (void)settled_fence_.compare_exchange_strong(expected, fence, std::memory_order_acq_rel);
   }
+  // Fences handed over to GPU-side waits (stream_fence.h) completed for reuse, not for giving
+  // the memory back either: a synchronisation covers them first.
   void BeforeReturningMemory() {
     const std::uint64_t fence = settled_fence_.load(std::memory_order_acquire);
     if (fence != 0 && !IsComplete(fence)) (void)Sync(/*forced=*/true);
+    for (int i = 0; i < 4 && gpu_owed_.load(std::memory_order_seq_cst) != 0; ++i) {
+      const std::uint64_t owed = gpu_owed_.exchange(0, std::memory_order_seq_cst);
+      if (!Sync(/*forced=*/true)) {
+        gpu_owed_.fetch_add(owed, std::memory_order_seq_cst);
+        return;
+      }
+    }
   }
+  // A fence of this pool was completed by handing it over to GPU-side waits.
+  void NoteGpuOwed() { gpu_owed_.fetch_add(1, std::memory_order_seq_cst); }
   bool CompletesInOrder() const override { return true; }
   bool NeedsRetire() const override { return false; }
   // Synchronises even while a capture is live (in relaxed mode: the pool relies on Wait to
@@ -110,6 +121,7 @@ class EpochFences final : public pool::FenceTracker {
   // 0: no settled free; kUnended: settled frees, ordered reuse still on; else their fence.
   static constexpr std::uint64_t kUnended = ~std::uint64_t{0};
   std::atomic<std::uint64_t> settled_fence_{0};
+  std::atomic<std::uint64_t> gpu_owed_{0};  // handovers since the last BeforeReturningMemory
   // About one VMM map (cuMemCreate + cuMemMap + cuMemSetAccess) or one cuMemAlloc.
   static constexpr std::uint64_t kCheapSyncNs = 50000;
   std::atomic<std::uint64_t> sync_ns_{0};  // moving average of Sync's cuCtxSynchronize

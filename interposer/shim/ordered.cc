@@ -141,6 +141,8 @@ void BreakOrdered(const char* why) {
 }
 
 void BreakOrderedAndWait(const char* why) {
+  // Another process's work does not pay the owed GPU-side waits (stream_fence.h).
+  DrainOwedWaitsOnHost();
   BreakOrdered(why);
   if (g_state.load(std::memory_order_acquire) == kOff) return;
   SynchroniseAllPools();

@@ -39,6 +39,8 @@
 
 #include <cuda.h>
 
+#include "stream_fence.h"
+
 namespace vramscope::interposer {
 namespace ordered_internal {
 
@@ -75,21 +77,29 @@ void BreakOrderedAndWait(const char* why);
 
 // Work is about to be queued on `stream` by the entry point `where`; `per_thread` for the
 // _ptsz / _ptds flavour, where a null stream is the calling thread's per-thread stream.
+// Also pays the stream's owed GPU-side waits (stream_fence.h, PayOwedWaits).
 inline void WatchStream(CUstream stream, bool per_thread, const char* where) {
   const int state = ordered_internal::g_state.load(std::memory_order_acquire);
-  if (__builtin_expect(state == ordered_internal::kOff, 1)) return;
+  if (__builtin_expect(state == ordered_internal::kOff, 1)) {
+    PayOwedWaits(stream, per_thread);
+    return;
+  }
   if (state == ordered_internal::kOn) {
     const auto handle = reinterpret_cast<std::uintptr_t>(stream);
     // CU_STREAM_LEGACY names the legacy stream in both flavours, a null stream in the legacy
     // one. Work there from the ordered context follows everything before it, the end included.
     if (handle == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY) ||
         (handle == 0 && !per_thread)) {
-      if (!ordered_internal::CheckContextBreaks()) return;
+      if (!ordered_internal::CheckContextBreaks()) {
+        PayOwedWaits(stream, per_thread);
+        return;
+      }
     } else {
       BreakOrdered(where);
     }
   }
   ordered_internal::WhileEnding(stream, per_thread);
+  PayOwedWaits(stream, per_thread);
 }
 
 // A pool is being created for `ctx`: a second context ends ordered reuse.

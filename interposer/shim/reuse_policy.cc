@@ -33,7 +33,11 @@ __attribute__((noinline)) void AskForRound(Slot* slot) {
 
 bool EventLagWait(Slot* slot, std::size_t bytes, std::uintptr_t* address, pool::BlockSizes* sizes) {
   for (int i = 0; i < kMaxLagWaits && LagWaitDue(slot, bytes); ++i) {
-    if (!WaitOldestEventFence(slot) && !IssueEventRound()) return false;
+    // GPU waits: the oldest fence's blocks now, its events waited for by every stream's next
+    // work on the GPU; else the host waits for it.
+    if (!HandOverOldestEventFence(slot) && !WaitOldestEventFence(slot) && !IssueEventRound()) {
+      return false;
+    }
     if (slot->pool->AllocateCached(bytes, address, sizes) == pool::PoolStatus::kOk) return true;
   }
   return false;

@@ -16,6 +16,7 @@ constinit std::atomic<bool> stream_fence_internal::g_tracking{false};
 constinit std::atomic<bool> stream_fence_internal::g_default_dirty{false};
 constinit std::atomic<std::uint64_t> stream_fence_internal::g_generation{1};
 constinit std::atomic<bool> stream_fence_internal::g_stream_dirty{false};
+constinit std::atomic<int> stream_fence_internal::g_owed_live{0};
 __attribute__((tls_model("initial-exec"))) constinit thread_local stream_fence_internal::ThreadCache
     stream_fence_internal::t_stream{};
 
@@ -23,6 +24,7 @@ namespace {
 
 using stream_fence_internal::g_default_dirty;
 using stream_fence_internal::g_generation;
+using stream_fence_internal::g_owed_live;
 using stream_fence_internal::g_stream_dirty;
 using stream_fence_internal::g_tracking;
 using stream_fence_internal::SetDirty;
@@ -46,6 +48,38 @@ constinit std::atomic<bool> g_allowed{false};
 constinit std::atomic<bool> g_unattributed{false};
 // An unknown entry point was looked up: every fence synchronises from now on.
 constinit std::atomic<bool> g_unknown{false};
+
+// GPU-side waits (stream_fence.h). An owed round: a handed-over fence's events, which every
+// stream waits for before its next work until they completed. gen 0: a free entry.
+struct OwedRound {
+  std::uint64_t gen = 0;
+  Slot* slot = nullptr;
+  CUcontext ctx = nullptr;
+  int count = 0;
+  CUevent events[EventFenceRing::kEventsPerFence] = {};
+};
+constexpr int kOwedRounds = 64;
+constinit OwedRound g_owed[kOwedRounds];
+// Guards g_owed and the legacy entries' insertion; taken after a ring's mutex, never before.
+constinit pthread_mutex_t g_owed_mu = PTHREAD_MUTEX_INITIALIZER;
+constinit std::atomic<std::uint64_t> g_owed_gen{0};  // the newest owed round's gen
+constinit std::atomic<bool> g_gpu_wait{false};
+// The legacy stream of each context: the owed rounds it waited for.
+struct LegacyWaited {
+  std::atomic<CUcontext> ctx{nullptr};
+  std::atomic<std::uint64_t> waited{0};
+};
+constexpr int kLegacyEntries = 64;
+constinit LegacyWaited g_legacy_waited[kLegacyEntries];
+// The calling thread's per-thread stream (in `ctx`): the owed rounds it waited for.
+struct PerThreadWaited {
+  CUcontext ctx = nullptr;
+  std::uint64_t waited = 0;
+};
+__attribute__((tls_model("initial-exec"))) constinit thread_local PerThreadWaited t_per_thread{};
+
+void ForgetOwedOfContext(CUcontext ctx);
+void ResetOwedInChild();
 
 std::uint64_t NowNs() {
   timespec ts{};
@@ -90,6 +124,7 @@ StreamEntry* Insert(std::uintptr_t handle, CUcontext ctx) {
   }
   reuse->ctx.store(ctx, std::memory_order_relaxed);
   reuse->dirty.store(false, std::memory_order_relaxed);
+  reuse->waited.store(0, std::memory_order_relaxed);  // a new stream owes every live round
   reuse->handle.store(handle, std::memory_order_release);
   return reuse;
 }
@@ -269,6 +304,9 @@ void ConfigureStreamFence(bool allowed) {
   g_unattributed.store(false, std::memory_order_relaxed);
   // Tracked from the start: work queued before the first pool still needs its events.
   g_tracking.store(allowed, std::memory_order_seq_cst);
+  g_gpu_wait.store(allowed && Cfg().fence_gpu_wait && real.cuStreamWaitEvent != nullptr &&
+                       real.cuCtxGetCurrent != nullptr,
+                   std::memory_order_relaxed);
 }
 
 bool EventFencesOn() {
@@ -280,6 +318,8 @@ void NoteUnknownStreamWork() {
   if (!g_unknown.exchange(true, std::memory_order_seq_cst)) {
     VRAMSCOPE_LOG(kInfo, "an unknown entry point was looked up: fences synchronise the device");
   }
+  // Work queued through it would not pay the owed waits.
+  DrainOwedWaitsOnHost();
 }
 
 bool IssueEventRound() {
@@ -379,6 +419,7 @@ bool PollEventFences(bool issue_due, std::uint64_t round_interval_ns) {
     }
   }
   if (due && IssueEventRound()) queued = true;
+  if (RetireOwedWaits()) queued = true;  // keep polling while rounds are owed
   return queued;
 }
 
@@ -415,6 +456,7 @@ void PollSlotEventFences(Slot* slot) {
   if (!scope.ok() || pthread_mutex_trylock(&ring.mu) != 0) return;
   PollRingLocked(slot, /*may_sync=*/false);
   pthread_mutex_unlock(&ring.mu);
+  (void)RetireOwedWaits();
 }
 
 bool WaitOldestEventFence(Slot* slot) {
@@ -517,14 +559,17 @@ void ForgetContextStreams(CUcontext ctx) {
   }
   g_generation.fetch_add(1, std::memory_order_acq_rel);
   pthread_mutex_unlock(&g_fence_mu);
+  ForgetOwedOfContext(ctx);
 }
 
 void ResetStreamFenceInChild() {
+  ResetOwedInChild();
   pthread_mutex_init(&g_fence_mu, nullptr);
   for (StreamEntry& entry : g_streams) {
     entry.handle.store(0, std::memory_order_relaxed);
     entry.ctx.store(nullptr, std::memory_order_relaxed);
     entry.dirty.store(false, std::memory_order_relaxed);
+    entry.waited.store(0, std::memory_order_relaxed);
   }
   g_used_count.store(0, std::memory_order_relaxed);
   g_default_dirty.store(false, std::memory_order_relaxed);
@@ -532,5 +577,300 @@ void ResetStreamFenceInChild() {
   g_generation.fetch_add(1, std::memory_order_acq_rel);
   t_stream = {};
 }
+
+}  // namespace vramscope::interposer
+
+// --- GPU-side waits ---------------------------------------------------------------------------
+
+namespace vramscope::interposer {
+
+namespace {
+
+CUcontext CurrentContext() {
+  CUcontext ctx = nullptr;
+  const RealDriver& real = Real();
+  if (real.cuCtxGetCurrent == nullptr || real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) return nullptr;
+  return ctx;
+}
+
+// The legacy stream of `ctx`'s entry, inserted if new; null if the table is full (the stream
+// then waits every time, which is safe).
+std::atomic<std::uint64_t>* LegacyWaitedFor(CUcontext ctx) {
+  for (LegacyWaited& entry : g_legacy_waited) {
+    const CUcontext c = entry.ctx.load(std::memory_order_acquire);
+    if (c == ctx) return &entry.waited;
+    if (c == nullptr) break;
+  }
+  std::atomic<std::uint64_t>* found = nullptr;
+  pthread_mutex_lock(&g_owed_mu);
+  for (LegacyWaited& entry : g_legacy_waited) {
+    const CUcontext c = entry.ctx.load(std::memory_order_relaxed);
+    if (c == ctx) {
+      found = &entry.waited;
+      break;
+    }
+    if (c == nullptr) {
+      entry.waited.store(0, std::memory_order_relaxed);
+      entry.ctx.store(ctx, std::memory_order_release);
+      found = &entry.waited;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g_owed_mu);
+  return found;
+}
+
+// A created stream's registry entry, registered if new; null if it cannot be (the stream then
+// waits every time).
+StreamEntry* StreamEntryFor(std::uintptr_t handle) {
+  stream_fence_internal::ThreadCache& cache = t_stream;
+  if (cache.handle == handle && cache.generation == g_generation.load(std::memory_order_acquire)) {
+    return cache.entry;
+  }
+  StreamEntry* entry = Find(handle);
+  if (entry != nullptr) return entry;
+  const RealDriver& real = Real();
+  CUcontext ctx = nullptr;
+  if (real.cuStreamGetCtx == nullptr) return nullptr;
+  {
+    DriverCallScope scope(nullptr);  // relaxed capture mode
+    if (real.cuStreamGetCtx(reinterpret_cast<CUstream>(handle), &ctx) != CUDA_SUCCESS ||
+        ctx == nullptr) {
+      return nullptr;
+    }
+  }
+  pthread_mutex_lock(&g_fence_mu);
+  entry = Insert(handle, ctx);
+  pthread_mutex_unlock(&g_fence_mu);
+  return entry;
+}
+
+// Raises `waited` to `gen` (never lowers it: another thread may have waited for more).
+void RaiseWaited(std::atomic<std::uint64_t>* waited, std::uint64_t gen) {
+  std::uint64_t now = waited->load(std::memory_order_acquire);
+  while (now < gen && !waited->compare_exchange_weak(now, gen, std::memory_order_acq_rel,
+                                                     std::memory_order_acquire)) {
+  }
+}
+
+// With g_owed_mu held: moves the entries `done` selects out of the table (their events into
+// `out`, at most kOwedRounds), returns how many.
+template <typename Done>
+int TakeOwedLocked(Done done, OwedRound* out) {
+  int taken = 0;
+  for (OwedRound& round : g_owed) {
+    if (round.gen == 0 || !done(round)) continue;
+    out[taken++] = round;
+    round.gen = 0;
+    round.count = 0;
+    g_owed_live.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  return taken;
+}
+
+// The events of retired rounds back to their pools' spare lists.
+void GiveBack(OwedRound* rounds, int count) {
+  for (int i = 0; i < count; ++i) {
+    Slot* slot = rounds[i].slot;
+    if (slot == nullptr || slot->dead.load(std::memory_order_acquire)) continue;
+    EventFenceRing& ring = slot->event_fences;
+    pthread_mutex_lock(&ring.mu);
+    for (int e = 0; e < rounds[i].count; ++e) GiveEvent(ring, rounds[i].events[e]);
+    pthread_mutex_unlock(&ring.mu);
+  }
+}
+
+}  // namespace
+
+void stream_fence_internal::PayOwedSlow(CUstream stream, bool per_thread) {
+  // Even after exit began: work queued by exit handlers may touch a handed-over block.
+  const auto handle = reinterpret_cast<std::uintptr_t>(stream);
+  const std::uint64_t newest = g_owed_gen.load(std::memory_order_acquire);
+  CUstream target = stream;
+  std::atomic<std::uint64_t>* waited = nullptr;
+  bool thread_stream = false;
+  CUcontext ctx = nullptr;
+  if (handle <= reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD)) {
+    ctx = CurrentContext();
+    if (ctx == nullptr) return;  // the driver refuses the call: nothing is queued
+    thread_stream = handle == reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD) ||
+                    (handle == 0 && per_thread);
+    if (thread_stream) {
+      target = CU_STREAM_PER_THREAD;
+      if (t_per_thread.ctx != ctx) t_per_thread = {ctx, 0};
+      if (t_per_thread.waited >= newest) return;
+    } else {
+      target = CU_STREAM_LEGACY;
+      waited = LegacyWaitedFor(ctx);
+    }
+  } else {
+    StreamEntry* entry = StreamEntryFor(handle);
+    if (entry != nullptr) waited = &entry->waited;
+  }
+  if (waited != nullptr && waited->load(std::memory_order_acquire) >= newest) return;
+  const RealDriver& real = Real();
+  // Relaxed capture mode: a wait from this thread must not invalidate another's global capture.
+  DriverCallScope scope(nullptr);
+  // A capturing stream's work runs when its graph is launched, and the launch pays; it stays
+  // owed until its capture ended.
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (real.cuStreamIsCapturing != nullptr &&
+      real.cuStreamIsCapturing(target, &status) == CUDA_SUCCESS &&
+      status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return;
+  }
+  const std::uint64_t from =
+      thread_stream ? t_per_thread.waited
+                    : (waited != nullptr ? waited->load(std::memory_order_acquire) : 0);
+  std::uint64_t waits = 0;
+  pthread_mutex_lock(&g_owed_mu);
+  const std::uint64_t top = g_owed_gen.load(std::memory_order_acquire);
+  for (OwedRound& round : g_owed) {
+    if (round.gen == 0 || round.gen <= from) continue;
+    for (int e = 0; e < round.count; ++e) {
+      if (real.cuEventQuery(round.events[e]) == CUDA_SUCCESS) continue;  // the GPU passed it
+      if (real.cuStreamWaitEvent(target, round.events[e], 0) != CUDA_SUCCESS) {
+        // Cannot order it on the GPU: wait on the host instead.
+        (void)real.cuEventSynchronize(round.events[e]);
+      }
+      ++waits;
+    }
+  }
+  pthread_mutex_unlock(&g_owed_mu);
+  if (waits != 0) Counters().gpu_waits.Add(waits);
+  if (thread_stream) {
+    t_per_thread.waited = top;
+  } else if (waited != nullptr) {
+    RaiseWaited(waited, top);
+  }
+}
+
+bool GpuWaitOn() {
+  return g_gpu_wait.load(std::memory_order_relaxed) && EventFencesOn() && !Exiting();
+}
+
+bool HandOverOldestEventFence(Slot* slot) {
+  EventFenceRing& ring = slot->event_fences;
+  if (!GpuWaitOn() || ring.in_flight.load(std::memory_order_acquire) == 0) return false;
+  // The helper retires owed rounds as it polls; if it went to sleep just before a handover,
+  // this keeps the table from filling (a lock and a query per owed event, per handover).
+  if (g_owed_live.load(std::memory_order_acquire) >= kOwedRounds / 2) (void)RetireOwedWaits();
+  DriverCallScope scope(slot->ctx);
+  if (!scope.ok()) return false;
+  pthread_mutex_lock(&ring.mu);
+  PollRingLocked(slot, /*may_sync=*/false);
+  if (ring.count == 0) {
+    pthread_mutex_unlock(&ring.mu);
+    return true;  // completed meanwhile
+  }
+  EventFenceRing::Fence& fence = ring.fences[ring.head];
+  if (fence.sync) {
+    pthread_mutex_unlock(&ring.mu);
+    return false;
+  }
+  pthread_mutex_lock(&g_owed_mu);
+  OwedRound* free_round = nullptr;
+  for (OwedRound& round : g_owed) {
+    if (round.gen == 0) {
+      free_round = &round;
+      break;
+    }
+  }
+  if (free_round == nullptr) {
+    pthread_mutex_unlock(&g_owed_mu);
+    pthread_mutex_unlock(&ring.mu);
+    return false;
+  }
+  const std::uint64_t gen = g_owed_gen.load(std::memory_order_relaxed) + 1;
+  free_round->slot = slot;
+  free_round->ctx = slot->ctx;
+  free_round->count = fence.count;
+  for (int i = 0; i < fence.count; ++i) free_round->events[i] = fence.events[i];
+  free_round->gen = gen;
+  // Owed before the epoch completes: whoever gets a block of it sees the round (the store
+  // happens before the allocation returns the block).
+  g_owed_live.fetch_add(1, std::memory_order_seq_cst);
+  g_owed_gen.store(gen, std::memory_order_seq_cst);
+  pthread_mutex_unlock(&g_owed_mu);
+  slot->fences.NoteGpuOwed();
+  slot->fences.CompleteFromEvents(fence.epoch);
+  fence.count = 0;  // its events belong to the owed round now
+  PopOldest(ring);
+  pthread_mutex_unlock(&ring.mu);
+  Counters().gpu_wait_handovers.Add(1);
+  return true;
+}
+
+bool RetireOwedWaits() {
+  if (g_owed_live.load(std::memory_order_acquire) == 0) return false;
+  const RealDriver& real = Real();
+  OwedRound retired[kOwedRounds];
+  int count = 0;
+  {
+    DriverCallScope scope(nullptr);
+    pthread_mutex_lock(&g_owed_mu);
+    count = TakeOwedLocked(
+        [&](const OwedRound& round) {
+          for (int e = 0; e < round.count; ++e) {
+            const CUresult result = real.cuEventQuery(round.events[e]);
+            if (result == CUDA_ERROR_NOT_READY) return false;
+          }
+          return true;
+        },
+        retired);
+    pthread_mutex_unlock(&g_owed_mu);
+  }
+  GiveBack(retired, count);
+  return g_owed_live.load(std::memory_order_acquire) != 0;
+}
+
+void DrainOwedWaitsOnHost() {
+  if (g_owed_live.load(std::memory_order_acquire) == 0) return;
+  const RealDriver& real = Real();
+  OwedRound retired[kOwedRounds];
+  int count = 0;
+  {
+    DriverCallScope scope(nullptr);
+    pthread_mutex_lock(&g_owed_mu);
+    count = TakeOwedLocked(
+        [&](const OwedRound& round) {
+          for (int e = 0; e < round.count; ++e) (void)real.cuEventSynchronize(round.events[e]);
+          return true;
+        },
+        retired);
+    pthread_mutex_unlock(&g_owed_mu);
+  }
+  GiveBack(retired, count);
+}
+
+namespace {
+
+// Rounds of a context that is gone: its events went with it.
+void ForgetOwedOfContext(CUcontext ctx) {
+  OwedRound dropped[kOwedRounds];
+  pthread_mutex_lock(&g_owed_mu);
+  (void)TakeOwedLocked([&](const OwedRound& round) { return round.ctx == ctx; }, dropped);
+  for (LegacyWaited& entry : g_legacy_waited) {
+    // Its legacy stream is gone too; a new context at the same address owes every live round.
+    if (entry.ctx.load(std::memory_order_relaxed) == ctx) {
+      entry.waited.store(0, std::memory_order_relaxed);
+    }
+  }
+  pthread_mutex_unlock(&g_owed_mu);
+}
+
+void ResetOwedInChild() {
+  pthread_mutex_init(&g_owed_mu, nullptr);
+  for (OwedRound& round : g_owed) round = OwedRound{};
+  for (LegacyWaited& entry : g_legacy_waited) {
+    entry.ctx.store(nullptr, std::memory_order_relaxed);
+    entry.waited.store(0, std::memory_order_relaxed);
+  }
+  g_owed_live.store(0, std::memory_order_relaxed);
+  g_owed_gen.store(0, std::memory_order_relaxed);
+  t_per_thread = {};
+}
+
+}  // namespace
 
 }  // namespace vramscope::interposer

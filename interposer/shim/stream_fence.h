@@ -25,6 +25,28 @@
 // before the destroy reaches the driver (the work still runs after it), which the next round
 // takes. A context destroyed or reset forgets its streams; a fork child starts empty.
 //
+// GPU-side waits (VRAMSCOPE_FENCE_GPU_WAIT=1). Where an allocation would block the host for the
+// oldest queued fence (the lag bound, reuse_policy.h), HandOverOldestEventFence instead moves
+// that fence's events into the owed table and completes its epoch at once, so its blocks serve
+// the allocation now. From then on, before any work is queued on a stream that has not yet
+// waited for that round, PayOwedWaits (called by WatchStream, ordered.h, before every watched
+// driver call: launches, async and synchronous copies and memsets, graph launch and upload,
+// capture begin, ...) queues cuStreamWaitEvent(stream, event) for every event of every owed round
+// the stream has not waited for and the GPU has not passed: one wait per stream per round,
+// whatever the stream's device (a stream of another device may reach the memory by peer
+// access). Every stream is covered: a created stream by its registry entry (one created after
+// the round starts at 0, so its first work waits), the legacy stream by a per-context entry, a
+// per-thread stream by a thread-local one. A capturing stream is skipped and stays owed: its
+// captured work runs only when the graph is launched, and the launch's stream waits (a wait on an
+// event recorded outside the capture would invalidate it); cuStreamBeginCapture pays before the
+// capture begins. The helper thread retires an owed round once its events completed; while none
+// is owed the submission path costs one relaxed load. Giving pooled memory back to the driver
+// synchronises first (EpochFences::BeforeReturningMemory); an IPC export, an unknown entry point
+// and a fork child end every owed round on the host (DrainOwedWaitsOnHost, cuEventSynchronize); a
+// context destroyed forgets its rounds. A fence that is not exact (it falls back to a device
+// synchronisation) is never handed over, nor is one when the owed table (64 rounds) is full:
+// the host waits then, as without GPU waits.
+//
 // Thread safety: NoteStreamWork is lock-free; the rest takes g_fence_mu (rounds, registration,
 // destroys) and a pool's ring mutex (its queued fences), never on the allocate/free hot path.
 #pragma once
@@ -48,6 +70,7 @@ struct StreamEntry {
   std::atomic<std::uintptr_t> handle{0};  // 0: empty; kTombstone: a destroyed stream's
   std::atomic<CUcontext> ctx{nullptr};
   std::atomic<bool> dirty{false};
+  std::atomic<std::uint64_t> waited{0};  // owed rounds up to this one waited for (GPU waits)
 };
 struct ThreadCache {
   std::uintptr_t handle = 0;
@@ -60,6 +83,10 @@ extern constinit std::atomic<std::uint64_t> g_generation;
 extern constinit std::atomic<bool> g_stream_dirty;  // some registered stream is flagged
 extern constinit thread_local ThreadCache t_stream;
 void NoteSlow(std::uintptr_t handle);
+
+// Owed rounds not yet retired (GPU waits); 0 on the submission path's common case.
+extern constinit std::atomic<int> g_owed_live;
+void PayOwedSlow(CUstream stream, bool per_thread);
 
 inline void SetDirty(std::atomic<bool>& flag) {
   // Sequentially consistent: a free that follows this work reads the epoch after the store, so
@@ -110,6 +137,30 @@ class StreamWorkNote {
   bool per_thread_;
   bool active_;
 };
+
+// Work is about to be queued on `stream` (before the driver call; `per_thread` as for
+// NoteStreamWork): the stream first waits on the GPU for every owed round it has not waited for.
+inline void PayOwedWaits(CUstream stream, bool per_thread) {
+  if (__builtin_expect(stream_fence_internal::g_owed_live.load(std::memory_order_relaxed) == 0,
+                       1)) {
+    return;
+  }
+  stream_fence_internal::PayOwedSlow(stream, per_thread);
+}
+
+// GPU-side waits are in use (VRAMSCOPE_FENCE_GPU_WAIT=1 and event fences on).
+bool GpuWaitOn();
+// Completes the oldest queued fence of `slot` by handing its events over to GPU-side waits
+// (never blocks on the GPU); true if the oldest fence is complete now (handed over, or it
+// completed meanwhile), false if it cannot be handed over (none queued, not exact, owed table
+// full, GPU waits off): the caller then waits on the host.
+bool HandOverOldestEventFence(Slot* slot);
+// Waits on the host until every owed round's events completed and retires them (IPC export,
+// unknown entry point: work the shim cannot make wait may follow).
+void DrainOwedWaitsOnHost();
+// Retires the owed rounds whose events completed (the helper thread's poll); true while any is
+// still owed.
+bool RetireOwedWaits();
 
 // At initialisation and in a fork child: whether event fences are used (pool mode,
 // VRAMSCOPE_FENCE_EVENTS not 0, and the driver has what they need).

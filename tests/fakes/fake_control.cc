@@ -94,6 +94,35 @@ VRAMSCOPE_FAKE_EXPORT int vramscope_fake_pending_kernels_on(CUstream stream) {
   return n;
 }
 
+VRAMSCOPE_FAKE_EXPORT int vramscope_fake_unordered_at_last_work(CUstream stream) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uintptr_t key = 0;
+  if (!vramscope::fake::StreamKey(s, stream, false, &key)) return -1;
+  const auto it = s.unordered_at_last_work.find(key);
+  return it == s.unordered_at_last_work.end() ? -1 : static_cast<int>(it->second.size());
+}
+
+VRAMSCOPE_FAKE_EXPORT int vramscope_fake_kernel_unordered_at_last_work(CUstream stream,
+                                                                       uint64_t kernel) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  uintptr_t key = 0;
+  if (!vramscope::fake::StreamKey(s, stream, false, &key)) return -1;
+  const auto it = s.unordered_at_last_work.find(key);
+  if (it == s.unordered_at_last_work.end()) return -1;
+  for (uint64_t seq : it->second) {
+    if (seq == kernel) return 1;
+  }
+  return 0;
+}
+
+VRAMSCOPE_FAKE_EXPORT uint64_t vramscope_fake_last_kernel(void) {
+  State& s = GlobalState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.last_kernel_seq;
+}
+
 VRAMSCOPE_FAKE_EXPORT CUstream vramscope_fake_blocked_wait_stream(void) {
   State& s = GlobalState();
   std::lock_guard<std::mutex> lock(s.mu);

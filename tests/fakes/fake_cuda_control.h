@@ -66,6 +66,19 @@ int vramscope_fake_complete_kernels(struct CUstream_st* stream, int max);
 // Number of kernels not yet completed, in all and on `stream` (null: the legacy stream).
 int vramscope_fake_pending_kernels(void);
 int vramscope_fake_pending_kernels_on(struct CUstream_st* stream);
+// Device-side ordering: how many kernels still pending the latest work queued on `stream` (a
+// launch, or for CU_STREAM_LEGACY also a synchronous copy or memset; null: the legacy stream)
+// was NOT ordered after, when it was queued: a kernel is ordered before it when it ran on the
+// same stream, by the legacy stream's implicit synchronisation, or when the stream waited
+// (cuStreamWaitEvent, before that work) for an event recorded after the kernel. -1: no work
+// seen on the stream (or an unknown stream).
+int vramscope_fake_unordered_at_last_work(struct CUstream_st* stream);
+// The same for one kernel (an id from vramscope_fake_last_kernel): 1 if it was pending and the
+// latest work on `stream` was not ordered after it, 0 if it was (or had completed), -1 if no
+// work was seen on the stream.
+int vramscope_fake_kernel_unordered_at_last_work(struct CUstream_st* stream, uint64_t kernel);
+// The id of the latest kernel launched with manual kernels on (0: none yet).
+uint64_t vramscope_fake_last_kernel(void);
 // The stream (CU_STREAM_LEGACY / CU_STREAM_PER_THREAD for the default ones) of the event a
 // cuEventSynchronize is blocked on right now (blocking sync), or null when none is.
 struct CUstream_st* vramscope_fake_blocked_wait_stream(void);

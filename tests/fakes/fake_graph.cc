@@ -133,6 +133,7 @@ CUresult MapForLaunch(Call& call, CUgraphExec exec, CUstream stream, bool per_th
   if (s.graph_execs.count(exec) == 0) return CUDA_ERROR_INVALID_VALUE;
   uintptr_t key = 0;
   if (!StreamKey(s, stream, per_thread, &key)) return CUDA_ERROR_INVALID_HANDLE;
+  NoteWorkLocked(call, key);  // the graph's nodes run on the stream from here
   return Map(s, exec);
 }
 

@@ -88,6 +88,8 @@ CUresult MemcpyLocked(Call& call, void* dst, const void* src, size_t n, CUdevice
   if (dev_dst != 0 && !DeviceRangeValid(s, dev_dst, n, true)) return CUDA_ERROR_INVALID_VALUE;
   if (dev_src != 0 && !DeviceRangeValid(s, dev_src, n, false)) return CUDA_ERROR_INVALID_VALUE;
   if (dst == nullptr || src == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // Synchronous copies go to the legacy stream (the _ptds forms are counted there too).
+  NoteWorkLocked(call, reinterpret_cast<uintptr_t>(CU_STREAM_LEGACY));
   memmove(dst, src, n);
   return CUDA_SUCCESS;
 }
@@ -97,6 +99,7 @@ CUresult MemsetD8Locked(Call& call, CUdeviceptr dst, unsigned char uc, size_t n)
   if (CUresult r = call.RequireContext(&ctx); r != CUDA_SUCCESS) return r;
   if (n == 0) return CUDA_SUCCESS;
   if (!DeviceRangeValid(call.state(), dst, n, true)) return CUDA_ERROR_INVALID_VALUE;
+  NoteWorkLocked(call, reinterpret_cast<uintptr_t>(CU_STREAM_LEGACY));
   memset(reinterpret_cast<void*>(dst), uc, n);
   return CUDA_SUCCESS;
 }

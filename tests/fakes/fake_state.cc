@@ -93,6 +93,8 @@ void ResetLocked(State& s) {
   for (CUgraph_st* g : s.graphs) delete g;
   s.graphs.clear();
   s.captures.clear();
+  s.stream_waits.clear();
+  s.unordered_at_last_work.clear();
   s.ipc_opens.clear();
   for (auto& [base, m] : s.mappings) {
     munmap(reinterpret_cast<void*>(base), m.size);

@@ -222,6 +222,14 @@ struct State {
   std::map<CUdeviceptr, size_t> reservations;  // base -> size
   std::map<CUdeviceptr, Mapping> mappings;     // base -> mapping
 
+  // Device-side waits (cuStreamWaitEvent on a pending event), per stream key: what each event
+  // stood for when waited on, so later work on the stream is ordered after it (OrderedAfter).
+  std::map<uintptr_t, std::vector<CUevent_st>> stream_waits;
+  // Per stream key: the pending kernels (their record_seq) the latest work queued there (a
+  // launch, a synchronous copy or memset, a graph launch) was not ordered after (NoteWorkLocked).
+  std::map<uintptr_t, std::vector<uint64_t>> unordered_at_last_work;
+  uint64_t last_kernel_seq = 0;  // record_seq of the latest manual kernel launched
+
   std::map<std::string, uint64_t> call_counts;
   // cuMemUnmap calls made while an event was pending (with manual events, "a kernel still
   // running": giving its memory back then would be an illegal address on a GPU).
@@ -327,6 +335,10 @@ void WaitEventLocked(Call& call, CUevent_st* ev, int device);
 void WaitStreamLocked(Call& call, uintptr_t key, int device);
 void WaitContextLocked(Call& call, CUctx_st* ctx);
 void CompleteEventLocked(State& s, CUevent_st* ev);
+// Work is queued on stream `key` now: records how many pending kernels it is not ordered after
+// (same stream, the legacy stream's implicit synchronisation, or a cuStreamWaitEvent on the
+// stream of an event recorded after the kernel), for vramscope_fake_unordered_at_last_work.
+void NoteWorkLocked(Call& call, uintptr_t key);
 // Stream kinds for the legacy stream's implicit synchronisation: work on the legacy stream
 // follows earlier work on every blocking stream of its context (created without
 // CU_STREAM_NON_BLOCKING, and the per-thread streams), and work on those follows earlier work on

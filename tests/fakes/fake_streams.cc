@@ -85,6 +85,8 @@ CUresult StreamDestroy(Call& call, CUstream h) {
   auto it = s.streams.find(h);
   if (it == s.streams.end()) return CUDA_ERROR_INVALID_HANDLE;
   s.captures.erase(reinterpret_cast<uintptr_t>(h));
+  s.stream_waits.erase(reinterpret_cast<uintptr_t>(h));
+  s.unordered_at_last_work.erase(reinterpret_cast<uintptr_t>(h));
   delete *it;
   s.streams.erase(it);
   return CUDA_SUCCESS;
@@ -128,9 +130,36 @@ CUresult StreamWaitEvent(Call& call, CUstream h, CUevent ev, unsigned int flags,
     return CUDA_ERROR_INVALID_HANDLE;
   }
   if (flags != 0 && flags != CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
-  // Device-side wait: the host does not block, and nothing runs, so there is nothing to do.
+  // Device-side wait: the host does not block; later work on the stream follows what the event
+  // stands for (a capture's wait becomes a graph edge instead).
+  if (ev->status == CUevent_st::Status::kPending && s.captures.count(key) == 0) {
+    s.stream_waits[key].push_back(*ev);
+  }
   return CUDA_SUCCESS;
 }
+
+}  // namespace
+
+void NoteWorkLocked(Call& call, uintptr_t key) {
+  State& s = call.state();
+  CUevent_st now;
+  now.stream_key = key;
+  now.record_seq = s.next_record_seq;
+  if (StreamInfo(call, key, &now.stream_ctx, &now.stream_kind) != CUDA_SUCCESS) return;
+  const auto waits = s.stream_waits.find(key);
+  std::vector<uint64_t> unordered;
+  for (const CUevent_st* k : s.events) {
+    if (!k->kernel || k->status != CUevent_st::Status::kPending) continue;
+    bool ordered = BlocksLocked(k, &now);
+    if (!ordered && waits != s.stream_waits.end()) {
+      for (const CUevent_st& w : waits->second) ordered = ordered || BlocksLocked(k, &w);
+    }
+    if (!ordered) unordered.push_back(k->record_seq);
+  }
+  s.unordered_at_last_work[key] = std::move(unordered);
+}
+
+namespace {
 
 CUresult EventRecord(Call& call, CUevent ev, CUstream h, bool per_thread) {
   if (CUresult r = call.RequireInit(); r != CUDA_SUCCESS) return r;
@@ -167,12 +196,14 @@ CUresult LaunchKernel(Call& call, CUfunction f, unsigned int blocks, unsigned in
   int device = 0;
   if (CUresult r = StreamDevice(call, key, &device); r != CUDA_SUCCESS) return r;
   if (s.captures.count(key) != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  NoteWorkLocked(call, key);
   if (s.manual_kernels) {
     // A kernel still running until the test (or a host wait) completes it.
     auto* kernel = new CUevent_st;
     kernel->kernel = true;
     kernel->stream_key = key;
     kernel->record_seq = s.next_record_seq++;
+    s.last_kernel_seq = kernel->record_seq;
     kernel->status = CUevent_st::Status::kPending;
     (void)StreamInfo(call, key, &kernel->stream_ctx, &kernel->stream_kind);
     kernel->ctx = kernel->stream_ctx;

@@ -101,6 +101,17 @@ TEST(ReplayTrace, FenceModelsHoldFreesUntilTheGpuPassedThem) {
   EXPECT_EQ(grew->stats.peak_reserved_bytes, std::uint64_t{128} << 20);
   EXPECT_EQ(grew->host_wait_us, 0u);
 
+  // GPU waits: the oldest fence is handed over, the host never waits, the block is reused.
+  ReplayOptions gpuwait;
+  gpuwait.fence = FenceModel::kGpuWait;
+  gpuwait.gpu_lag_us = 1000;
+  auto handed = ReplayTrace(trace, "vmm", nullptr, gpuwait);
+  ASSERT_TRUE(handed.ok()) << handed.status();
+  EXPECT_EQ(handed->stats.peak_reserved_bytes, std::uint64_t{64} << 20);
+  EXPECT_EQ(handed->handovers, 1u);
+  EXPECT_EQ(handed->host_wait_us, 0u);
+  EXPECT_EQ(handed->lag_waits, 0u);
+
   ReplayOptions devsync;
   devsync.fence = FenceModel::kDeviceSync;
   devsync.gpu_lag_us = 1000;

@@ -49,7 +49,7 @@ class ModelFences final : public FenceTracker {
 
   // A free at the current time; returns its token.
   std::uint64_t Free(const ReplayOp& op, ReplayResult* result) {
-    if (options_.fence == FenceModel::kEvents) {
+    if (PerFree()) {
       const std::uint64_t ready =
           std::max(op.time_us + std::max(options_.gpu_lag_us, waited_), op.completed_us + waited_);
       ready_.push_back(ready);
@@ -86,14 +86,26 @@ class ModelFences final : public FenceTracker {
     return true;
   }
 
+  // kGpuWait: what waiting for the oldest fence not yet complete would complete (every free the
+  // GPU passes by then) becomes complete now, its order left to the GPU; the host does not wait.
+  // False if none is pending.
+  bool HandOverOldest(ReplayResult* result) {
+    while (!queue_.empty() && queue_.top().first <= std::max(now_, handed_until_)) queue_.pop();
+    if (queue_.empty()) return false;
+    handed_until_ = queue_.top().first;
+    queue_.pop();
+    ++result->handovers;
+    return true;
+  }
+
   bool IsComplete(std::uint64_t fence) override {
-    if (options_.fence == FenceModel::kEvents) return ready_[fence - 1] <= now_;
+    if (PerFree()) return ready_[fence - 1] <= std::max(now_, handed_until_);
     return fence <= completed_epoch_;
   }
   void Wait(std::uint64_t fence) override {
     // Under pressure the shim synchronises: the host waits until the fence is ready.
     std::uint64_t ready = now_;
-    if (options_.fence == FenceModel::kEvents) {
+    if (PerFree()) {
       ready = std::max(ready, ready_[fence - 1]);
     } else if (fence > completed_epoch_) {
       ready = std::max(ready, sync_in_flight_ ? sync_ready_ : now_ + options_.gpu_lag_us);
@@ -106,11 +118,17 @@ class ModelFences final : public FenceTracker {
   bool NeedsRetire() const override { return false; }
 
  private:
+  // A token per free (the event fences, with host or GPU waits).
+  bool PerFree() const {
+    return options_.fence == FenceModel::kEvents || options_.fence == FenceModel::kGpuWait;
+  }
+
   const ReplayOptions options_;
   std::uint64_t now_ = 0;
   std::uint64_t waited_ = 0;
-  // kEvents
+  // kEvents, kGpuWait
   std::vector<std::uint64_t> ready_;
+  std::uint64_t handed_until_ = 0;  // kGpuWait: frees ready by then were handed over
   std::priority_queue<std::pair<std::uint64_t, std::size_t>,
                       std::vector<std::pair<std::uint64_t, std::size_t>>, std::greater<>>
       queue_;
@@ -184,8 +202,10 @@ absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
       addresses[op.slot] = 0;
     } else {
       PoolStatus status = PoolStatus::kOutOfMemory;
-      if (options.fence == FenceModel::kEvents && options.lag_fraction != 0) {
-        // The shim's lag bound (EventLagWait): wait for the oldest fences rather than grow.
+      if ((options.fence == FenceModel::kEvents || options.fence == FenceModel::kGpuWait) &&
+          options.lag_fraction != 0) {
+        // The shim's lag bound (EventLagWait): wait for the oldest fences (or hand them over to
+        // GPU-side waits) rather than grow.
         auto due = [&] {
           const std::uint64_t pending = t.pool->PendingBytesRelaxed();
           return pending >= op.size && pending >= kLagFloor &&
@@ -193,7 +213,11 @@ absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
         };
         if (due()) {
           status = t.pool->AllocateCached(op.size, &addresses[op.slot], nullptr);
-          while (status != PoolStatus::kOk && due() && model.WaitOldest(result)) {
+          auto next = [&] {
+            return options.fence == FenceModel::kGpuWait ? model.HandOverOldest(result)
+                                                         : model.WaitOldest(result);
+          };
+          while (status != PoolStatus::kOk && due() && next()) {
             status = t.pool->AllocateCached(op.size, &addresses[op.slot], nullptr);
           }
         }
@@ -287,6 +311,8 @@ std::string_view FenceModelName(FenceModel model) {
       return "none";
     case FenceModel::kEvents:
       return "events";
+    case FenceModel::kGpuWait:
+      return "gpuwait";
     case FenceModel::kDeviceSync:
       return "devsync";
   }

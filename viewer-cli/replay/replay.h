@@ -7,6 +7,10 @@
 //    cannot serve from what it holds, while more than max(16 MiB, reserved / lag_fraction) waits
 //    for fences, waits for the oldest fence instead of growing (the host then runs later: every
 //    later event is shifted by the wait, counted in host_wait_us);
+//  - kGpuWait (event fences with VRAMSCOPE_FENCE_GPU_WAIT=1): as kEvents, but where the lag bound
+//    would wait on the host the oldest fence is handed over instead: complete for reuse at once,
+//    the ordering left to waits on the GPU, which had that work queued anyway; the host never
+//    waits (handovers counts them);
 //  - kDeviceSync (VRAMSCOPE_FENCE_EVENTS=0: the amortised device synchronisation, its batch rule
 //    alone): after batch_frees frees or batch_bytes bytes since the last one, a synchronisation
 //    starts (one at a time) and completes every earlier free `lag` later.
@@ -33,12 +37,12 @@
 
 namespace vramscope::cli {
 
-enum class FenceModel { kNone, kEvents, kDeviceSync };
+enum class FenceModel { kNone, kEvents, kGpuWait, kDeviceSync };
 
 struct ReplayOptions {
   FenceModel fence = FenceModel::kNone;
   std::uint64_t gpu_lag_us = 0;
-  std::uint64_t lag_fraction = 16;                        // kEvents; 0: never wait
+  std::uint64_t lag_fraction = 16;                        // kEvents, kGpuWait; 0: never wait
   std::uint64_t batch_frees = 1024;                       // kDeviceSync
   std::uint64_t batch_bytes = std::uint64_t{2253} << 20;  // kDeviceSync: 1/64 of an H200
 };
@@ -63,12 +67,13 @@ struct ReplayResult {
   std::uint64_t host_wait_us = 0;  // kEvents: total time allocations waited for fences
   std::uint64_t lag_waits = 0;     // kEvents: fences waited for
   std::uint64_t fence_syncs = 0;   // kDeviceSync: synchronisations started
+  std::uint64_t handovers = 0;     // kGpuWait: fences handed over to GPU-side waits
 };
 
 // Called with the phase ("replay", "timing") and the fraction done, 0..1.
 using ReplayProgress = std::function<void(std::string_view phase, double fraction)>;
 
-// "none", "events", "devsync".
+// "none", "events", "gpuwait", "devsync".
 std::string_view FenceModelName(FenceModel model);
 
 absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_view policy,

@@ -167,12 +167,15 @@ void DefineFlags(CLI::App& app, ReplayFlags* flags) {
   app.add_option("--fence", flags->options.fence,
                  "when a free becomes reusable: none (default: at once), events (the shim's "
                  "stream-aware event fences: once the GPU passed the free, with the lag bound that "
-                 "waits for the oldest fence rather than grow), devsync (VRAMSCOPE_FENCE_EVENTS=0: "
+                 "waits for the oldest fence rather than grow), gpuwait (events with "
+                 "VRAMSCOPE_FENCE_GPU_WAIT=1: the lag bound hands the oldest fence over to waits "
+                 "on the GPU instead of waiting on the host), devsync (VRAMSCOPE_FENCE_EVENTS=0: "
                  "a device synchronisation after 1,024 frees or 2.2 GB, one at a time)")
       ->type_name("MODEL")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, FenceModel>{{"none", FenceModel::kNone},
                                             {"events", FenceModel::kEvents},
+                                            {"gpuwait", FenceModel::kGpuWait},
                                             {"devsync", FenceModel::kDeviceSync}}));
   app.add_option("--gpu-lag", flags->options.gpu_lag_us,
                  "how far the GPU runs behind the trace's host times, microseconds (default 0; a "
@@ -180,7 +183,8 @@ void DefineFlags(CLI::App& app, ReplayFlags* flags) {
       ->type_name("US")
       ->check(CLI::Range(0, 60000000));
   app.add_option("--lag-fraction", flags->options.lag_fraction,
-                 "events: wait rather than grow while over 1/N of what the pool holds waits for "
+                 "events, gpuwait: wait (hand over) rather than grow while over 1/N of what the "
+                 "pool holds waits for "
                  "fences (as VRAMSCOPE_FENCE_LAG_FRACTION; 0: grow)")
       ->type_name("N")
       ->check(CLI::Range(0, 1000000));
@@ -229,6 +233,7 @@ std::string FormatReplayJson(const LoadedTrace& trace, const ReplayResult& resul
     field("host_wait_us", absl::StrCat(result.host_wait_us));
     field("lag_waits", absl::StrCat(result.lag_waits));
     field("fence_syncs", absl::StrCat(result.fence_syncs));
+    field("handovers", absl::StrCat(result.handovers));
   }
   out += "\n}\n";
   return out;
@@ -272,10 +277,11 @@ std::string FormatReplayText(const LoadedTrace& trace, const ReplayResult& resul
                                      Bytes(trace.live_at_end_bytes)));
   if (result.options.fence != FenceModel::kNone) {
     row("fence model",
-        absl::StrFormat("%s, GPU %s us behind; host waited %s us for %s fences; %s syncs",
-                        FenceModelName(result.options.fence), Thousands(result.options.gpu_lag_us),
-                        Thousands(result.host_wait_us), Thousands(result.lag_waits),
-                        Thousands(result.fence_syncs)));
+        absl::StrFormat(
+            "%s, GPU %s us behind; host waited %s us for %s fences; %s syncs; %s handed over",
+            FenceModelName(result.options.fence), Thousands(result.options.gpu_lag_us),
+            Thousands(result.host_wait_us), Thousands(result.lag_waits),
+            Thousands(result.fence_syncs), Thousands(result.handovers)));
   }
   return out;
 }

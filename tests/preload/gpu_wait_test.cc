@@ -1,0 +1,349 @@
+// Contract of the GPU-side waits (interposer/shim/stream_fence.h, VRAMSCOPE_FENCE_GPU_WAIT=1)
+// over the fake driver with manual kernels: a kernel stays "running" until the test completes it,
+// and the fake records, for the latest work queued on each stream, how many pending kernels it
+// was not ordered after (same stream, the legacy stream's implicit synchronisation, or a
+// cuStreamWaitEvent for an event recorded after the kernel).
+//
+// The rule under test: a block whose fence was handed over (given out again while the kernel
+// that used it still runs) is never touched by work on any stream before that stream waited on
+// the GPU for the fence's events. Each test uses a 32 MiB block on stream `old_` with its kernel
+// left running, frees it, and allocates the same size: far more than the lag bound is pending,
+// so the allocation takes the block at once (blocking sync is on: a host wait would hang, and
+// the allocation runs on a worker thread that the test gives up on after a deadline). Then it
+// queues work on some stream and checks that this work is ordered after the old kernel.
+//
+// Runs in pool mode with ordered reuse off (VRAMSCOPE_ORDERED=0), VRAMSCOPE_FENCE_EVENTS=1 and
+// VRAMSCOPE_FENCE_GPU_WAIT=1.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda.h>
+
+#include "fake_cuda_control.h"
+#include "routes.h"
+
+namespace vramscope::fake {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kBlock = 32 * kMiB;
+const CUfunction kKernel = reinterpret_cast<CUfunction>(0x1);
+
+std::uint64_t Calls(const char* name) { return vramscope_fake_call_count(name); }
+
+template <typename Done>
+bool Eventually(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+class GpuWaitTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string error;
+    ASSERT_TRUE(LoadDirect(&api_, &error)) << error;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(ModuleOf(reinterpret_cast<void*>(api_.cuMemAlloc_v2)).find("libvramscope"),
+              std::string::npos)
+        << "run with LD_PRELOAD=libvramscope.so";
+    ASSERT_EQ(api_.cuInit(0), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
+    ASSERT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    vramscope_fake_set_manual_events(0);
+    vramscope_fake_set_manual_kernels(1);
+    vramscope_fake_set_blocking_sync(1);
+    ASSERT_EQ(api_.cuStreamCreate(&old_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  }
+
+  void TearDown() override {
+    vramscope_fake_set_blocking_sync(0);
+    vramscope_fake_complete_all_events();
+    vramscope_fake_set_manual_kernels(0);
+    ASSERT_EQ(api_.cuCtxSynchronize(), CUDA_SUCCESS);
+    for (CUdeviceptr p : live_) EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuStreamDestroy_v2(old_), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
+  }
+
+  void Launch(CUstream stream) {
+    ASSERT_EQ(api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr),
+              CUDA_SUCCESS);
+  }
+
+  // A block used by a kernel on old_ that still runs, freed, and allocated again: returns the
+  // new allocation, which must be the same block, handed out with the kernel still pending.
+  CUdeviceptr HandedOverBlock() {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(api_.cuMemAlloc_v2(&p, kBlock), CUDA_SUCCESS);
+    Launch(old_);
+    EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
+    std::atomic<bool> done{false};
+    CUdeviceptr got = 0;
+    std::thread worker([&] {
+      EXPECT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+      EXPECT_EQ(api_.cuMemAlloc_v2(&got, kBlock), CUDA_SUCCESS);
+      done = true;
+    });
+    const bool returned = Eventually([&] { return done.load(); });
+    if (!returned) vramscope_fake_complete_all_events();  // unblock a host wait, then fail
+    worker.join();
+    EXPECT_TRUE(returned) << "the allocation waited on the host for the old kernel";
+    EXPECT_EQ(got, p) << "the block was not handed out again";
+    EXPECT_EQ(vramscope_fake_pending_kernels_on(old_), 1) << "the old kernel must still run";
+    live_.push_back(got);
+    return got;
+  }
+
+  static DriverApi api_;
+  CUcontext ctx_ = nullptr;
+  CUstream old_ = nullptr;
+  std::vector<CUdeviceptr> live_;
+};
+
+DriverApi GpuWaitTest::api_;
+
+// A stream created after the handover: its first work waits. Fails if the wait is skipped.
+TEST_F(GpuWaitTest, StreamCreatedAfterTheRoundWaitsBeforeItsFirstWork) {
+  HandedOverBlock();
+  CUstream fresh = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  Launch(fresh);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(fresh), 0)
+      << "work on a new stream may touch the block while the old kernel runs";
+  EXPECT_EQ(api_.cuStreamDestroy_v2(fresh), CUDA_SUCCESS);
+}
+
+// A stream that existed (and had work) before the round, and one wait per stream per round.
+TEST_F(GpuWaitTest, ExistingStreamWaitsOncePerRound) {
+  CUstream other = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  Launch(other);
+  ASSERT_EQ(vramscope_fake_complete_kernels(other, -1), 1);
+  HandedOverBlock();
+  const std::uint64_t waits = Calls("cuStreamWaitEvent");
+  Launch(other);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(other), 0);
+  const std::uint64_t after_first = Calls("cuStreamWaitEvent");
+  EXPECT_GE(after_first, waits + 1);
+  Launch(other);
+  Launch(other);
+  EXPECT_EQ(Calls("cuStreamWaitEvent"), after_first) << "waited again for the same round";
+  EXPECT_EQ(api_.cuStreamDestroy_v2(other), CUDA_SUCCESS);
+}
+
+// The legacy stream, a synchronous copy (queued on the legacy stream) and a synchronous memset.
+TEST_F(GpuWaitTest, LegacyStreamAndSynchronousCopiesWait) {
+  const CUdeviceptr p = HandedOverBlock();
+  std::vector<unsigned char> bytes(4096, 7);
+  ASSERT_EQ(api_.cuMemcpyHtoD_v2(p, bytes.data(), bytes.size()), CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(CU_STREAM_LEGACY), 0)
+      << "a synchronous copy wrote the block while the old kernel ran";
+  ASSERT_EQ(api_.cuMemsetD8_v2(p, 0, bytes.size()), CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(CU_STREAM_LEGACY), 0);
+  Launch(nullptr);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(CU_STREAM_LEGACY), 0);
+}
+
+// The calling thread's per-thread default stream, through a _ptsz entry point.
+TEST_F(GpuWaitTest, PerThreadStreamWaits) {
+  HandedOverBlock();
+  ASSERT_EQ(api_.cuLaunchKernel_ptsz(kKernel, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr, nullptr),
+            CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(CU_STREAM_PER_THREAD), 0);
+}
+
+// Another thread, on its own stream, uses the block it was given.
+TEST_F(GpuWaitTest, AnotherThreadsStreamWaits) {
+  HandedOverBlock();
+  int unordered = -2;
+  std::thread other([&] {
+    EXPECT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    CUstream s = nullptr;
+    ASSERT_EQ(api_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    Launch(s);
+    unordered = vramscope_fake_unordered_at_last_work(s);
+    EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  });
+  other.join();
+  EXPECT_EQ(unordered, 0);
+}
+
+// Capture: a stream begins capturing after the handover. The wait is queued before the capture
+// begins (a wait inside it, on an event recorded outside, would invalidate it); the captured
+// graph, launched on yet another stream, runs only after that stream waited too.
+TEST_F(GpuWaitTest, CaptureBegunAfterTheRoundIsNotInvalidatedAndItsLaunchWaits) {
+  HandedOverBlock();
+  CUstream capturing = nullptr;
+  CUstream launch = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&capturing, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuStreamCreate(&launch, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const std::uint64_t waits = Calls("cuStreamWaitEvent");
+  ASSERT_EQ(api_.cuStreamBeginCapture_v2(capturing, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  EXPECT_GT(Calls("cuStreamWaitEvent"), waits) << "the capturing stream did not wait first";
+  CUgraph graph = nullptr;
+  ASSERT_EQ(api_.cuStreamEndCapture(capturing, &graph), CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_invalidated_captures(), 0);
+  ASSERT_NE(graph, nullptr);
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(api_.cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuGraphLaunch(exec, launch), CUDA_SUCCESS);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(launch), 0)
+      << "a graph launch may touch the block while the old kernel runs";
+  EXPECT_EQ(api_.cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuGraphDestroy(graph), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuStreamDestroy_v2(capturing), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuStreamDestroy_v2(launch), CUDA_SUCCESS);
+}
+
+// A stream of another device (which may reach the block by peer access) waits too: events of
+// another device's context are valid in cuStreamWaitEvent.
+TEST_F(GpuWaitTest, StreamOfAnotherDeviceWaits) {
+  HandedOverBlock();
+  CUcontext other = nullptr;
+  ASSERT_EQ(api_.cuDevicePrimaryCtxRetain(&other, 1), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxSetCurrent(other), CUDA_SUCCESS);
+  CUstream s = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const std::uint64_t waits = Calls("cuStreamWaitEvent");
+  Launch(s);
+  EXPECT_GT(Calls("cuStreamWaitEvent"), waits) << "a stream of device 1 did not wait";
+  EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  EXPECT_EQ(api_.cuDevicePrimaryCtxRelease_v2(1), CUDA_SUCCESS);
+}
+
+// Four threads, each on its own non-blocking stream, allocate, use (a kernel) and free one size
+// in a loop while a fifth completes kernels in stream order: blocks move between threads and
+// streams, many of them handed over with their last kernel still running. Every launch must be
+// ordered after the last kernel that used its block (checked by the fake at the launch).
+TEST_F(GpuWaitTest, ThreadsOnTheirOwnStreamsNeverTouchABlockBeforeItsOldKernel) {
+  vramscope_fake_set_blocking_sync(0);  // host waits (a full owed table) finish what they wait for
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 300;
+  std::mutex mu;  // the test's own books: which kernel last used which block
+  struct Use {
+    CUstream stream = nullptr;
+    std::uint64_t kernel = 0;
+  };
+  std::vector<std::pair<CUdeviceptr, Use>> last_use;
+  std::atomic<int> violations{0};
+  std::atomic<int> checked{0};
+  std::atomic<int> running{kThreads};
+  std::vector<CUstream> streams(kThreads);
+  for (CUstream& s : streams)
+    ASSERT_EQ(api_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const std::uint64_t handovers_before = Calls("cuStreamWaitEvent");
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      EXPECT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+      for (int i = 0; i < kRounds; ++i) {
+        CUdeviceptr p = 0;
+        ASSERT_EQ(api_.cuMemAlloc_v2(&p, 4 * kMiB), CUDA_SUCCESS);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ASSERT_EQ(api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, streams[t], nullptr, nullptr),
+                    CUDA_SUCCESS);
+          const std::uint64_t kernel = vramscope_fake_last_kernel();
+          bool found = false;
+          for (auto& [address, use] : last_use) {
+            if (address != p) continue;
+            found = true;
+            ++checked;
+            if (vramscope_fake_kernel_unordered_at_last_work(streams[t], use.kernel) != 0) {
+              ++violations;
+            }
+            use = {streams[t], kernel};
+          }
+          if (!found) last_use.push_back({p, {streams[t], kernel}});
+        }
+        ASSERT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
+      }
+      --running;
+    });
+  }
+  std::thread completer([&] {
+    while (running.load() > 0) {
+      for (int t = 0; t < kThreads; ++t) (void)vramscope_fake_complete_kernels(streams[t], 1);
+      std::this_thread::yield();
+    }
+  });
+  for (std::thread& thread : threads) thread.join();
+  completer.join();
+  EXPECT_EQ(violations.load(), 0) << "of " << checked.load() << " reuses";
+  EXPECT_GT(Calls("cuStreamWaitEvent"), handovers_before) << "no block was handed over early";
+  vramscope_fake_complete_all_events();
+  for (CUstream s : streams) EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+// Once the old kernel finished, nothing is owed: new streams queue work without any wait.
+TEST_F(GpuWaitTest, NothingOwedOnceTheRoundCompleted) {
+  HandedOverBlock();
+  ASSERT_EQ(vramscope_fake_complete_kernels(old_, -1), 1);
+  CUstream fresh = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const std::uint64_t waits = Calls("cuStreamWaitEvent");
+  Launch(fresh);
+  Launch(nullptr);
+  EXPECT_EQ(Calls("cuStreamWaitEvent"), waits);
+  EXPECT_EQ(api_.cuStreamDestroy_v2(fresh), CUDA_SUCCESS);
+}
+
+// The context goes away with a round owed: its events are gone, and the new context's streams
+// never wait on them (the fake refuses a destroyed event; the shim must not even try).
+TEST_F(GpuWaitTest, ContextResetForgetsItsOwedRounds) {
+  HandedOverBlock();
+  live_.clear();  // the reset frees the pool's memory
+  vramscope_fake_set_blocking_sync(0);
+  ASSERT_EQ(api_.cuDevicePrimaryCtxReset_v2(0), CUDA_SUCCESS);
+  old_ = nullptr;
+  ASSERT_EQ(api_.cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);  // the reset kept one retain
+  ASSERT_EQ(api_.cuStreamCreate(&old_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const std::uint64_t waits = Calls("cuStreamWaitEvent");
+  const std::uint64_t syncs = Calls("cuEventSynchronize");
+  Launch(old_);
+  Launch(nullptr);
+  EXPECT_EQ(Calls("cuStreamWaitEvent"), waits);
+  EXPECT_EQ(Calls("cuEventSynchronize"), syncs);
+}
+
+// A fork child inherits no owed round: its calls never touch the parent's events.
+TEST_F(GpuWaitTest, ForkChildOwesNothing) {
+  HandedOverBlock();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const std::uint64_t waits = Calls("cuStreamWaitEvent");
+    // The driver refuses everything in a child of an initialised process.
+    const bool refused = api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, nullptr, nullptr,
+                                             nullptr) != CUDA_SUCCESS;
+    _exit(refused && Calls("cuStreamWaitEvent") == waits ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  // The parent still owes: its next work waits.
+  Launch(nullptr);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(CU_STREAM_LEGACY), 0);
+}
+
+}  // namespace
+}  // namespace vramscope::fake
