@@ -89,6 +89,9 @@ Config ReadConfig() {
   if (ReadU64("VRAMSCOPE_FENCE_EVENTS", &value)) config.fence_events = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_GPU_WAIT", &value)) config.fence_gpu_wait = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_LAG_FRACTION", &value)) config.fence_lag_fraction = value;
+  if (ReadU64("VRAMSCOPE_FENCE_HANDOVER_FRACTION", &value)) {
+    config.fence_handover_fraction = value;
+  }
   if (ReadU64("VRAMSCOPE_FENCE_ROUND_US", &value)) {
     config.fence_round_us = std::clamp<std::uint64_t>(value, 1, 100000);
   }

@@ -54,6 +54,12 @@ struct Config {
   // oldest fence while more than 1/N of the device's pooled memory waits for fences (at least
   // 16 MiB). 0: never wait (grow).
   std::uint64_t fence_lag_fraction = 16;
+  // VRAMSCOPE_FENCE_HANDOVER_FRACTION: with GPU-side waits, an allocation that would grow takes
+  // the oldest fences' blocks (handed over, no host wait) while more than 1/N of the device's
+  // pooled memory (at least 16 MiB, and at least the request) waits for fences. A handover costs
+  // the host a few event records and waits queued on the GPU, not a wait, so its bound can be
+  // far tighter than the host wait's. 0: hand over only where the lag bound above is due.
+  std::uint64_t fence_handover_fraction = 256;
   // VRAMSCOPE_FENCE_ROUND_US: with event fences, the least time between two rounds the helper
   // thread issues (each records an event on every stream that had work; recording from another
   // thread contends with the program's launches in the driver). 1 to 100000.

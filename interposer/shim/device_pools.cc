@@ -245,7 +245,7 @@ ShimStatus AllocatePooled(CUcontext ctx, std::size_t bytes, std::uintptr_t* addr
   if (slot == nullptr || slot->pool == nullptr) return ShimStatus::kNotOurs;
   ClearUpstreamError();
   pool::BlockSizes sizes;
-  if (reuse::EventMode() && reuse::LagWaitDue(slot, bytes)) {
+  if (reuse::EventMode() && (reuse::LagWaitDue(slot, bytes) || reuse::HandoverDue(slot))) {
     if (slot->pool->AllocateCached(bytes, address, &sizes) == pool::PoolStatus::kOk ||
         reuse::EventLagWait(slot, bytes, address, &sizes)) {
       RingPooledAlloc(slot, *address, sizes.requested, sizes.allocated);

@@ -32,10 +32,18 @@ __attribute__((noinline)) void AskForRound(Slot* slot) {
 }
 
 bool EventLagWait(Slot* slot, std::size_t bytes, std::uintptr_t* address, pool::BlockSizes* sizes) {
-  for (int i = 0; i < kMaxLagWaits && LagWaitDue(slot, bytes); ++i) {
+  for (int i = 0; i < kMaxLagWaits; ++i) {
+    const bool host_due = LagWaitDue(slot, bytes);
+    if (!host_due && !HandoverDue(slot)) return false;
     // GPU waits: the oldest fence's blocks now, its events waited for by every stream's next
-    // work on the GPU; else the host waits for it.
-    if (!HandOverOldestEventFence(slot) && !WaitOldestEventFence(slot) && !IssueEventRound()) {
+    // work on the GPU; past the lag bound, else the host waits for it. Below the lag bound a
+    // fence that cannot be handed over (not exact, the owed table full) means growing; with no
+    // fence queued, a round is issued (the frees since the last one) for the next turn.
+    if (HandOverOldestEventFence(slot)) {
+    } else if (host_due) {
+      if (!WaitOldestEventFence(slot) && !IssueEventRound()) return false;
+    } else if (slot->event_fences.in_flight.load(std::memory_order_acquire) != 0 ||
+               !IssueEventRound()) {
       return false;
     }
     if (slot->pool->AllocateCached(bytes, address, sizes) == pool::PoolStatus::kOk) return true;

@@ -130,17 +130,33 @@ inline ReuseSync ReuseSyncPolicy(Slot* slot, std::size_t bytes) {
 constexpr std::uint64_t kLagFloor = std::uint64_t{16} << 20;
 constexpr int kMaxLagWaits = 8;
 
-inline bool LagWaitDue(Slot* slot, std::size_t bytes) {
-  const std::uint64_t fraction = Cfg().fence_lag_fraction;
+// At least `least` bytes and 1/`fraction` of the device's pooled memory wait for fences, and no
+// capture is live. `fraction` 0: never.
+inline bool PendingOverBound(Slot* slot, std::uint64_t least, std::uint64_t fraction) {
   if (fraction == 0) return false;
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
-  if (pending < bytes || pending < kLagFloor) return false;
+  if (pending < least) return false;
   const std::uint64_t reserved = DeviceCountersFor(slot->device).reserved_bytes.current.load();
   return pending >= reserved / fraction && !AnyCaptureLive();
 }
 
-// Event mode, much freed memory still waiting: wait for the oldest fences (issuing a round
-// first when none is queued) until a held block serves the request. False: grow instead.
+// The lag bound (VRAMSCOPE_FENCE_LAG_FRACTION): the host waits for the oldest fence, once what
+// waits could serve the request alone.
+inline bool LagWaitDue(Slot* slot, std::size_t bytes) {
+  return PendingOverBound(slot, std::max<std::uint64_t>(bytes, kLagFloor),
+                          Cfg().fence_lag_fraction);
+}
+
+// The handover bound (VRAMSCOPE_FENCE_HANDOVER_FRACTION, GPU-side waits only): the oldest fence
+// is handed over rather than the pool grown, also where what waits is smaller than the request
+// (with the pool's free memory it may serve it: a handover costs no host wait).
+inline bool HandoverDue(Slot* slot) {
+  return GpuWaitOn() && PendingOverBound(slot, kLagFloor, Cfg().fence_handover_fraction);
+}
+
+// Event mode, much freed memory still waiting: hand the oldest fences over to GPU-side waits
+// (past the handover bound) or wait for them on the host (past the lag bound), issuing a round
+// first when none is queued, until a held block serves the request. False: grow instead.
 bool EventLagWait(Slot* slot, std::size_t bytes, std::uintptr_t* address, pool::BlockSizes* sizes);
 
 }  // namespace vramscope::interposer::reuse

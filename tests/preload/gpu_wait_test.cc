@@ -325,6 +325,22 @@ TEST_F(GpuWaitTest, ContextResetForgetsItsOwedRounds) {
   EXPECT_EQ(Calls("cuEventSynchronize"), syncs);
 }
 
+// Below the host wait's lag bound (1/16 of the pool) but past the handover bound (1/256,
+// VRAMSCOPE_FENCE_HANDOVER_FRACTION's default): the held block is handed over rather than the
+// pool grown. With 640 MiB live, the 32 MiB freed block is under 1/16 of what the pool holds.
+TEST_F(GpuWaitTest, BelowTheLagBoundTheOldestFenceIsStillHandedOver) {
+  CUdeviceptr ballast = 0;
+  ASSERT_EQ(api_.cuMemAlloc_v2(&ballast, 640 * kMiB), CUDA_SUCCESS);
+  live_.push_back(ballast);
+  const std::uint64_t grows = Calls("cuMemCreate") + Calls("cuMemAlloc_v2");
+  const CUdeviceptr p = HandedOverBlock();  // fails if the pool grew instead (another block)
+  EXPECT_LE(Calls("cuMemCreate") + Calls("cuMemAlloc_v2"), grows + 1)
+      << "the pool grew for the second 32 MiB";
+  Launch(nullptr);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(CU_STREAM_LEGACY), 0);
+  (void)p;
+}
+
 // A fork child inherits no owed round: its calls never touch the parent's events.
 TEST_F(GpuWaitTest, ForkChildOwesNothing) {
   HandedOverBlock();

@@ -202,14 +202,20 @@ absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
       addresses[op.slot] = 0;
     } else {
       PoolStatus status = PoolStatus::kOutOfMemory;
-      if ((options.fence == FenceModel::kEvents || options.fence == FenceModel::kGpuWait) &&
-          options.lag_fraction != 0) {
-        // The shim's lag bound (EventLagWait): wait for the oldest fences (or hand them over to
-        // GPU-side waits) rather than grow.
-        auto due = [&] {
+      const bool gpu_wait = options.fence == FenceModel::kGpuWait;
+      if (options.fence == FenceModel::kEvents || gpu_wait) {
+        // The shim's lag and handover bounds (EventLagWait): wait for the oldest fences (or hand
+        // them over to GPU-side waits) rather than grow.
+        auto over = [&](std::uint64_t least, std::uint64_t fraction) {
           const std::uint64_t pending = t.pool->PendingBytesRelaxed();
-          return pending >= op.size && pending >= kLagFloor &&
-                 pending >= t.upstream.Counters().current_physical_bytes / options.lag_fraction;
+          return fraction != 0 && pending >= least &&
+                 pending >= t.upstream.Counters().current_physical_bytes / fraction;
+        };
+        // A host wait once what waits could serve the request alone; a handover (no host wait)
+        // also before that.
+        auto due = [&] {
+          return over(std::max<std::uint64_t>(op.size, kLagFloor), options.lag_fraction) ||
+                 (gpu_wait && over(kLagFloor, options.handover_fraction));
         };
         if (due()) {
           status = t.pool->AllocateCached(op.size, &addresses[op.slot], nullptr);

@@ -7,10 +7,11 @@
 //    cannot serve from what it holds, while more than max(16 MiB, reserved / lag_fraction) waits
 //    for fences, waits for the oldest fence instead of growing (the host then runs later: every
 //    later event is shifted by the wait, counted in host_wait_us);
-//  - kGpuWait (event fences with VRAMSCOPE_FENCE_GPU_WAIT=1): as kEvents, but where the lag bound
-//    would wait on the host the oldest fence is handed over instead: complete for reuse at once,
-//    the ordering left to waits on the GPU, which had that work queued anyway; the host never
-//    waits (handovers counts them);
+//  - kGpuWait (event fences with VRAMSCOPE_FENCE_GPU_WAIT=1): as kEvents, but where the pool
+//    would grow while more than max(16 MiB, reserved / handover_fraction) waits for fences, or
+//    where the lag bound would wait on the host, the oldest fence is handed over instead:
+//    complete for reuse at once, the ordering left to waits on the GPU, which had that work
+//    queued anyway; the host never waits (handovers counts them);
 //  - kDeviceSync (VRAMSCOPE_FENCE_EVENTS=0: the amortised device synchronisation, its batch rule
 //    alone): after batch_frees frees or batch_bytes bytes since the last one, a synchronisation
 //    starts (one at a time) and completes every earlier free `lag` later.
@@ -42,8 +43,9 @@ enum class FenceModel { kNone, kEvents, kGpuWait, kDeviceSync };
 struct ReplayOptions {
   FenceModel fence = FenceModel::kNone;
   std::uint64_t gpu_lag_us = 0;
-  std::uint64_t lag_fraction = 16;                        // kEvents, kGpuWait; 0: never wait
-  std::uint64_t batch_frees = 1024;                       // kDeviceSync
+  std::uint64_t lag_fraction = 16;        // kEvents, kGpuWait; 0: never wait
+  std::uint64_t handover_fraction = 256;  // kGpuWait; 0: hand over only past the lag bound
+  std::uint64_t batch_frees = 1024;       // kDeviceSync
   std::uint64_t batch_bytes = std::uint64_t{2253} << 20;  // kDeviceSync: 1/64 of an H200
 };
 

@@ -188,6 +188,12 @@ void DefineFlags(CLI::App& app, ReplayFlags* flags) {
                  "fences (as VRAMSCOPE_FENCE_LAG_FRACTION; 0: grow)")
       ->type_name("N")
       ->check(CLI::Range(0, 1000000));
+  app.add_option("--handover-fraction", flags->options.handover_fraction,
+                 "gpuwait: hand the oldest fence over rather than grow while over 1/N of what "
+                 "the pool holds waits for fences (as VRAMSCOPE_FENCE_HANDOVER_FRACTION, default "
+                 "256; 0: only past --lag-fraction)")
+      ->type_name("N")
+      ->check(CLI::Range(0, 1000000));
 }
 
 }  // namespace
