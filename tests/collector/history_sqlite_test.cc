@@ -73,9 +73,9 @@ TEST(HistorySqlite, OldVersionIsMigrated) {
 class SwitchableStore : public HistoryStore {
  public:
   explicit SwitchableStore(std::unique_ptr<HistoryStore> inner) : inner_(std::move(inner)) {}
-  absl::Status Insert(const v1::Report& report) override {
+  absl::Status InsertRow(const v1::RunSummary& run, absl::string_view report) override {
     if (!up) return absl::UnavailableError("down");
-    return inner_->Insert(report);
+    return inner_->InsertRow(run, report);
   }
   absl::StatusOr<v1::ListRunsResponse> List(const v1::ListRunsRequest& r) override {
     return inner_->List(r);
