@@ -264,7 +264,7 @@ bool HistoryWriter::Due(absl::Time now, absl::Duration* wait, bool* forced) {
   absl::Time oldest = absl::InfiniteFuture();
   if (!to_build_.empty()) oldest = to_build_.front().since;
   if (!queue_.empty()) oldest = std::min(oldest, queue_.front().since);
-  if (to_build_.size() >= options_.max_waiting || now - oldest >= options_.max_defer) {
+  if (to_build_.size() > options_.max_waiting || now - oldest >= options_.max_defer) {
     *forced = true;
     return true;
   }

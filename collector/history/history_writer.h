@@ -14,8 +14,8 @@
 //
 // Deferral: with `activity` set (ingest's count of stored batches), the thread builds and writes
 // only once the count has not moved for `quiet`, or when a bound is passed: the oldest waiting
-// run is `max_defer` old, or `max_waiting` runs wait to be built (each holds its engine in
-// memory). Then it works until the bounds hold again. `max_defer` zero: never deferred.
+// run is `max_defer` old, or more than `max_waiting` runs wait to be built (each holds its engine
+// in memory). Then it works until the bounds hold again. `max_defer` zero: never deferred.
 //
 // Thread safety: Enqueue and the accessors from any thread; `activity` and `now` are called on
 // the writer's thread with its lock held (they must not call back). Error convention:

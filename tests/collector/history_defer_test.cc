@@ -1,9 +1,9 @@
 // The history writer's deferral and hand-off (collector/README.md "Run history"): while ingest
 // stores batches the writer builds and writes nothing; it writes once ingest has been quiet for
-// the quiet period, or anyway once the oldest run waited max_defer or max_waiting runs wait; a
-// built run's row goes to the store without a queue file. The writer's clock and its activity
-// signal (Collector::batches_stored in the collector) are the test's: time moves only when the
-// test moves it, and the test waits for the writer to have read the signal (no sleeps).
+// the quiet period, or anyway once the oldest run waited max_defer or more than max_waiting runs
+// wait; a built run's row goes to the store without a queue file. The writer's clock and its
+// activity signal (Collector::batches_stored in the collector) are the test's: time moves only when
+// the test moves it, and the test waits for the writer to have read the signal (no sleeps).
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -127,11 +127,11 @@ TEST(HistoryDefer, WritesAnywayOnceTheOldestRunWaitedMaxDefer) {
   EXPECT_EQ((*writer)->store()->List({})->runs_size(), 1);
 }
 
-TEST(HistoryDefer, WritesAnywayWhenMaxWaitingRunsWait) {
+TEST(HistoryDefer, WritesAnywayWhenMoreThanMaxWaitingRunsWait) {
   TempDir dir;
   FakeIngest ingest;
   HistoryWriterOptions options = ingest.Options(dir.path() + "/queue");
-  options.max_waiting = 3;
+  options.max_waiting = 2;
   absl::StatusOr<std::unique_ptr<HistoryWriter>> writer =
       HistoryWriter::Start(options, *OpenSqliteStore(dir.path() + "/h.sqlite"));
   ASSERT_TRUE(writer.ok()) << writer.status();
@@ -142,7 +142,8 @@ TEST(HistoryDefer, WritesAnywayWhenMaxWaitingRunsWait) {
   ingest.Batch(absl::Milliseconds(10));
   ASSERT_TRUE(ingest.WaitForWriter());
   EXPECT_EQ((*writer)->written(), 0u);
-  // The third waiting run (three engines held): the oldest is built and written, ingest busy.
+  // A third waiting run (more than two engines held): the oldest is built and written, ingest
+  // busy.
   ingest.Batch(absl::Milliseconds(10));
   ASSERT_TRUE((*writer)->EnqueueBuild("/nowhere/run.vslog", Build(3)).ok());
   ASSERT_TRUE(ingest.WaitForWriter());

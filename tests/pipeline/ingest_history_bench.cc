@@ -20,7 +20,10 @@
 // Per configuration: the median of `--rounds` rounds (configurations alternate within a round,
 // the order reversed every other round), min-max, the ratio to the median of `off`, and a
 // verdict against the goal: within 5% of `off`. For the databases also the rows written by the
-// time ingest ended (rows are written during ingest, not after it) and the rows in the end.
+// time ingest ended and the rows in the end, and the history writer's deferral: the rows it held
+// back while ingest stored batches (median of the rounds), the longest any waited (the most of
+// the rounds: at most the quiet period after ingest ends, or the 30 s bound), and how many a
+// bound made it write while ingest was busy.
 //
 // Then the fleet exposition: a collector holding `--fleet` live processes (10,000) answers /metrics
 // (CollectorMetrics::Render, what the handler does) `--rounds` times, and once more over HTTP each
@@ -129,6 +132,11 @@ struct Sample {
   uint64_t rows_during = 0;  // history rows written when the last batch was acknowledged
   uint64_t rows_end = 0;
   uint64_t scrapes = 0;
+  // Rows the history writer held back while ingest was busy, of those written anyway (a bound
+  // passed), and the longest a row waited.
+  uint64_t deferred = 0;
+  uint64_t forced = 0;
+  double longest_deferral_ms = 0;
   // --direct: CPU per batch ending a process (its history row queued there) and per other batch.
   double exit_batch_ms = 0;
   double batch_ms = 0;
@@ -174,6 +182,13 @@ double ThreadCpuMs() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+void TakeDeferral(const collector::HistoryWriter& history, Sample* sample) {
+  const collector::HistoryWriterStats stats = history.stats();
+  sample->deferred = stats.deferred;
+  sample->forced = stats.forced;
+  sample->longest_deferral_ms = absl::ToDoubleMilliseconds(stats.longest_deferral);
 }
 
 Sample Measure(const Config& config, const Flags& flags) {
@@ -246,7 +261,10 @@ Sample Measure(const Config& config, const Flags& flags) {
     sample.batch_ms /= static_cast<double>(batches.size()) - flags.processes;
     if (history != nullptr) sample.rows_during = history->written();
     if (scraper != nullptr) sample.scrapes = static_cast<uint64_t>(scraper->Finish());
-    if (history != nullptr) history->WaitIdle(absl::Seconds(120));
+    if (history != nullptr) {
+      history->WaitIdle(absl::Seconds(120));
+      TakeDeferral(*history, &sample);
+    }
     sample.events_per_s = static_cast<double>(events) / (cpu_ms / 1e3);
     return sample;
   }
@@ -281,6 +299,7 @@ Sample Measure(const Config& config, const Flags& flags) {
   if (history != nullptr) {
     if (!history->WaitIdle(absl::Seconds(120))) sample.error = "history rows still queued";
     sample.rows_end = history->written();
+    TakeDeferral(*history, &sample);
     if (sample.rows_end != static_cast<uint64_t>(flags.processes)) {
       sample.error = absl::StrFormat("%d history rows, want %d", sample.rows_end, flags.processes);
     }
@@ -423,18 +442,20 @@ int Main(int argc, char** argv) {
     return out;
   };
   const double base = Median(rates(0));
-  std::printf("%-9s | %-13s | %-15s | %-6s | %-30s | %s\n", "database", "M events/s", "min-max",
-              "ratio", "during ingest", "verdict (goal: within 5% of off)");
+  std::printf("%-9s | %-13s | %-15s | %-6s | %-30s | %-34s | %s\n", "database", "M events/s",
+              "min-max", "ratio", "during ingest", "rows deferred (longest), forced",
+              "verdict (goal: within 5% of off)");
   for (size_t c = 0; c < configs.size(); ++c) {
     if (!configs[c].skipped.empty()) {
-      std::printf("%-9s | %-13s | %-15s | %-6s | %-30s | %s\n", configs[c].name.c_str(), "-", "-",
-                  "-", "-", configs[c].skipped.c_str());
+      std::printf("%-9s | %-13s | %-15s | %-6s | %-30s | %-34s | %s\n", configs[c].name.c_str(),
+                  "-", "-", "-", "-", "-", configs[c].skipped.c_str());
       continue;
     }
     const std::vector<double> r = rates(c);
     const double median = Median(r);
     const double ratio = base > 0 ? median / base : 0;
     std::string during = "-";
+    std::string deferral = "-";
     if (configs[c].scrape) {
       std::vector<double> scrapes;
       for (const Sample& s : samples[c]) scrapes.push_back(static_cast<double>(s.scrapes));
@@ -443,6 +464,15 @@ int Main(int argc, char** argv) {
       std::vector<double> rows;
       for (const Sample& s : samples[c]) rows.push_back(static_cast<double>(s.rows_during));
       during = absl::StrFormat("%.0f of %d rows written", Median(rows), flags.processes);
+      std::vector<double> deferred, forced;
+      double longest = 0;
+      for (const Sample& s : samples[c]) {
+        deferred.push_back(static_cast<double>(s.deferred));
+        forced.push_back(static_cast<double>(s.forced));
+        longest = std::max(longest, s.longest_deferral_ms);
+      }
+      deferral = absl::StrFormat("%.0f of %d (%.0f ms), %.0f forced", Median(deferred),
+                                 flags.processes, longest, Median(forced));
     }
     std::string verdict = "baseline";
     if (c != 0) {
@@ -450,10 +480,10 @@ int Main(int argc, char** argv) {
       verdict = absl::StrFormat("%s %+.1f%%", within ? "ok" : "FAIL", (ratio - 1) * 100);
       if (!within) ok = false;
     }
-    std::printf("%-9s | %-13.3f | %5.3f-%-9.3f | %-6.3f | %-30s | %s\n", configs[c].name.c_str(),
-                median / 1e6, *std::min_element(r.begin(), r.end()) / 1e6,
+    std::printf("%-9s | %-13.3f | %5.3f-%-9.3f | %-6.3f | %-30s | %-34s | %s\n",
+                configs[c].name.c_str(), median / 1e6, *std::min_element(r.begin(), r.end()) / 1e6,
                 *std::max_element(r.begin(), r.end()) / 1e6, ratio, during.c_str(),
-                verdict.c_str());
+                deferral.c_str(), verdict.c_str());
   }
   std::fflush(stdout);
   if (flags.fleet > 0 && !FleetScrape(flags)) ok = false;
