@@ -3,9 +3,10 @@
 // traced programs stream to the collector through `vramscope run --collector` (run_fake_app
 // writes its ring as the shim does). Values are read back through Prometheus's query API:
 // live peaks and host sums, a program's peak in the first sample scraped at most one scrape
-// interval (plus the ingest allowance) after the program recorded it (raw samples, `[1m]`), a killed program's figures equal to the collector's report, its
-// series gone once --metrics-retention passed; every query of the Grafana dashboard evaluates;
-// `promtool check metrics` accepts the collector's /metrics as served.
+// interval (plus the ingest allowance) after the program recorded it (raw samples, `[1m]`), a
+// killed program's figures equal to the collector's report, its series gone once
+// --metrics-retention passed; every query of the Grafana dashboard evaluates; `promtool check
+// metrics` accepts the collector's /metrics as served.
 #include <absl/strings/ascii.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
