@@ -36,7 +36,11 @@
 // what the history adds to the ingest thread itself, steady on a loaded machine.
 //
 //   build/tests/pipeline/ingest_history_bench [--rounds=5] [--processes=64] [--batches=8]
-//       [--idle=1000] [--scrape-ms=100] [--fleet=10000] [--direct=0]
+//       [--idle=1000] [--scrape-ms=100] [--fleet=10000] [--direct=0] [--defer-ms=30000]
+//
+// --defer-ms: the collector's --history-defer (rows wait at most that long while batches arrive);
+// below the ingest's length (--defer-ms=0: never deferred) it measures the writes forced while
+// ingest is busy.
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
@@ -81,6 +85,9 @@ struct Flags {
   int scrape_ms = 100;
   int fleet = 10000;
   int direct = 0;  // 1: Collector::Ingest on one thread, rate per CPU second of that thread
+  // CollectorOptions::history_max_defer (--history-defer): how long history rows may wait while
+  // batches arrive; a value under the ingest's length measures the forced writes.
+  int defer_ms = 30000;
 };
 
 // Host "bench" for the streamed processes, "idle" for the ones that only started: pids never
@@ -197,6 +204,7 @@ Sample Measure(const Config& config, const Flags& flags) {
   collector::CollectorOptions options;
   options.data_dir = data.path();
   options.database = config.database;
+  options.history_max_defer = absl::Milliseconds(flags.defer_ms);
   options.max_processes = static_cast<uint32_t>(flags.idle + flags.processes + 16);
   absl::StatusOr<std::unique_ptr<collector::Collector>> core = collector::Collector::Open(options);
   if (!core.ok()) {
@@ -373,7 +381,7 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       {"--rounds", &flags->rounds},       {"--processes", &flags->processes},
       {"--batches", &flags->batches},     {"--idle", &flags->idle},
       {"--scrape-ms", &flags->scrape_ms}, {"--fleet", &flags->fleet},
-      {"--direct", &flags->direct}};
+      {"--direct", &flags->direct},       {"--defer-ms", &flags->defer_ms}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const size_t equals = arg.find('=');
@@ -410,9 +418,10 @@ int Main(int argc, char** argv) {
   }
   std::printf(
       "ingest %s: %d processes x %d batches x %d events per measurement, each process "
-      "finishing; %d idle live processes; scrape every %d ms; %d rounds, alternating\n",
+      "finishing; %d idle live processes; scrape every %d ms; history rows deferred at most %d "
+      "ms while batches arrive; %d rounds, alternating\n",
       flags.direct != 0 ? "on one thread (--direct, per CPU second)" : "over gRPC", flags.processes,
-      flags.batches, kEventsPerBatch, flags.idle, flags.scrape_ms, flags.rounds);
+      flags.batches, kEventsPerBatch, flags.idle, flags.scrape_ms, flags.defer_ms, flags.rounds);
   std::fflush(stdout);
 
   std::vector<std::vector<Sample>> samples(configs.size());
