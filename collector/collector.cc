@@ -394,7 +394,10 @@ struct Collector::Process {
 };
 
 Collector::Collector(CollectorOptions options) : options_(std::move(options)) {}
-Collector::~Collector() = default;
+Collector::~Collector() {
+  // The writer's thread reads batches_stored_ (its activity): it stops first.
+  history_.reset();
+}
 
 absl::StatusOr<std::unique_ptr<Collector>> Collector::Open(CollectorOptions options,
                                                            LoadReport* load_report) {
@@ -432,7 +435,13 @@ absl::StatusOr<std::unique_ptr<Collector>> Collector::Open(CollectorOptions opti
            absl::StatusOr<std::unique_ptr<ProcessStats>> stats = RebuildStats(log_path);
            if (!stats.ok()) return stats.status();
            return (*stats)->Report();
-         }},
+         },
+         // History waits while batches arrive (README "Run history"); ~Collector stops the
+         // writer before the counter goes.
+         .activity = [c = collector.get()] { return c->batches_stored(); },
+         .quiet = collector->options_.history_quiet,
+         .max_defer = collector->options_.history_max_defer,
+         .max_waiting = collector->options_.history_max_waiting},
         *std::move(store));
     if (!writer.ok()) return writer.status();
     collector->history_ = *std::move(writer);

@@ -182,6 +182,19 @@ void DefineFlags(CLI::App& app, CollectorFlags* flags) {
                  "DATA-DIR/history.sqlite; postgresql://USER@HOST:PORT/DB shares one history "
                  "between collectors; sqlite:PATH; off")
       ->type_name("DB");
+  app.add_option_function<std::string>(
+         "--history-defer",
+         [flags](const std::string& value) {
+           if (!absl::ParseDuration(value, &flags->options.history_max_defer) ||
+               flags->options.history_max_defer < absl::ZeroDuration()) {
+             throw CLI::ValidationError("--history-defer '" + value +
+                                        "': want a duration (30s, 2m, 0)");
+           }
+         },
+         "while batches arrive, history rows wait (the database write never competes with "
+         "ingest) until ingest is quiet for 100ms, at most this long (default 30s; 0 writes "
+         "each row at once)")
+      ->type_name("DURATION");
   DefineMetricsFlags(app, &flags->metrics);
   cmdline::AddServerSecurityFlags(app, &flags->security);
 }

@@ -4,9 +4,14 @@
 #include <absl/strings/str_cat.h>
 
 #include "history/postgres_store.h"
+#include "history/run_summary.h"
 #include "history/sqlite_store.h"
 
 namespace vramscope::collector {
+
+absl::Status HistoryStore::Insert(const v1::Report& report) {
+  return InsertRow(SummarizeRun(report), report.SerializeAsString());
+}
 
 absl::StatusOr<std::unique_ptr<HistoryStore>> OpenHistoryStore(const std::string& database,
                                                                const std::string& data_dir) {

@@ -15,6 +15,7 @@
 
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
+#include <absl/strings/string_view.h>
 
 #include <cstdint>
 #include <memory>
@@ -28,8 +29,11 @@ namespace vramscope::collector {
 class HistoryStore {
  public:
   virtual ~HistoryStore() = default;
-  // Stores the finished run `report`; OK also when it is there already.
-  virtual absl::Status Insert(const v1::Report& report) = 0;
+  // Stores the finished run `run` (SummarizeRun of its report) with `report`, its serialized
+  // Report (stored as it is); OK also when it is there already.
+  virtual absl::Status InsertRow(const v1::RunSummary& run, absl::string_view report) = 0;
+  // InsertRow of `report`'s summary and bytes.
+  absl::Status Insert(const v1::Report& report);
   virtual absl::StatusOr<v1::ListRunsResponse> List(const v1::ListRunsRequest& request) = 0;
   virtual absl::StatusOr<v1::Report> Get(int64_t run_id) = 0;
   // The schema version the database is at (after Open: kSchemaVersion).

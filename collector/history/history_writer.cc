@@ -17,6 +17,7 @@
 #include <sstream>
 #include <vector>
 
+#include "history/run_summary.h"
 #include "vramscope/atomic_file.h"
 #include "vramscope/log.h"
 
@@ -91,9 +92,10 @@ absl::Status HistoryWriter::ScanQueue() {
   journal_fd_ = ::open(journal.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
   if (journal_fd_ < 0) return absl::InternalError(absl::StrCat(journal, ": ", strerror(errno)));
   std::sort(found.begin(), found.end());
+  const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   for (uint64_t number : found) {
-    queue_.push_back(PathOf(number, kSuffix));
+    queue_.push_back({number, now});
     next_number_ = std::max(next_number_, number + 1);
   }
   for (uint64_t number : numbers) next_number_ = std::max(next_number_, number + 1);
@@ -126,14 +128,19 @@ absl::Status HistoryWriter::Enqueue(const v1::Report& report) {
     absl::MutexLock lock(&mu_);
     number = next_number_++;
   }
-  const std::string path = PathOf(number, kSuffix);
-  if (absl::Status s = WriteFileAtomically(path, report.SerializeAsString(), kQueueWrite);
+  if (absl::Status s =
+          WriteFileAtomically(PathOf(number, kSuffix), report.SerializeAsString(), kQueueWrite);
       !s.ok()) {
     return s;
   }
+  const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   // Numbers are taken in order but files may land out of order: keep the queue sorted.
-  queue_.insert(std::upper_bound(queue_.begin(), queue_.end(), path), path);
+  const Queued queued{number, now};
+  queue_.insert(
+      std::upper_bound(queue_.begin(), queue_.end(), queued,
+                       [](const Queued& a, const Queued& b) { return a.number < b.number; }),
+      queued);
   return absl::OkStatus();
 }
 
@@ -141,6 +148,7 @@ absl::Status HistoryWriter::EnqueueBuild(const std::string& log_path,
                                          std::function<v1::Report()> build) {
   // One line appended to the open journal (no file created: that costs the ingest thread as much
   // as a large batch on ext4), so the run survives a crash before the thread has built it.
+  const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   const uint64_t number = next_number_++;
   const std::string line = absl::StrCat(number, " ", log_path, "\n");
@@ -149,59 +157,123 @@ absl::Status HistoryWriter::EnqueueBuild(const std::string& log_path,
     return absl::InternalError(absl::StrCat(options_.queue_dir, "/", kJournal, ": ",
                                             n < 0 ? strerror(errno) : "short write"));
   }
-  to_build_.push_back({number, std::move(build)});
+  to_build_.push_back({number, now, std::move(build)});
   return absl::OkStatus();
 }
 
-void HistoryWriter::BuildOldest() {
+void HistoryWriter::CountWritten(uint64_t number, absl::Time since, absl::Time now, bool forced) {
+  ++stats_.written;
+  if (number > held_through_) return;
+  ++stats_.deferred;
+  if (forced) ++stats_.forced;
+  stats_.longest_deferral = std::max(stats_.longest_deferral, now - since);
+}
+
+bool HistoryWriter::Store(const v1::RunSummary& run, absl::string_view report) {
+  if (absl::Status s = store_->InsertRow(run, report); !s.ok()) {
+    // Once per outage, not once per retry.
+    if (!failing_) {
+      Log(LogLevel::kWarning,
+          absl::StrFormat("history: the database refused (%s); runs stay queued in %s and are "
+                          "retried",
+                          s.message(), options_.queue_dir));
+    }
+    failing_ = true;
+    return false;
+  }
+  if (failing_) Log(LogLevel::kInfo, "history: the database is back; sending the queued runs");
+  failing_ = false;
+  return true;
+}
+
+void HistoryWriter::BuildOldest(bool forced) {
   // Called with mu_ held and to_build_ not empty; only this thread pops it.
-  const uint64_t number = to_build_.front().number;
+  const ToBuild& oldest = to_build_.front();
+  const uint64_t number = oldest.number;
+  const absl::Time since = oldest.since;
   std::function<v1::Report()> build = std::move(to_build_.front().build);
+  const bool try_database = !failing_;
   mu_.Unlock();
+  // Built, summarized and serialized once; the bytes go straight to the database. A queue file
+  // is written only when the database does not take them (a crash before that is covered by the
+  // journal line: the run is rebuilt from its log).
+  std::string bytes;
+  v1::RunSummary run;
+  {
+    const v1::Report report = build();
+    build = nullptr;  // what it held (a finished process's engine) goes now, not with the queue
+    run = SummarizeRun(report);
+    bytes = report.SerializeAsString();
+  }
+  const bool stored = try_database && Store(run, bytes);
   const std::string path = PathOf(number, kSuffix);
-  absl::Status written = WriteFileAtomically(path, build().SerializeAsString(), kQueueWrite);
-  build = nullptr;  // what it held (a finished process's engine) goes now, not with the queue
-  if (!written.ok()) {
-    Log(LogLevel::kError, absl::StrFormat("history: %s; the run is rebuilt from its log at the "
-                                          "next start",
-                                          written.message()));
+  absl::Status written = absl::OkStatus();
+  if (!stored) {
+    written = WriteFileAtomically(path, bytes, kQueueWrite);
+    if (!written.ok()) {
+      Log(LogLevel::kError, absl::StrFormat("history: %s; the run is rebuilt from its log at the "
+                                            "next start",
+                                            written.message()));
+    }
   }
   mu_.Lock();
   to_build_.pop_front();
-  if (written.ok()) queue_.insert(std::upper_bound(queue_.begin(), queue_.end(), path), path);
-  // Every run handed over has its .run now: the journal's lines are done with. A failed one
-  // keeps them all, for the next start.
+  if (stored) {
+    CountWritten(number, since, Now(), forced);
+  } else if (written.ok()) {
+    const Queued queued{number, since};
+    queue_.insert(
+        std::upper_bound(queue_.begin(), queue_.end(), queued,
+                         [](const Queued& a, const Queued& b) { return a.number < b.number; }),
+        queued);
+  }
+  // Every run handed over is in the database or has its .run now: the journal's lines are done
+  // with. A failed one keeps them all, for the next start.
   if (to_build_.empty() && written.ok() && !build_failed_) {
     if (::ftruncate(journal_fd_, 0) != 0) build_failed_ = true;
   }
   if (!written.ok()) build_failed_ = true;
 }
 
-bool HistoryWriter::SendOldest(const std::string& path, bool* failing) {
+bool HistoryWriter::SendOldest(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
+  std::stringstream contents;
+  contents << in.rdbuf();
+  const std::string bytes = contents.str();
   v1::Report report;
-  if (!in || !report.ParseFromString(bytes.str())) {
+  if (!in || !report.ParseFromString(bytes)) {
     Log(LogLevel::kError, absl::StrFormat("history: %s is not a report; set aside as .bad", path));
     ::rename(path.c_str(), (path + ".bad").c_str());
     return true;
   }
-  if (absl::Status s = store_->Insert(report); !s.ok()) {
-    // Once per outage, not once per retry.
-    if (!*failing) {
-      Log(LogLevel::kWarning,
-          absl::StrFormat("history: the database refused (%s); runs stay queued in %s and are "
-                          "retried",
-                          s.message(), options_.queue_dir));
-    }
-    *failing = true;
-    return false;
-  }
-  if (*failing) Log(LogLevel::kInfo, "history: the database is back; sending the queued runs");
-  *failing = false;
+  // The file's bytes are the row's report: parsed for its summary only, not serialized again.
+  if (!Store(SummarizeRun(report), bytes)) return false;
   ::unlink(path.c_str());
   return true;
+}
+
+bool HistoryWriter::Due(absl::Time now, absl::Duration* wait, bool* forced) {
+  *forced = false;
+  if (!options_.activity || options_.max_defer <= absl::ZeroDuration()) return true;
+  const uint64_t activity = options_.activity();
+  if (activity != last_activity_ || last_moved_ == absl::InfinitePast()) {
+    last_activity_ = activity;
+    last_moved_ = now;
+  }
+  if (now - last_moved_ >= options_.quiet) return true;
+  absl::Time oldest = absl::InfiniteFuture();
+  if (!to_build_.empty()) oldest = to_build_.front().since;
+  if (!queue_.empty()) oldest = std::min(oldest, queue_.front().since);
+  if (to_build_.size() > options_.max_waiting || now - oldest >= options_.max_defer) {
+    *forced = true;
+    return true;
+  }
+  // Ingest is busy: everything waiting now has been held back.
+  if (!to_build_.empty()) held_through_ = std::max(held_through_, to_build_.back().number);
+  if (!queue_.empty()) held_through_ = std::max(held_through_, queue_.back().number);
+  *wait = std::min(
+      {options_.poll, options_.quiet - (now - last_moved_), options_.max_defer - (now - oldest)});
+  return false;
 }
 
 bool HistoryWriter::WorkOrStop() const { return stop_ || !queue_.empty() || !to_build_.empty(); }
@@ -210,40 +282,61 @@ bool HistoryWriter::Idle() const { return queue_.empty() && to_build_.empty(); }
 
 void HistoryWriter::Run() {
   // History is never urgent, ingest always is: this thread (reports of finished runs, database
-  // writes) runs at the lowest priority (nice 19, this thread only), so on a machine whose cores
-  // ingest keeps busy it takes what ingest leaves; its work waits on disk (journal, queue files)
-  // meanwhile. Ingest measured within 5% with the history on (BENCHMARKS.md section 7).
+  // writes) waits for ingest to be quiet (Due), and runs at the lowest priority (nice 19, this
+  // thread only); its work waits on disk (journal, queue files) meanwhile. BENCHMARKS.md
+  // section 7 measures what is left.
   if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19) != 0) {
     Log(LogLevel::kWarning,
         absl::StrFormat("history: cannot lower the history thread's priority: %s",
                         strerror(errno)));
   }
   absl::Duration backoff = options_.retry_min;
-  bool failing = false;
+  absl::Time retry_at = absl::InfinitePast();
   absl::MutexLock lock(&mu_);
   while (!stop_) {
-    // Built first, whatever the database does: an outage must not hold engines in memory.
-    if (!to_build_.empty()) {
-      BuildOldest();
-      continue;
-    }
-    if (queue_.empty()) {
+    if (Idle()) {
       mu_.Await(absl::Condition(this, &HistoryWriter::WorkOrStop));
       continue;
     }
-    const std::string path = queue_.front();
+    absl::Time now = Now();
+    absl::Duration wait;
+    bool forced;
+    if (!Due(now, &wait, &forced)) {
+      // Ingest is busy: ask again after `wait` (only a stop ends it early).
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), wait);
+      continue;
+    }
+    // Built first while the database fails (an outage must not hold engines in memory), else the
+    // older queued files first.
+    if (!to_build_.empty() && (failing_ || queue_.empty())) {
+      const bool was_failing = failing_;
+      BuildOldest(forced);
+      if (!failing_) {
+        backoff = options_.retry_min;
+      } else if (!was_failing) {  // the outage starts: the queue is retried after a backoff
+        retry_at = now + backoff;
+        backoff = std::min(backoff * 2, options_.retry_max);
+      }
+      continue;
+    }
+    if (failing_ && now < retry_at) {
+      // The database is down or refused: wait (a stop or a run to build ends the wait), then try
+      // again.
+      mu_.AwaitWithTimeout(absl::Condition(this, &HistoryWriter::StopOrBuild), retry_at - now);
+      continue;
+    }
+    const Queued oldest = queue_.front();
     mu_.Unlock();
-    const bool sent = SendOldest(path, &failing);
+    const bool sent = SendOldest(PathOf(oldest.number, kSuffix));
     mu_.Lock();
+    now = Now();
     if (sent) {
       queue_.pop_front();
-      ++written_;
+      CountWritten(oldest.number, oldest.since, now, forced);
       backoff = options_.retry_min;
       continue;
     }
-    // The database is down or refused: wait (a stop or a run to build ends the wait), then try
-    // again.
-    mu_.AwaitWithTimeout(absl::Condition(this, &HistoryWriter::StopOrBuild), backoff);
+    retry_at = now + backoff;
     backoff = std::min(backoff * 2, options_.retry_max);
   }
 }
@@ -255,7 +348,12 @@ std::size_t HistoryWriter::pending() const {
 
 uint64_t HistoryWriter::written() const {
   absl::MutexLock lock(&mu_);
-  return written_;
+  return stats_.written;
+}
+
+HistoryWriterStats HistoryWriter::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
 }
 
 bool HistoryWriter::WaitIdle(absl::Duration timeout) const {

@@ -1,17 +1,25 @@
-// Puts finished runs into the history database without ever making ingest wait for it: Enqueue
-// writes the report to a file in the queue directory (<data-dir>/history-queue/NNN.run, written
-// as .tmp then renamed) and returns. EnqueueBuild does not even build the report: it appends a
-// line naming the run's log to <queue_dir>/journal and returns; the thread builds the report
-// (the caller's function) and writes NNN.run, and empties the journal once every run handed over
-// is built. Runs of the journal without a .run at start (a crash came first) are built by
-// `rebuild` (the report read back from the log). One thread builds first, then takes the .run
-// files oldest first, inserts each
-// (HistoryStore::Insert, idempotent) and removes the file only once the database said yes. A
-// database that is down or refuses keeps the rows queued on disk, retried with a backoff from
-// `retry_min` doubling to `retry_max`; files left by an earlier collector are sent at start. A
-// file that does not parse is set aside as .bad (logged), never retried.
+// Puts finished runs into the history database without ever making ingest wait for it, and
+// without competing with ingest for the CPU while ingest is busy.
 //
-// Thread safety: Enqueue and the accessors from any thread. Error convention: absl::Status.
+// EnqueueBuild (the collector's path) does not even build the report: it appends a line naming
+// the run's log to <queue_dir>/journal and returns. The writer's thread builds the report (the
+// caller's function), summarizes and serializes it once, and hands the row straight to the store
+// (HistoryStore::InsertRow, idempotent); only when the database is down or refuses is the report
+// written to a queue file (<queue_dir>/NNN.run, written as .tmp then renamed), taken again oldest
+// first and retried with a backoff from `retry_min` doubling to `retry_max`. The journal is
+// emptied once every run handed over is in the database or in a queue file; a journal run with
+// neither at start (a crash came first) is built by `rebuild` (the report read back from the
+// log). Enqueue writes a ready report's queue file at once. Files left by an earlier collector
+// are sent at start; one that does not parse is set aside as .bad (logged), never retried.
+//
+// Deferral: with `activity` set (ingest's count of stored batches), the thread builds and writes
+// only once the count has not moved for `quiet`, or when a bound is passed: the oldest waiting
+// run is `max_defer` old, or more than `max_waiting` runs wait to be built (each holds its engine
+// in memory). Then it works until the bounds hold again. `max_defer` zero: never deferred.
+//
+// Thread safety: Enqueue and the accessors from any thread; `activity` and `now` are called on
+// the writer's thread with its lock held (they must not call back). Error convention:
+// absl::Status.
 #pragma once
 
 #include <absl/base/thread_annotations.h>
@@ -28,6 +36,7 @@
 #include <thread>
 
 #include "history/history_store.h"
+#include "vramscope/v1/collector.pb.h"
 #include "vramscope/v1/report.pb.h"
 
 namespace vramscope::collector {
@@ -39,6 +48,23 @@ struct HistoryWriterOptions {
   // The report of the run logged at a path, for the journal's unbuilt runs at start; unset: they
   // are logged as lost.
   std::function<absl::StatusOr<v1::Report>(const std::string& log_path)> rebuild;
+  // Ingest's count of stored batches (Collector::batches_stored); unset: never deferred.
+  std::function<uint64_t()> activity = nullptr;
+  absl::Duration quiet = absl::Milliseconds(100);
+  absl::Duration max_defer = absl::Seconds(30);
+  std::size_t max_waiting = 64;
+  // How often `activity` is read while runs wait.
+  absl::Duration poll = absl::Milliseconds(20);
+  // The clock of the deferral and of the retries (tests inject one); unset: absl::Now.
+  std::function<absl::Time()> now = nullptr;
+};
+
+struct HistoryWriterStats {
+  uint64_t written = 0;   // rows the database took
+  uint64_t deferred = 0;  // of those, held back at least once while ingest was busy
+  uint64_t forced = 0;    // of those, written while ingest was busy: a bound was passed
+  // The longest a deferred row waited from being queued to being built or sent.
+  absl::Duration longest_deferral;
 };
 
 class HistoryWriter {
@@ -60,6 +86,7 @@ class HistoryWriter {
   // Rows queued (built or not) and not yet in the database.
   std::size_t pending() const;
   uint64_t written() const;
+  HistoryWriterStats stats() const;
   // True once nothing is queued; false when `timeout` passed first.
   bool WaitIdle(absl::Duration timeout) const;
 
@@ -68,28 +95,48 @@ class HistoryWriter {
   absl::Status ScanQueue();
   // Writes run `number`'s .run from its log (options_.rebuild); false (logged) when it cannot.
   bool RebuildRun(uint64_t number, const std::string& log_path);
-  // Builds the oldest run handed to EnqueueBuild and writes its .run.
-  void BuildOldest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Builds the oldest run handed to EnqueueBuild and inserts its row (or, the database failing,
+  // writes its .run). `forced`: a deferral bound made it due.
+  void BuildOldest(bool forced) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether queued work may run now (ingest quiet, or a bound passed); else *wait: until asking
+  // again. *forced: a bound passed while ingest is busy.
+  bool Due(absl::Time now, absl::Duration* wait, bool* forced) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time Now() const { return options_.now ? options_.now() : absl::Now(); }
+  // Counts a row written (its number, when it was queued).
+  void CountWritten(uint64_t number, absl::Time since, absl::Time now, bool forced)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Inserts one row; false when the database failed (logged once per outage).
+  bool Store(const v1::RunSummary& run, absl::string_view report);
   void Run();
   bool WorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool StopOrBuild() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string PathOf(uint64_t number, absl::string_view suffix) const;
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends the oldest queued file; false when the database failed (retry later). *failing: in an
-  // outage (logged once when it starts and once when it ends).
-  bool SendOldest(const std::string& path, bool* failing);
+  // Sends the oldest queued file; false when the database failed (retry later).
+  bool SendOldest(const std::string& path);
 
   const HistoryWriterOptions options_;
   const std::unique_ptr<HistoryStore> store_;
   mutable absl::Mutex mu_;
-  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // file paths, oldest first
+  struct Queued {
+    uint64_t number;
+    absl::Time since;  // when it was handed over (or found at start)
+  };
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);  // .run files, oldest first
   struct ToBuild {
     uint64_t number;
+    absl::Time since;
     std::function<v1::Report()> build;
   };
   std::deque<ToBuild> to_build_ ABSL_GUARDED_BY(mu_);  // built before anything is sent
   uint64_t next_number_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  HistoryWriterStats stats_ ABSL_GUARDED_BY(mu_);
+  // Deferral, the thread's: the activity count last read and when it last moved; runs numbered
+  // up to held_through_ were held back at least once.
+  uint64_t last_activity_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_moved_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t held_through_ ABSL_GUARDED_BY(mu_) = 0;
+  bool failing_ = false;  // the thread's: in a database outage
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int journal_fd_ = -1;                             // appended to and emptied under mu_
   bool build_failed_ ABSL_GUARDED_BY(mu_) = false;  // a .run not written: keep the journal

@@ -24,7 +24,7 @@ class PostgresStore : public HistoryStore {
  public:
   explicit PostgresStore(std::string uri) : uri_(std::move(uri)) {}
 
-  absl::Status Insert(const v1::Report& report) override;
+  absl::Status InsertRow(const v1::RunSummary& run, absl::string_view report) override;
   absl::StatusOr<v1::ListRunsResponse> List(const v1::ListRunsRequest& request) override;
   absl::StatusOr<v1::Report> Get(int64_t run_id) override;
   absl::StatusOr<int> SchemaVersion() override;
@@ -92,9 +92,8 @@ absl::Status PostgresStore::Transact(const std::function<absl::Status(pqxx::work
   }
 }
 
-absl::Status InsertRun(pqxx::work& work, const v1::Report& report, const v1::RunSummary& run) {
+absl::Status InsertRun(pqxx::work& work, const v1::RunSummary& run, absl::string_view whole) {
   const std::string summary = run.SerializeAsString();
-  const std::string whole = report.SerializeAsString();
   const pqxx::result inserted = work.exec_params(
       "INSERT INTO runs (host, pid, start_time_ns, end_time_ns, exit_code, killed, signal, "
       "vanished, command_line, summary, report, passed) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, "
@@ -122,9 +121,8 @@ absl::Status InsertRun(pqxx::work& work, const v1::Report& report, const v1::Run
   return absl::OkStatus();
 }
 
-absl::Status PostgresStore::Insert(const v1::Report& report) {
-  const v1::RunSummary run = SummarizeRun(report);
-  return Transact([&](pqxx::work& work) { return InsertRun(work, report, run); });
+absl::Status PostgresStore::InsertRow(const v1::RunSummary& run, absl::string_view report) {
+  return Transact([&](pqxx::work& work) { return InsertRun(work, run, report); });
 }
 
 absl::StatusOr<v1::ListRunsResponse> PostgresStore::List(const v1::ListRunsRequest& request) {

@@ -23,7 +23,7 @@ class SqliteStore : public HistoryStore {
   ~SqliteStore() override { sqlite3_close(db_); }
 
   absl::Status Migrate();
-  absl::Status Insert(const v1::Report& report) override;
+  absl::Status InsertRow(const v1::RunSummary& run, absl::string_view report) override;
   absl::StatusOr<v1::ListRunsResponse> List(const v1::ListRunsRequest& request) override;
   absl::StatusOr<v1::Report> Get(int64_t run_id) override;
   absl::StatusOr<int> SchemaVersion() override;
@@ -46,7 +46,7 @@ class SqliteStore : public HistoryStore {
     return absl::OkStatus();
   }
   absl::StatusOr<int> VersionLocked();
-  absl::Status InsertLocked(const v1::Report& report, const v1::RunSummary& run);
+  absl::Status InsertLocked(const v1::RunSummary& run, absl::string_view report);
 
   absl::Mutex mu_;
   sqlite3* db_;
@@ -55,7 +55,7 @@ class SqliteStore : public HistoryStore {
 void BindText(sqlite3_stmt* s, int i, const std::string& text) {
   sqlite3_bind_text(s, i, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
 }
-void BindBlob(sqlite3_stmt* s, int i, const std::string& bytes) {
+void BindBlob(sqlite3_stmt* s, int i, absl::string_view bytes) {
   sqlite3_bind_blob(s, i, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
 }
 void BindU64(sqlite3_stmt* s, int i, uint64_t value) {
@@ -101,11 +101,10 @@ absl::Status SqliteStore::Migrate() {
   return absl::OkStatus();
 }
 
-absl::Status SqliteStore::Insert(const v1::Report& report) {
-  const v1::RunSummary run = SummarizeRun(report);
+absl::Status SqliteStore::InsertRow(const v1::RunSummary& run, absl::string_view report) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Exec("BEGIN IMMEDIATE"); !s.ok()) return s;
-  absl::Status s = InsertLocked(report, run);
+  absl::Status s = InsertLocked(run, report);
   if (!s.ok()) {
     (void)Exec("ROLLBACK");
     return s;
@@ -113,7 +112,7 @@ absl::Status SqliteStore::Insert(const v1::Report& report) {
   return Exec("COMMIT");
 }
 
-absl::Status SqliteStore::InsertLocked(const v1::Report& report, const v1::RunSummary& run) {
+absl::Status SqliteStore::InsertLocked(const v1::RunSummary& run, absl::string_view report) {
   absl::StatusOr<Statement> insert = Prepare(
       "INSERT INTO runs (host, pid, start_time_ns, end_time_ns, exit_code, killed, signal, "
       "vanished, command_line, summary, report, passed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
@@ -131,7 +130,7 @@ absl::Status SqliteStore::InsertLocked(const v1::Report& report, const v1::RunSu
   sqlite3_bind_int(s, 8, run.vanished());
   BindText(s, 9, absl::StrJoin(run.command_line(), " "));
   BindBlob(s, 10, run.SerializeAsString());
-  BindBlob(s, 11, report.SerializeAsString());
+  BindBlob(s, 11, report);
   sqlite3_bind_int(s, 12, RunPassed(run));
   if (sqlite3_step(s) != SQLITE_DONE) return Error("inserting a run");
   if (sqlite3_changes(db_) == 0) return absl::OkStatus();  // stored before

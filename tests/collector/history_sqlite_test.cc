@@ -1,7 +1,8 @@
 // The run history in SQLite: the store contract (history_contract.h), a version-1 database
 // migrated on open, the writer's on-disk queue while the database refuses and after a restart,
 // and the collector turning a finished process into a row: its report built on the writer's thread
-// (not the ingest thread), and rebuilt from its log at start when a crash came first.
+// (not the ingest thread), and rebuilt from its log at start when a crash came first or when the
+// collector stopped while it was deferred.
 #include <absl/synchronization/notification.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -73,9 +74,9 @@ TEST(HistorySqlite, OldVersionIsMigrated) {
 class SwitchableStore : public HistoryStore {
  public:
   explicit SwitchableStore(std::unique_ptr<HistoryStore> inner) : inner_(std::move(inner)) {}
-  absl::Status Insert(const v1::Report& report) override {
+  absl::Status InsertRow(const v1::RunSummary& run, absl::string_view report) override {
     if (!up) return absl::UnavailableError("down");
-    return inner_->Insert(report);
+    return inner_->InsertRow(run, report);
   }
   absl::StatusOr<v1::ListRunsResponse> List(const v1::ListRunsRequest& r) override {
     return inner_->List(r);
@@ -218,6 +219,36 @@ TEST(HistoryCollector, AnUnbuiltRunIsRebuiltFromItsLogAtStart) {
   EXPECT_EQ(runs->runs(0).process().pid(), 78u);
   EXPECT_EQ(runs->runs(0).labels().at("job"), "crash");
   EXPECT_EQ(runs->runs(0).devices(0).alloc_count(), 4u);
+}
+
+// A run the collector defers (batches keep it busy: here a quiet period of an hour) is only in the
+// journal; the collector stops; the next one builds it from its log and writes its row.
+TEST(HistoryCollector, ADeferredRunSurvivesAStop) {
+  TempDir dir;
+  CollectorOptions options;
+  options.data_dir = dir.path();
+  options.database = "";
+  const v1::ProcessKey key = testing::Key(79);
+  {
+    CollectorOptions busy = options;
+    busy.history_quiet = absl::Hours(1);
+    busy.history_max_defer = absl::Hours(1);
+    absl::StatusOr<std::unique_ptr<Collector>> collector = Collector::Open(busy);
+    ASSERT_TRUE(collector.ok()) << collector.status();
+    ASSERT_TRUE((*collector)->Ingest(testing::Batch(key, 1, 5)).ok());
+    ASSERT_TRUE((*collector)->Ingest(testing::ExitBatch(key, 2, 0)).ok());
+    HistoryWriter* history = (*collector)->history();
+    EXPECT_FALSE(history->WaitIdle(absl::Milliseconds(300)));  // deferred, not lost
+    EXPECT_EQ(history->pending(), 1u);
+    EXPECT_EQ(history->store()->List({})->runs_size(), 0);
+  }
+  absl::StatusOr<std::unique_ptr<Collector>> collector = Collector::Open(options);
+  ASSERT_TRUE(collector.ok()) << collector.status();
+  ASSERT_TRUE((*collector)->history()->WaitIdle(absl::Seconds(30)));
+  absl::StatusOr<v1::ListRunsResponse> runs = (*collector)->history()->store()->List({});
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->runs_size(), 1);
+  EXPECT_EQ(runs->runs(0).process().pid(), 79u);
 }
 
 }  // namespace

@@ -20,7 +20,10 @@
 // Per configuration: the median of `--rounds` rounds (configurations alternate within a round,
 // the order reversed every other round), min-max, the ratio to the median of `off`, and a
 // verdict against the goal: within 5% of `off`. For the databases also the rows written by the
-// time ingest ended (rows are written during ingest, not after it) and the rows in the end.
+// time ingest ended and the rows in the end, and the history writer's deferral: the rows it held
+// back while ingest stored batches (median of the rounds), the longest any waited (the most of
+// the rounds: at most the quiet period after ingest ends, or the 30 s bound), and how many a
+// bound made it write while ingest was busy.
 //
 // Then the fleet exposition: a collector holding `--fleet` live processes (10,000) answers /metrics
 // (CollectorMetrics::Render, what the handler does) `--rounds` times, and once more over HTTP each
@@ -33,7 +36,11 @@
 // what the history adds to the ingest thread itself, steady on a loaded machine.
 //
 //   build/tests/pipeline/ingest_history_bench [--rounds=5] [--processes=64] [--batches=8]
-//       [--idle=1000] [--scrape-ms=100] [--fleet=10000] [--direct=0]
+//       [--idle=1000] [--scrape-ms=100] [--fleet=10000] [--direct=0] [--defer-ms=30000]
+//
+// --defer-ms: the collector's --history-defer (rows wait at most that long while batches arrive);
+// below the ingest's length (--defer-ms=0: never deferred) it measures the writes forced while
+// ingest is busy.
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_format.h>
@@ -78,6 +85,9 @@ struct Flags {
   int scrape_ms = 100;
   int fleet = 10000;
   int direct = 0;  // 1: Collector::Ingest on one thread, rate per CPU second of that thread
+  // CollectorOptions::history_max_defer (--history-defer): how long history rows may wait while
+  // batches arrive; a value under the ingest's length measures the forced writes.
+  int defer_ms = 30000;
 };
 
 // Host "bench" for the streamed processes, "idle" for the ones that only started: pids never
@@ -129,6 +139,11 @@ struct Sample {
   uint64_t rows_during = 0;  // history rows written when the last batch was acknowledged
   uint64_t rows_end = 0;
   uint64_t scrapes = 0;
+  // Rows the history writer held back while ingest was busy, of those written anyway (a bound
+  // passed), and the longest a row waited.
+  uint64_t deferred = 0;
+  uint64_t forced = 0;
+  double longest_deferral_ms = 0;
   // --direct: CPU per batch ending a process (its history row queued there) and per other batch.
   double exit_batch_ms = 0;
   double batch_ms = 0;
@@ -176,12 +191,20 @@ double ThreadCpuMs() {
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
 }
 
+void TakeDeferral(const collector::HistoryWriter& history, Sample* sample) {
+  const collector::HistoryWriterStats stats = history.stats();
+  sample->deferred = stats.deferred;
+  sample->forced = stats.forced;
+  sample->longest_deferral_ms = absl::ToDoubleMilliseconds(stats.longest_deferral);
+}
+
 Sample Measure(const Config& config, const Flags& flags) {
   Sample sample;
   testing::TempDir data;
   collector::CollectorOptions options;
   options.data_dir = data.path();
   options.database = config.database;
+  options.history_max_defer = absl::Milliseconds(flags.defer_ms);
   options.max_processes = static_cast<uint32_t>(flags.idle + flags.processes + 16);
   absl::StatusOr<std::unique_ptr<collector::Collector>> core = collector::Collector::Open(options);
   if (!core.ok()) {
@@ -246,7 +269,10 @@ Sample Measure(const Config& config, const Flags& flags) {
     sample.batch_ms /= static_cast<double>(batches.size()) - flags.processes;
     if (history != nullptr) sample.rows_during = history->written();
     if (scraper != nullptr) sample.scrapes = static_cast<uint64_t>(scraper->Finish());
-    if (history != nullptr) history->WaitIdle(absl::Seconds(120));
+    if (history != nullptr) {
+      history->WaitIdle(absl::Seconds(120));
+      TakeDeferral(*history, &sample);
+    }
     sample.events_per_s = static_cast<double>(events) / (cpu_ms / 1e3);
     return sample;
   }
@@ -281,6 +307,7 @@ Sample Measure(const Config& config, const Flags& flags) {
   if (history != nullptr) {
     if (!history->WaitIdle(absl::Seconds(120))) sample.error = "history rows still queued";
     sample.rows_end = history->written();
+    TakeDeferral(*history, &sample);
     if (sample.rows_end != static_cast<uint64_t>(flags.processes)) {
       sample.error = absl::StrFormat("%d history rows, want %d", sample.rows_end, flags.processes);
     }
@@ -354,7 +381,7 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       {"--rounds", &flags->rounds},       {"--processes", &flags->processes},
       {"--batches", &flags->batches},     {"--idle", &flags->idle},
       {"--scrape-ms", &flags->scrape_ms}, {"--fleet", &flags->fleet},
-      {"--direct", &flags->direct}};
+      {"--direct", &flags->direct},       {"--defer-ms", &flags->defer_ms}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const size_t equals = arg.find('=');
@@ -391,9 +418,10 @@ int Main(int argc, char** argv) {
   }
   std::printf(
       "ingest %s: %d processes x %d batches x %d events per measurement, each process "
-      "finishing; %d idle live processes; scrape every %d ms; %d rounds, alternating\n",
+      "finishing; %d idle live processes; scrape every %d ms; history rows deferred at most %d "
+      "ms while batches arrive; %d rounds, alternating\n",
       flags.direct != 0 ? "on one thread (--direct, per CPU second)" : "over gRPC", flags.processes,
-      flags.batches, kEventsPerBatch, flags.idle, flags.scrape_ms, flags.rounds);
+      flags.batches, kEventsPerBatch, flags.idle, flags.scrape_ms, flags.defer_ms, flags.rounds);
   std::fflush(stdout);
 
   std::vector<std::vector<Sample>> samples(configs.size());
@@ -423,18 +451,20 @@ int Main(int argc, char** argv) {
     return out;
   };
   const double base = Median(rates(0));
-  std::printf("%-9s | %-13s | %-15s | %-6s | %-30s | %s\n", "database", "M events/s", "min-max",
-              "ratio", "during ingest", "verdict (goal: within 5% of off)");
+  std::printf("%-9s | %-13s | %-15s | %-6s | %-30s | %-34s | %s\n", "database", "M events/s",
+              "min-max", "ratio", "during ingest", "rows deferred (longest), forced",
+              "verdict (goal: within 5% of off)");
   for (size_t c = 0; c < configs.size(); ++c) {
     if (!configs[c].skipped.empty()) {
-      std::printf("%-9s | %-13s | %-15s | %-6s | %-30s | %s\n", configs[c].name.c_str(), "-", "-",
-                  "-", "-", configs[c].skipped.c_str());
+      std::printf("%-9s | %-13s | %-15s | %-6s | %-30s | %-34s | %s\n", configs[c].name.c_str(),
+                  "-", "-", "-", "-", "-", configs[c].skipped.c_str());
       continue;
     }
     const std::vector<double> r = rates(c);
     const double median = Median(r);
     const double ratio = base > 0 ? median / base : 0;
     std::string during = "-";
+    std::string deferral = "-";
     if (configs[c].scrape) {
       std::vector<double> scrapes;
       for (const Sample& s : samples[c]) scrapes.push_back(static_cast<double>(s.scrapes));
@@ -443,6 +473,15 @@ int Main(int argc, char** argv) {
       std::vector<double> rows;
       for (const Sample& s : samples[c]) rows.push_back(static_cast<double>(s.rows_during));
       during = absl::StrFormat("%.0f of %d rows written", Median(rows), flags.processes);
+      std::vector<double> deferred, forced;
+      double longest = 0;
+      for (const Sample& s : samples[c]) {
+        deferred.push_back(static_cast<double>(s.deferred));
+        forced.push_back(static_cast<double>(s.forced));
+        longest = std::max(longest, s.longest_deferral_ms);
+      }
+      deferral = absl::StrFormat("%.0f of %d (%.0f ms), %.0f forced", Median(deferred),
+                                 flags.processes, longest, Median(forced));
     }
     std::string verdict = "baseline";
     if (c != 0) {
@@ -450,10 +489,10 @@ int Main(int argc, char** argv) {
       verdict = absl::StrFormat("%s %+.1f%%", within ? "ok" : "FAIL", (ratio - 1) * 100);
       if (!within) ok = false;
     }
-    std::printf("%-9s | %-13.3f | %5.3f-%-9.3f | %-6.3f | %-30s | %s\n", configs[c].name.c_str(),
-                median / 1e6, *std::min_element(r.begin(), r.end()) / 1e6,
+    std::printf("%-9s | %-13.3f | %5.3f-%-9.3f | %-6.3f | %-30s | %-34s | %s\n",
+                configs[c].name.c_str(), median / 1e6, *std::min_element(r.begin(), r.end()) / 1e6,
                 *std::max_element(r.begin(), r.end()) / 1e6, ratio, during.c_str(),
-                verdict.c_str());
+                deferral.c_str(), verdict.c_str());
   }
   std::fflush(stdout);
   if (flags.fleet > 0 && !FleetScrape(flags)) ok = false;

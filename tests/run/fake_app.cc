@@ -3,7 +3,9 @@
 //
 //   run_fake_app [--allocs N] [--size BYTES] [--leak K] [--fork] [--fork-killed] [--oom]
 //                [--orphan-ms MS] [--exit CODE] [--signal SIG] [--abort] [--linger-ms MS]
-//                [--file NAME]
+//                [--file NAME] [--peak-time-file PATH]
+// --peak-time-file PATH: once the last allocation of the workload is recorded (the peak), writes
+// "PID NS\n" there, NS the wall clock (CLOCK_REALTIME) just after it.
 // --file NAME is ignored: it puts NAME (any bytes) on the command line the ring records.
 // Pool: one reserve of N * size rounded up to 2 MiB; each block's allocated size is the
 // request rounded up to 512 bytes. --leak K leaves the last K blocks unfreed. --fork: a child
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -35,8 +38,22 @@ constexpr std::uint64_t kBase = 0x7f0000000000;
 
 std::uint64_t RoundUp(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
 
+// "PID NS\n" into `path` (written as PATH.tmp, then renamed: a reader sees all of it or none).
+void WritePeakTime(const char* path) {
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  char tmp[4096];
+  std::snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+  FILE* out = std::fopen(tmp, "w");
+  if (out == nullptr) return;
+  std::fprintf(out, "%d %lld\n", static_cast<int>(getpid()),
+               static_cast<long long>(now.tv_sec) * 1000000000LL + now.tv_nsec);
+  std::fclose(out);
+  std::rename(tmp, path);
+}
+
 void Workload(RingWriter& ring, std::uint64_t allocs, std::uint64_t size, std::uint64_t leak,
-              bool oom) {
+              bool oom, const char* peak_time_file = nullptr) {
   const std::uint64_t rounded = RoundUp(size, 512);
   const std::uint64_t segment = RoundUp(allocs * rounded, 2 << 20);
   ring.RecordPoolReserve(0, kBase, segment);
@@ -45,6 +62,7 @@ void Workload(RingWriter& ring, std::uint64_t allocs, std::uint64_t size, std::u
   for (std::uint64_t i = 0; i < allocs; ++i) {
     ring.RecordAlloc(0, kBase + i * rounded, size, rounded, VRAMSCOPE_RING_ALLOC_POOLED);
   }
+  if (peak_time_file != nullptr) WritePeakTime(peak_time_file);
   vramscope_ring_pool_state_payload state = {};
   state.free_bytes = segment - allocs * rounded;
   state.largest_free_block_bytes = state.free_bytes;
@@ -64,6 +82,7 @@ int main(int argc, char** argv) {
   int exit_code = 0, sig = 0;
   bool fork_child = false, fork_killed = false, oom = false, do_abort = false;
   unsigned linger_ms = 0, orphan_ms = 0;
+  const char* peak_time_file = nullptr;
   for (int i = 1; i < argc; ++i) {
     const char* arg = argv[i];
     const char* next = i + 1 < argc ? argv[i + 1] : "0";
@@ -89,6 +108,8 @@ int main(int argc, char** argv) {
       linger_ms = static_cast<unsigned>(atoi(next)), ++i;
     } else if (strcmp(arg, "--oom") == 0) {
       oom = true;
+    } else if (strcmp(arg, "--peak-time-file") == 0) {
+      peak_time_file = next, ++i;
     } else if (strcmp(arg, "--file") == 0) {
       ++i;
     } else {
@@ -166,7 +187,7 @@ int main(int argc, char** argv) {
     if (read(ready[0], &byte, 1) != 1) return 72;
     close(ready[0]);
   }
-  if (recording) Workload(ring, allocs, size, leak, oom);
+  if (recording) Workload(ring, allocs, size, leak, oom, peak_time_file);
   if (linger_ms > 0) usleep(linger_ms * 1000u);
   if (do_abort) abort();
   if (sig != 0) raise(sig);

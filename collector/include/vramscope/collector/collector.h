@@ -78,6 +78,12 @@ struct CollectorOptions {
   std::string database = "off";
   // The longest wait between retries while the database is down.
   absl::Duration history_retry_max = absl::Seconds(10);
+  // History rows are built and written once no batch was stored for `history_quiet`, or when
+  // the oldest waiting run is `history_max_defer` old or more than `history_max_waiting` runs wait
+  // (each holds its stats engine). history_max_defer zero: never deferred.
+  absl::Duration history_quiet = absl::Milliseconds(100);
+  absl::Duration history_max_defer = absl::Seconds(30);
+  std::size_t history_max_waiting = 64;
 };
 
 // What Open found in the data directory. Every entry of `warnings` and `errors` was also logged.
