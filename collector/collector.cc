@@ -772,7 +772,24 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::st
   if (!found.ok()) return found.status();
   Process* process = found->get();
   absl::MutexLock lock(&process->mu);
-  return Append(process, batch, wire, takeover);
+  return Append(process, batch, nullptr, wire, takeover);
+}
+
+absl::StatusOr<uint64_t> Collector::Ingest(const IngestMessage& message, absl::string_view wire,
+                                           bool takeover, absl::string_view writer) {
+  if (message.kind != IngestMessage::Kind::kBatch || message.batch == nullptr) {
+    return absl::InvalidArgumentError("not a batch to store");
+  }
+  if (message.decoded == nullptr) return Ingest(*message.batch, wire, takeover, writer);
+  // CheckIngestMessage validated it (the decoded events hold no strings).
+  const v1::EventBatch& batch = *message.batch;
+  if (batch.sequence() == 0) return StoredSequence(batch.process());
+  absl::StatusOr<std::shared_ptr<Process>> found =
+      FindOrCreate(batch.process(), batch.sequence(), takeover, writer);
+  if (!found.ok()) return found.status();
+  Process* process = found->get();
+  absl::MutexLock lock(&process->mu);
+  return Append(process, batch, message.decoded, wire, takeover);
 }
 
 absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused, bool takeover,
@@ -797,10 +814,11 @@ absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused, bool ta
   *stand_in.mutable_process() = key;
   stand_in.set_sequence(sequence);
   stand_in.add_events()->mutable_drop()->set_dropped_records(events);
-  return Append(process, stand_in, {}, takeover);
+  return Append(process, stand_in, nullptr, {}, takeover);
 }
 
 absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatch& batch,
+                                           const std::vector<BatchEvent>* decoded,
                                            absl::string_view wire,
                                            bool takeover) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Called with process->mu held.
@@ -863,8 +881,10 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
   process->file_bytes += record.size();
   process->Hold(batch.sequence());
   const bool was_finished = process->stats->finished();
-  process->stats->Consume(batch);
-  CountStored(process, batch, was_finished);
+  process->stats->Consume(batch, decoded);
+  CountStored(process,
+              decoded != nullptr ? decoded->size() : static_cast<uint64_t>(batch.events_size()),
+              was_finished);
   const bool newly_finished = !was_finished && process->stats->finished();
   const uint64_t acked = process->acked;
   if (process->stats->finished()) QueueFinishedRun(process, newly_finished);
@@ -887,15 +907,15 @@ void Collector::QueueFinishedRun(Process* process,
   }
 }
 
-void Collector::CountStored(Process* process, const v1::EventBatch& batch,
+void Collector::CountStored(Process* process, uint64_t events,
                             bool was_finished) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Called with process->mu held, the engine live.
   batches_stored_.fetch_add(1, std::memory_order_relaxed);
-  events_stored_.fetch_add(static_cast<uint64_t>(batch.events_size()), std::memory_order_relaxed);
+  events_stored_.fetch_add(events, std::memory_order_relaxed);
   const uint64_t now = WallNs();
   if (!was_finished && process->stats->finished()) process->finished_wall_ns = now;
   const uint64_t last = process->stats->LastEventWallNs();
-  if (batch.events_size() == 0 || last == 0) return;
+  if (events == 0 || last == 0) return;
   // A clock ahead of ours on the traced host reads as no lag rather than a negative one.
   const uint64_t lag_ns = now > last ? now - last : 0;
   const double seconds = static_cast<double>(lag_ns) / 1e9;

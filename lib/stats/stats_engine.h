@@ -113,6 +113,27 @@ struct DeviceGauges {
   std::uint64_t cupti_bytes = 0, cupti_peak_bytes = 0, cupti_dropped_records = 0;
 };
 
+// One allocation or free as the collector decodes it straight from the wire (no v1::Event built),
+// or, with `other` set, any other event (parsed): AddBatch takes a batch's events in this form.
+// The fields are those of v1::Event and its AllocEvent / FreeEvent; a free uses address, device
+// and time_ns (its bytes come from the allocation it frees).
+struct MemoryEvent {
+  std::uint64_t time_ns = 0;
+  std::uint64_t address = 0;
+  std::uint64_t requested_bytes = 0;
+  std::uint64_t allocated_bytes = 0;
+  std::uint64_t site = 0;
+  std::uint32_t device = 0;
+  std::uint32_t thread_id = 0;
+  std::uint32_t nvtx_range = 0;
+  v1::AllocationKind kind = v1::ALLOCATION_KIND_UNSPECIFIED;
+  bool alloc = false;  // else a free
+};
+struct BatchEvent {
+  const v1::Event* other = nullptr;  // set: this event; else `memory`
+  MemoryEvent memory;
+};
+
 class ProcessStatsEngine {
  public:
   explicit ProcessStatsEngine(StatsOptions options = {});
@@ -125,8 +146,12 @@ class ProcessStatsEngine {
     has_key_ = true;
   }
   void Add(const v1::Event& event);
+  // An allocation or free: the same as Add() of the v1::Event it was decoded from.
+  void Add(const MemoryEvent& event);
   // Events and counters of one batch (the batch's process key is taken if none was set).
   void AddBatch(const v1::EventBatch& batch);
+  // The same with the batch's events given as `events` (batch.events() is not read).
+  void AddBatch(const v1::EventBatch& batch, absl::Span<const BatchEvent> events);
   // The ring's exact counters for one device; the latest call wins.
   void AddCounters(const v1::DeviceCounters& counters);
 
@@ -188,8 +213,10 @@ class ProcessStatsEngine {
   void SiteFree(Device& device, Site* site, std::uint64_t bytes, bool counts);
   // Adds `bytes` to library `library`'s live requested bytes on `device`, raising its peak.
   void AddLibraryBytes(Device& device, std::uint32_t library, std::uint64_t bytes);
-  void OnAlloc(const v1::Event& event, Device& device);
-  void OnFree(const v1::Event& event);
+  void OnAlloc(const MemoryEvent& event);
+  void OnFree(const MemoryEvent& event);
+  // The part of Add common to every event: counts it and keeps the first and last times.
+  void Count(std::uint64_t time_ns);
   // Counts an OOM and keeps its record (up to max_ooms), with a verdict if the shim gave none.
   void OnOom(const v1::Event& event);
   // Keeps a freed allocation for DeviceReport.allocations (live at the peak, or among the
