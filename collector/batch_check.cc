@@ -6,6 +6,7 @@
 #include <google/protobuf/message.h>
 #include <google/protobuf/unknown_field_set.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -117,7 +118,13 @@ IngestMessage Malformed(absl::string_view wire, absl::string_view detail) {
 
 // Wire format reading for the decoder below. Every function returns false where the bytes are
 // anything but the plain case; the caller then leaves the decision to protobuf.
-bool ReadVarint(const char*& p, const char* end, std::uint64_t* value) {
+inline __attribute__((always_inline)) bool ReadVarint(const char*& p, const char* end,
+                                                      std::uint64_t* value) {
+  // Tags and most small fields are one byte.
+  if (p != end && static_cast<signed char>(*p) >= 0) {
+    *value = static_cast<unsigned char>(*p++);
+    return true;
+  }
   std::uint64_t v = 0;
   for (int shift = 0; shift < 70; shift += 7) {
     if (p == end) return false;
@@ -134,7 +141,8 @@ bool ReadVarint(const char*& p, const char* end, std::uint64_t* value) {
 }
 
 // The bytes of a length-delimited field, p at its length.
-bool ReadBytes(const char*& p, const char* end, const char** data, std::size_t* size) {
+inline __attribute__((always_inline)) bool ReadBytes(const char*& p, const char* end,
+                                                     const char** data, std::size_t* size) {
   std::uint64_t length = 0;
   if (!ReadVarint(p, end, &length) || length > static_cast<std::uint64_t>(end - p)) return false;
   *data = p;
@@ -181,8 +189,54 @@ bool DecodeMemoryPayload(const char* p, const char* end, bool alloc, MemoryEvent
   return true;
 }
 
+// The field of one-byte tag `tag` (wire type 0), if it is next at p: its value into *value and
+// true. Sets *bad when the tag is there but its value is not a varint that ends in time.
+inline __attribute__((always_inline)) bool NextVarintField(const char*& p, const char* end,
+                                                           char tag, std::uint64_t* value,
+                                                           bool* bad) {
+  if (p == end || *p != tag) return false;
+  ++p;
+  if (!ReadVarint(p, end, value)) *bad = true;
+  return !*bad;
+}
+
+// The usual layout, fields in number order as protobuf writes them, without a dispatch per
+// field; false (out partly filled) for anything else.
+bool DecodeMemoryEventInOrder(const char* p, const char* end, MemoryEvent* out) {
+  std::uint64_t value = 0;
+  bool bad = false;
+  if (NextVarintField(p, end, 0x08, &value, &bad)) out->time_ns = value;
+  if (NextVarintField(p, end, 0x10, &value, &bad)) out->device = static_cast<std::uint32_t>(value);
+  if (NextVarintField(p, end, 0x18, &value, &bad)) {
+    out->thread_id = static_cast<std::uint32_t>(value);
+  }
+  if (bad || p == end || (*p != 0x52 && *p != 0x5A)) return false;  // 10 or 11, length-delimited
+  out->alloc = *p++ == 0x52;
+  const char* data = nullptr;
+  std::size_t size = 0;
+  if (!ReadBytes(p, end, &data, &size) || p != end) return false;
+  const char* q = data;
+  const char* const stop = data + size;
+  if (NextVarintField(q, stop, 0x08, &value, &bad)) out->address = value;
+  if (NextVarintField(q, stop, 0x10, &value, &bad)) out->requested_bytes = value;
+  if (NextVarintField(q, stop, 0x18, &value, &bad)) out->allocated_bytes = value;
+  if (NextVarintField(q, stop, 0x20, &value, &bad)) {
+    out->kind = static_cast<v1::AllocationKind>(value);
+  }
+  NextVarintField(q, stop, 0x28, &value, &bad);  // stream: not a figure
+  if (out->alloc) {
+    if (NextVarintField(q, stop, 0x30, &value, &bad)) {
+      out->nvtx_range = static_cast<std::uint32_t>(value);
+    }
+    if (NextVarintField(q, stop, 0x38, &value, &bad)) out->site = value;
+  }
+  return !bad && q == stop;
+}
+
 // One Event's bytes that hold an allocation or a free and nothing else protobuf would keep.
 bool DecodeMemoryEvent(const char* p, const char* end, MemoryEvent* out) {
+  if (DecodeMemoryEventInOrder(p, end, out)) return true;
+  *out = MemoryEvent{};
   bool payload = false;
   while (p < end) {
     std::uint64_t tag = 0;

@@ -243,7 +243,7 @@ TEST_F(BatchDecodeTest, DamagedBytesGetTheSameVerdict) {
                                      0x1000 * static_cast<uint64_t>(i / 2), 4096, 1, i % 3));
   }
   const std::string wire = BatchWire(1, events);
-  for (int round = 0; round < 3000; ++round) {
+  for (int round = 0; round < 10000; ++round) {
     std::string damaged = wire;
     const int flips = 1 + static_cast<int>(random() % 3);
     for (int f = 0; f < flips; ++f) {
