@@ -98,14 +98,6 @@ std::string CallingLibrary(absl::Span<const std::string> frames) {
   return std::string(kUnknownLibrary);
 }
 
-bool KindCountsBytes(v1::AllocationKind kind) {
-  return kind != v1::ALLOCATION_KIND_HOST && kind != v1::ALLOCATION_KIND_IPC_IMPORT &&
-         kind != v1::ALLOCATION_KIND_IPC_EXPORT;
-}
-bool KindCountsReserved(v1::AllocationKind kind) {
-  return KindCountsBytes(kind) && kind != v1::ALLOCATION_KIND_POOLED;
-}
-
 struct ProcessStatsEngine::Site {
   std::uint64_t id = 0;
   std::uint64_t alloc_count = 0, total_bytes = 0, live_bytes = 0, peak_live_bytes = 0;
@@ -190,8 +182,7 @@ ProcessStatsEngine::ProcessStatsEngine(StatsOptions options) : options_(options)
 }
 ProcessStatsEngine::~ProcessStatsEngine() = default;
 
-ProcessStatsEngine::Device& ProcessStatsEngine::DeviceFor(std::uint32_t device) {
-  if (last_device_ != nullptr && last_device_->id == device) return *last_device_;
+ProcessStatsEngine::Device& ProcessStatsEngine::NewDeviceFor(std::uint32_t device) {
   auto [it, inserted] = device_slots_.try_emplace(device, devices_.size());
   if (inserted) {
     devices_.push_back(std::make_unique<Device>(options_.max_timeline_points));
@@ -200,16 +191,8 @@ ProcessStatsEngine::Device& ProcessStatsEngine::DeviceFor(std::uint32_t device) 
     devices_.back()->libraries.resize(library_names_.size());
   }
   last_device_ = devices_[it->second].get();
+  last_device_id_ = device;
   return *last_device_;
-}
-
-std::uint64_t ProcessStatsEngine::Plus(std::uint64_t a, std::uint64_t b) {
-  std::uint64_t sum;
-  if (!__builtin_add_overflow(a, b, &sum)) return sum;
-  // Only a corrupt or hostile ring gets here (2^64 bytes is far beyond any device): hold the
-  // figure at its maximum, which keeps peaks and comparisons sane, and count the event.
-  saturated_now_ = true;
-  return UINT64_MAX;
 }
 
 void ProcessStatsEngine::Sample(Device& device, std::uint64_t time_ns) {
@@ -445,7 +428,8 @@ void ProcessStatsEngine::OnCupti(const v1::Event& event) {
 void ProcessStatsEngine::OnAlloc(const MemoryEvent& alloc) {
   const v1::AllocationKind kind = alloc.kind;
   const std::uint64_t t = alloc.time_ns;
-  ++DeviceFor(alloc.device).alloc_count;
+  Device* device = &DeviceFor(alloc.device);
+  ++device->alloc_count;
   // An address still live means its free was lost (dropped records): retire it first.
   auto [it, inserted] = live_.try_emplace(alloc.address);
   if (!inserted) {
@@ -456,11 +440,12 @@ void ProcessStatsEngine::OnAlloc(const MemoryEvent& alloc) {
     OnFree(implicit_free);               // erases the entry
     --DeviceFor(old_device).free_count;  // not a real free
     it = live_.try_emplace(alloc.address).first;
+    device = &DeviceFor(alloc.device);  // OnFree moved the cache (Device entries are stable)
   }
   it->second =
       Live{alloc.requested_bytes, alloc.allocated_bytes, nullptr, t, alloc.device, kind, events_,
            alloc.thread_id};
-  Device& d = DeviceFor(alloc.device);  // OnFree may have moved the cached device
+  Device& d = *device;
   const int k = KindIndex(kind);
   d.kind_current[k] = Plus(d.kind_current[k], alloc.allocated_bytes);
   d.kind_peak[k] = std::max(d.kind_peak[k], d.kind_current[k]);
@@ -579,14 +564,18 @@ void ProcessStatsEngine::OnFree(const MemoryEvent& event) {
 
 void ProcessStatsEngine::KeepFreed(Device& d, std::uint64_t address, const Live& live,
                                    std::uint64_t free_ns) {
-  const Freed freed{address, live, free_ns};
   // Made before the peak and live until now: part of the state at the peak, listed apart; it
   // competes for the largest others only once a new peak leaves it behind.
   if (d.has_peak && live.seq <= d.peak_seq) {
-    d.freed_since_peak.push_back(freed);
-  } else {
-    OfferLargest(d, freed);
+    d.freed_since_peak.push_back(Freed{address, live, free_ns});
+    return;
   }
+  // Most frees are no larger than the smallest of a full heap: OfferLargest would keep nothing.
+  const std::size_t cap = options_.max_allocations;
+  if (cap == 0 || (d.largest.size() >= cap && live.requested <= d.largest.front().live.requested)) {
+    return;
+  }
+  OfferLargest(d, Freed{address, live, free_ns});
 }
 
 void ProcessStatsEngine::OfferLargest(Device& d, const Freed& freed) const {

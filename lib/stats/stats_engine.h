@@ -86,8 +86,13 @@ struct StatsOptions {
 enum class ReportAllocations { kInclude, kLeaveOut, kFiguresOnly };
 
 // The accounting rule on the proto enum (mirrors vramscope_ring_alloc_kind_counts_*).
-bool KindCountsBytes(v1::AllocationKind kind);
-bool KindCountsReserved(v1::AllocationKind kind);
+inline bool KindCountsBytes(v1::AllocationKind kind) {
+  return kind != v1::ALLOCATION_KIND_HOST && kind != v1::ALLOCATION_KIND_IPC_IMPORT &&
+         kind != v1::ALLOCATION_KIND_IPC_EXPORT;
+}
+inline bool KindCountsReserved(v1::AllocationKind kind) {
+  return KindCountsBytes(kind) && kind != v1::ALLOCATION_KIND_POOLED;
+}
 
 // Keys of DeviceReport.peak_requested_bytes_by_library that name no module.
 inline constexpr std::string_view kUnknownLibrary = "(unknown)";
@@ -204,7 +209,12 @@ class ProcessStatsEngine {
     std::size_t devices_seen;
   };
 
-  Device& DeviceFor(std::uint32_t device);
+  // The device's figures (created at first sight); the last one asked for is cached.
+  Device& DeviceFor(std::uint32_t device) {
+    if (last_device_ != nullptr && last_device_id_ == device) return *last_device_;
+    return NewDeviceFor(device);
+  }
+  Device& NewDeviceFor(std::uint32_t device);
   void OnSiteDefinition(const v1::SiteDefinition& site);
   // An allocation of `bytes` requested from site `site` (0 = none) made on `device`, or freed;
   // `counts`: its kind counts device bytes (KindCountsBytes). Per site and per library.
@@ -254,7 +264,14 @@ class ProcessStatsEngine {
                   std::vector<RangeAgg>& ranges) const;
   void AllocatedRose(Device& device);
   // a + b, held at 2^64-1; a sum that had to be held marks the current event as saturated.
-  std::uint64_t Plus(std::uint64_t a, std::uint64_t b);
+  std::uint64_t Plus(std::uint64_t a, std::uint64_t b) {
+    std::uint64_t sum;
+    if (!__builtin_add_overflow(a, b, &sum)) return sum;
+    // Only a corrupt or hostile ring gets here (2^64 bytes is far beyond any device): hold the
+    // figure at its maximum, which keeps peaks and comparisons sane, and count the event.
+    saturated_now_ = true;
+    return UINT64_MAX;
+  }
   void Sample(Device& device, std::uint64_t time_ns);
   // Current and peak requested/allocated/reserved bytes and dropped records of `device` as
   // reported: peaks raised to the ring counters, current values from them when records dropped.
@@ -281,6 +298,7 @@ class ProcessStatsEngine {
   std::vector<std::unique_ptr<Device>> devices_;  // by slot, in order of first appearance
   absl::flat_hash_map<std::uint32_t, std::size_t> device_slots_;
   Device* last_device_ = nullptr;
+  std::uint32_t last_device_id_ = 0;  // last_device_'s id
 
   absl::flat_hash_map<std::uint64_t, Live> live_;
   struct CuptiLive {
