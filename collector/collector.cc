@@ -372,6 +372,12 @@ struct Collector::Process {
   // While retired: what ListProcesses and Watch show of it.
   v1::ProcessSummary summary ABSL_GUARDED_BY(mu);
   v1::ProcessStats live ABSL_GUARDED_BY(mu);
+  // While live: the Watch figures (FillLiveStats) as of `live_cached_at`, a count of the changes
+  // to the engine (`changes`: batches stored, rebuilds); a snapshot rebuilds them only after a
+  // change, so an idle process costs a Watch tick a copy instead of a report.
+  uint64_t changes ABSL_GUARDED_BY(mu) = 1;
+  uint64_t live_cached_at ABSL_GUARDED_BY(mu) = 0;
+  v1::ProcessStats live_cache ABSL_GUARDED_BY(mu);
   // Wall clock when its exit was stored (MetricsSnapshot's), and what a metrics scrape shows of
   // it once retired.
   uint64_t finished_wall_ns ABSL_GUARDED_BY(mu) = 0;
@@ -530,6 +536,7 @@ absl::Status Collector::ReadLog(Process* process, const std::string& path, LogSc
         }
         if (process->acked == 0) process->key = batch.process();
         process->Hold(batch.sequence());
+        ++process->changes;
         process->stats->Consume(batch);
         *events += static_cast<uint64_t>(batch.events_size());
         return absl::OkStatus();
@@ -700,6 +707,8 @@ std::unique_ptr<ProcessStats> Collector::Retire(Process* process) ABSL_NO_THREAD
   FillLiveStats(process->key, *process->stats, process->held, &process->live);
   process->gauges = GaugeSnapshot(process->key, *process->stats);
   std::unique_ptr<ProcessStats> released = std::move(process->stats);
+  ++process->changes;
+  process->live_cache.Clear();
   if (process->fd >= 0) ::close(process->fd);
   process->fd = -1;
   const std::string name = ProcessKeyString(process->key);
@@ -730,6 +739,7 @@ absl::Status Collector::Revive(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS 
   }
   absl::StatusOr<std::unique_ptr<ProcessStats>> stats = RebuildStats(process->path);
   if (!stats.ok()) return absl::InternalError(stats.status().message());
+  ++process->changes;
   absl::StatusOr<int> fd = OpenRegularFile(process->path, O_WRONLY | O_APPEND);
   if (!fd.ok()) return absl::InternalError(fd.status().message());
   struct stat st {};
@@ -879,6 +889,7 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
     return written;
   }
   process->file_bytes += record.size();
+  ++process->changes;
   process->Hold(batch.sequence());
   const bool was_finished = process->stats->finished();
   process->stats->Consume(batch, decoded);
@@ -1027,7 +1038,12 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
       *update.add_processes() = process->live;
       continue;
     }
-    FillLiveStats(process->key, *process->stats, process->held, update.add_processes());
+    if (process->live_cached_at != process->changes) {
+      process->live_cache.Clear();
+      FillLiveStats(process->key, *process->stats, process->held, &process->live_cache);
+      process->live_cached_at = process->changes;
+    }
+    *update.add_processes() = process->live_cache;
   }
   return update;
 }

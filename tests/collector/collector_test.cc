@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <gmock/gmock.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,6 +23,8 @@
 
 namespace vramscope::collector {
 namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
 
 using ::testing::HasSubstr;
 using ::vramscope::testing::Batch;
@@ -86,6 +89,45 @@ TEST(RecordLogTest, Crc32AgreesWithItsDefinitionAtEveryLengthAndAlignment) {
       ASSERT_EQ(Crc32(data, 0x12345678u), ReferenceCrc32(data, 0x12345678u));
     }
   }
+}
+
+// Watch's figures of a live process are kept between snapshots until its engine changes: every
+// way it changes (a stored batch, a refused one's stand-in, a finish, a revival after it) shows
+// in the next snapshot, and a snapshot without a change shows the same as the one before.
+TEST_F(CollectorTest, SnapshotsFollowEveryChangeOfTheEngine) {
+  auto collector = Open();
+  const v1::ProcessKey key = Key(60);
+  auto figures = [&] {
+    const v1::StatsUpdate update = collector->Snapshot({});
+    EXPECT_EQ(update.processes_size(), 1);
+    return update.processes_size() == 1 ? update.processes(0) : v1::ProcessStats();
+  };
+  ASSERT_TRUE(collector->Ingest(Batch(key, 1, 10)).ok());
+  const v1::ProcessStats first = figures();
+  EXPECT_EQ(first.devices(0).alloc_count(), 9u);
+  EXPECT_TRUE(MessageDifferencer::Equals(figures(), first));
+  ASSERT_TRUE(collector->Ingest(Batch(key, 2, 10, 0x100000)).ok());
+  const v1::ProcessStats second = figures();
+  EXPECT_EQ(second.devices(0).alloc_count(), 19u);
+  EXPECT_EQ(second.held(0).last(), 2u);
+  // A refused batch: its sequence is held, its events counted as dropped.
+  IngestMessage refused;
+  refused.kind = IngestMessage::Kind::kRejected;
+  refused.process = key;
+  refused.key_usable = true;
+  refused.sequence = 3;
+  refused.events = 7;
+  ASSERT_TRUE(collector->Refuse(refused, false, "").ok());
+  const v1::ProcessStats third = figures();
+  EXPECT_EQ(third.held(0).last(), 3u);
+  EXPECT_EQ(third.devices(0).dropped_records(), 7u);
+  ASSERT_TRUE(collector->Ingest(testing::ExitBatch(key, 4, 0)).ok());
+  EXPECT_TRUE(figures().finished());
+  // A late batch revives it: the rebuilt engine's figures, with the new batch.
+  ASSERT_TRUE(collector->Ingest(Batch(key, 5, 10, 0x200000)).ok());
+  const v1::ProcessStats revived = figures();
+  EXPECT_EQ(revived.devices(0).alloc_count(), 29u);
+  EXPECT_EQ(revived.held(0).last(), 5u);
 }
 
 TEST_F(CollectorTest, AcksInOrderAndIgnoresDuplicates) {

@@ -9,6 +9,9 @@
 // serialized before the clock starts. Reported: CPU time of the ingesting thread per event and
 // its inverse, events/s per core; the median of `--rounds` rounds (a fresh collector each).
 // `--goal-ns=N`: exit status 1 when the median is above N ns per event (0 = no verdict).
+// Then the CPU of one Watch snapshot (Collector::Snapshot, what the fan-out thread takes for its
+// watchers each tick) of `--idle` live processes that received nothing since the one before
+// (0 = not measured).
 //
 // Instruction counts, the steady figure on a loaded machine (IngestAll is the measured loop):
 //   valgrind --tool=callgrind --toggle-collect='*IngestAll*'
@@ -16,7 +19,7 @@
 //   (total Ir / 204,800 events = instructions per event)
 //
 //   build/tests/pipeline/collector_core_bench [--rounds=5] [--processes=4] [--batches=100]
-//       [--goal-ns=0]
+//       [--idle=1000] [--goal-ns=0]
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_format.h>
 #include <google/protobuf/arena.h>
@@ -35,6 +38,7 @@
 #include "vramscope/collector/collector.h"
 #include "vramscope/log.h"
 #include "vramscope/v1/collector.pb.h"
+#include "vramscope/v1/report.pb.h"
 
 namespace vramscope {
 namespace {
@@ -44,6 +48,7 @@ struct Flags {
   int processes = 4;
   int batches = 100;
   double goal_ns = 0;
+  int idle = 1000;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* flags) {
@@ -58,6 +63,7 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     if (name == "processes")
       ok = absl::SimpleAtoi(value, &flags->processes) && flags->processes > 0;
     if (name == "batches") ok = absl::SimpleAtoi(value, &flags->batches) && flags->batches > 0;
+    if (name == "idle") ok = absl::SimpleAtoi(value, &flags->idle) && flags->idle >= 0;
     if (name == "goal-ns") ok = absl::SimpleAtod(value, &flags->goal_ns) && flags->goal_ns >= 0;
     if (!ok) return false;
   }
@@ -111,7 +117,7 @@ int Main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, &flags)) {
     std::fprintf(stderr,
                  "usage: collector_core_bench [--rounds=5] [--processes=4] [--batches=100] "
-                 "[--goal-ns=0]\n");
+                 "[--idle=1000] [--goal-ns=0]\n");
     return 2;
   }
   SetMinLogLevel(LogLevel::kError);
@@ -147,6 +153,37 @@ int Main(int argc, char** argv) {
     per_event.push_back(cpu / events);
     std::printf("round %d: %.1f ns CPU per event, %.2f M events/s per core\n", round + 1,
                 cpu / events, events / cpu * 1e3);
+  }
+  // Watch: one snapshot of every process (what the fan-out thread takes per tick), with
+  // `--idle` live processes that received nothing since the last one.
+  if (flags.idle > 0) {
+    testing::TempDir data;
+    collector::CollectorOptions options;
+    options.data_dir = data.path();
+    options.max_processes = static_cast<uint32_t>(flags.idle) + 1;
+    auto core = *collector::Collector::Open(options);
+    for (int p = 0; p < flags.idle; ++p) {
+      v1::EventBatch batch;
+      *batch.mutable_process() = testing::Key(static_cast<uint32_t>(100000 + p));
+      batch.set_sequence(1);
+      testing::AppendChurn(&batch, 0, 64);
+      if (!core->Ingest(batch).ok()) return 1;
+    }
+    // The first snapshot builds every process's figures; the later ones find nothing changed.
+    std::vector<double> snapshot_ms;
+    for (int round = 0; round <= flags.rounds; ++round) {
+      const double start = ThreadCpuNs();
+      const v1::StatsUpdate update = core->Snapshot({});
+      snapshot_ms.push_back((ThreadCpuNs() - start) / 1e6);
+      if (update.processes_size() != flags.idle) return 1;
+    }
+    const double first = snapshot_ms.front();
+    snapshot_ms.erase(snapshot_ms.begin());
+    std::sort(snapshot_ms.begin(), snapshot_ms.end());
+    std::printf(
+        "watch snapshot of %d live processes: %.2f ms CPU the first (figures built), median "
+        "%.2f ms of %d more with nothing received between\n",
+        flags.idle, first, snapshot_ms[snapshot_ms.size() / 2], flags.rounds);
   }
   std::sort(per_event.begin(), per_event.end());
   const double median = per_event[per_event.size() / 2];
