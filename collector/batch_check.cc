@@ -280,6 +280,12 @@ const v1::Event* ParsedLater() { return &v1::Event::default_instance(); }
 // in one buffer or are taken apart in order). nullptr where anything is out of the ordinary.
 v1::EventBatch* DecodeBatch(absl::string_view wire, google::protobuf::Arena* arena,
                             IngestScratch* scratch) {
+  // Kept for the next message up to what an agent's usual batches need (4,096 events); one
+  // outsized message does not hold its memory for the rest of the stream.
+  constexpr std::size_t kKeptEvents = 16384;
+  constexpr std::size_t kKeptRestBytes = std::size_t{1} << 20;
+  if (scratch->events.capacity() > kKeptEvents) std::vector<BatchEvent>().swap(scratch->events);
+  if (scratch->rest.capacity() > kKeptRestBytes) std::string().swap(scratch->rest);
   scratch->events.clear();
   scratch->rest.clear();
   const char* p = wire.data();
