@@ -6,6 +6,7 @@
 #include <google/protobuf/message.h>
 #include <google/protobuf/unknown_field_set.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,225 @@ IngestMessage Malformed(absl::string_view wire, absl::string_view detail) {
   return message;
 }
 
+// Wire format reading for the decoder below. Every function returns false where the bytes are
+// anything but the plain case; the caller then leaves the decision to protobuf.
+inline __attribute__((always_inline)) bool ReadVarint(const char*& p, const char* end,
+                                                      std::uint64_t* value) {
+  // Tags and most small fields are one byte.
+  if (p != end && static_cast<signed char>(*p) >= 0) {
+    *value = static_cast<unsigned char>(*p++);
+    return true;
+  }
+  std::uint64_t v = 0;
+  for (int shift = 0; shift < 70; shift += 7) {
+    if (p == end) return false;
+    const auto byte = static_cast<unsigned char>(*p++);
+    // A tenth byte above 1 would carry bits past 64: protobuf's call, not ours.
+    if (shift == 63 && byte > 1) return false;
+    v |= std::uint64_t{byte & 0x7Fu} << shift;
+    if (byte < 0x80) {
+      *value = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The bytes of a length-delimited field, p at its length.
+inline __attribute__((always_inline)) bool ReadBytes(const char*& p, const char* end,
+                                                     const char** data, std::size_t* size) {
+  std::uint64_t length = 0;
+  if (!ReadVarint(p, end, &length) || length > static_cast<std::uint64_t>(end - p)) return false;
+  *data = p;
+  *size = static_cast<std::size_t>(length);
+  p += length;
+  return true;
+}
+
+// An AllocEvent (`alloc`) or FreeEvent's fields into `out`: only varint fields of the schema, a
+// later occurrence winning as in protobuf; the enum and uint32 fields cut as protobuf's
+// generated parser cuts them.
+bool DecodeMemoryPayload(const char* p, const char* end, bool alloc, MemoryEvent* out) {
+  while (p < end) {
+    std::uint64_t tag = 0;
+    std::uint64_t value = 0;
+    if (!ReadVarint(p, end, &tag) || (tag & 7) != 0 || !ReadVarint(p, end, &value)) return false;
+    switch (tag >> 3) {
+      case 1:
+        out->address = value;
+        break;
+      case 2:
+        out->requested_bytes = value;
+        break;
+      case 3:
+        out->allocated_bytes = value;
+        break;
+      case 4:
+        out->kind = static_cast<v1::AllocationKind>(value);
+        break;
+      case 5:  // stream: not a figure
+        break;
+      case 6:
+        if (!alloc) return false;
+        out->nvtx_range = static_cast<std::uint32_t>(value);
+        break;
+      case 7:
+        if (!alloc) return false;
+        out->site = value;
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+// The field of one-byte tag `tag` (wire type 0), if it is next at p: its value into *value and
+// true. Sets *bad when the tag is there but its value is not a varint that ends in time.
+inline __attribute__((always_inline)) bool NextVarintField(const char*& p, const char* end,
+                                                           char tag, std::uint64_t* value,
+                                                           bool* bad) {
+  if (p == end || *p != tag) return false;
+  ++p;
+  if (!ReadVarint(p, end, value)) *bad = true;
+  return !*bad;
+}
+
+// The usual layout, fields in number order as protobuf writes them, without a dispatch per
+// field; false (out partly filled) for anything else.
+bool DecodeMemoryEventInOrder(const char* p, const char* end, MemoryEvent* out) {
+  std::uint64_t value = 0;
+  bool bad = false;
+  if (NextVarintField(p, end, 0x08, &value, &bad)) out->time_ns = value;
+  if (NextVarintField(p, end, 0x10, &value, &bad)) out->device = static_cast<std::uint32_t>(value);
+  if (NextVarintField(p, end, 0x18, &value, &bad)) {
+    out->thread_id = static_cast<std::uint32_t>(value);
+  }
+  if (bad || p == end || (*p != 0x52 && *p != 0x5A)) return false;  // 10 or 11, length-delimited
+  out->alloc = *p++ == 0x52;
+  const char* data = nullptr;
+  std::size_t size = 0;
+  if (!ReadBytes(p, end, &data, &size) || p != end) return false;
+  const char* q = data;
+  const char* const stop = data + size;
+  if (NextVarintField(q, stop, 0x08, &value, &bad)) out->address = value;
+  if (NextVarintField(q, stop, 0x10, &value, &bad)) out->requested_bytes = value;
+  if (NextVarintField(q, stop, 0x18, &value, &bad)) out->allocated_bytes = value;
+  if (NextVarintField(q, stop, 0x20, &value, &bad)) {
+    out->kind = static_cast<v1::AllocationKind>(value);
+  }
+  NextVarintField(q, stop, 0x28, &value, &bad);  // stream: not a figure
+  if (out->alloc) {
+    if (NextVarintField(q, stop, 0x30, &value, &bad)) {
+      out->nvtx_range = static_cast<std::uint32_t>(value);
+    }
+    if (NextVarintField(q, stop, 0x38, &value, &bad)) out->site = value;
+  }
+  return !bad && q == stop;
+}
+
+// One Event's bytes that hold an allocation or a free and nothing else protobuf would keep.
+bool DecodeMemoryEvent(const char* p, const char* end, MemoryEvent* out) {
+  if (DecodeMemoryEventInOrder(p, end, out)) return true;
+  *out = MemoryEvent{};
+  bool payload = false;
+  while (p < end) {
+    std::uint64_t tag = 0;
+    if (!ReadVarint(p, end, &tag)) return false;
+    const std::uint64_t field = tag >> 3;
+    if (field == 10 || field == 11) {
+      // A second payload merges or switches the oneof: protobuf's call.
+      const char* data = nullptr;
+      std::size_t size = 0;
+      if (payload || (tag & 7) != 2 || !ReadBytes(p, end, &data, &size)) return false;
+      payload = true;
+      out->alloc = field == 10;
+      if (!DecodeMemoryPayload(data, data + size, out->alloc, out)) return false;
+      continue;
+    }
+    std::uint64_t value = 0;
+    if ((tag & 7) != 0 || !ReadVarint(p, end, &value)) return false;
+    switch (field) {
+      case 1:
+        out->time_ns = value;
+        break;
+      case 2:
+        out->device = static_cast<std::uint32_t>(value);
+        break;
+      case 3:
+        out->thread_id = static_cast<std::uint32_t>(value);
+        break;
+      default:
+        return false;
+    }
+  }
+  return payload;
+}
+
+// Stands for an event protobuf parses, until the parsed one's address is known.
+const v1::Event* ParsedLater() { return &v1::Event::default_instance(); }
+
+// Splits `wire` into the allocation and free events (decoded into scratch->events) and the rest
+// (scratch->rest: every other field, events included, byte for byte, which protobuf then parses
+// onto `arena` as it would the whole: merging a message's fields is the same whether they come
+// in one buffer or are taken apart in order). nullptr where anything is out of the ordinary.
+v1::EventBatch* DecodeBatch(absl::string_view wire, google::protobuf::Arena* arena,
+                            IngestScratch* scratch) {
+  // Kept for the next message up to what an agent's usual batches need (4,096 events); one
+  // outsized message does not hold its memory for the rest of the stream.
+  constexpr std::size_t kKeptEvents = 16384;
+  constexpr std::size_t kKeptRestBytes = std::size_t{1} << 20;
+  if (scratch->events.capacity() > kKeptEvents) std::vector<BatchEvent>().swap(scratch->events);
+  if (scratch->rest.capacity() > kKeptRestBytes) std::string().swap(scratch->rest);
+  scratch->events.clear();
+  scratch->rest.clear();
+  const char* p = wire.data();
+  const char* const end = p + wire.size();
+  int parsed_later = 0;
+  while (p < end) {
+    const char* const field_start = p;
+    std::uint64_t tag = 0;
+    if (!ReadVarint(p, end, &tag) || tag > UINT32_MAX) return nullptr;
+    const char* data = nullptr;
+    std::size_t size = 0;
+    std::uint64_t value = 0;
+    switch (tag & 7) {
+      case 0:
+        if (!ReadVarint(p, end, &value)) return nullptr;
+        break;
+      case 1:
+      case 5: {
+        const std::size_t fixed = (tag & 7) == 1 ? 8 : 4;
+        if (static_cast<std::size_t>(end - p) < fixed) return nullptr;
+        p += fixed;
+        break;
+      }
+      case 2:
+        if (!ReadBytes(p, end, &data, &size)) return nullptr;
+        break;
+      default:  // groups, and wire types that do not exist
+        return nullptr;
+    }
+    if (tag == ((3 << 3) | 2)) {  // EventBatch.events
+      BatchEvent& event = scratch->events.emplace_back();
+      if (DecodeMemoryEvent(data, data + size, &event.memory)) continue;
+      event.other = ParsedLater();
+      ++parsed_later;
+    }
+    scratch->rest.append(field_start, static_cast<std::size_t>(p - field_start));
+  }
+  v1::EventBatch* batch = google::protobuf::Arena::CreateMessage<v1::EventBatch>(arena);
+  if (!batch->ParseFromArray(scratch->rest.data(), static_cast<int>(scratch->rest.size())) ||
+      batch->events_size() != parsed_later) {
+    return nullptr;
+  }
+  int next = 0;
+  for (BatchEvent& event : scratch->events) {
+    if (event.other != nullptr) event.other = &batch->events(next++);
+  }
+  return batch;
+}
+
 }  // namespace
 
 absl::Status ValidateProcessKey(const v1::ProcessKey& key) {
@@ -219,6 +439,26 @@ IngestMessage CheckIngestMessage(absl::string_view wire, google::protobuf::Arena
   message.kind = IngestMessage::Kind::kRejected;
   message.reason = std::move(bad);
   return message;
+}
+
+}  // namespace vramscope::collector
+
+namespace vramscope::collector {
+
+IngestMessage CheckIngestMessage(absl::string_view wire, google::protobuf::Arena* arena,
+                                 IngestScratch* scratch) {
+  if (v1::EventBatch* batch = DecodeBatch(wire, arena, scratch); batch != nullptr) {
+    // The sequence rule counts every event, decoded or parsed; a batch to refuse gets its
+    // reason from the one full check below.
+    if (ValidateBatchHeader(*batch).ok() && (batch->sequence() != 0 || scratch->events.empty())) {
+      IngestMessage message;
+      message.kind = IngestMessage::Kind::kBatch;
+      message.batch = batch;
+      message.decoded = &scratch->events;
+      return message;
+    }
+  }
+  return CheckIngestMessage(wire, arena);
 }
 
 }  // namespace vramscope::collector

@@ -372,6 +372,12 @@ struct Collector::Process {
   // While retired: what ListProcesses and Watch show of it.
   v1::ProcessSummary summary ABSL_GUARDED_BY(mu);
   v1::ProcessStats live ABSL_GUARDED_BY(mu);
+  // While live: the Watch figures (FillLiveStats) as of `live_cached_at`, a count of the changes
+  // to the engine (`changes`: batches stored, rebuilds); a snapshot rebuilds them only after a
+  // change, so an idle process costs a Watch tick a copy instead of a report.
+  uint64_t changes ABSL_GUARDED_BY(mu) = 1;
+  uint64_t live_cached_at ABSL_GUARDED_BY(mu) = 0;
+  v1::ProcessStats live_cache ABSL_GUARDED_BY(mu);
   // Wall clock when its exit was stored (MetricsSnapshot's), and what a metrics scrape shows of
   // it once retired.
   uint64_t finished_wall_ns ABSL_GUARDED_BY(mu) = 0;
@@ -539,6 +545,7 @@ absl::Status Collector::ReadLog(Process* process, const std::string& path, LogSc
         }
         if (process->acked == 0) process->key = batch.process();
         process->Hold(batch.sequence());
+        ++process->changes;
         process->stats->Consume(batch);
         *events += static_cast<uint64_t>(batch.events_size());
         return absl::OkStatus();
@@ -709,6 +716,8 @@ std::unique_ptr<ProcessStats> Collector::Retire(Process* process) ABSL_NO_THREAD
   FillLiveStats(process->key, *process->stats, process->held, &process->live);
   process->gauges = GaugeSnapshot(process->key, *process->stats);
   std::unique_ptr<ProcessStats> released = std::move(process->stats);
+  ++process->changes;
+  process->live_cache.Clear();
   if (process->fd >= 0) ::close(process->fd);
   process->fd = -1;
   const std::string name = ProcessKeyString(process->key);
@@ -739,6 +748,7 @@ absl::Status Collector::Revive(Process* process) ABSL_NO_THREAD_SAFETY_ANALYSIS 
   }
   absl::StatusOr<std::unique_ptr<ProcessStats>> stats = RebuildStats(process->path);
   if (!stats.ok()) return absl::InternalError(stats.status().message());
+  ++process->changes;
   absl::StatusOr<int> fd = OpenRegularFile(process->path, O_WRONLY | O_APPEND);
   if (!fd.ok()) return absl::InternalError(fd.status().message());
   struct stat st {};
@@ -781,7 +791,24 @@ absl::StatusOr<uint64_t> Collector::Ingest(const v1::EventBatch& batch, absl::st
   if (!found.ok()) return found.status();
   Process* process = found->get();
   absl::MutexLock lock(&process->mu);
-  return Append(process, batch, wire, takeover);
+  return Append(process, batch, nullptr, wire, takeover);
+}
+
+absl::StatusOr<uint64_t> Collector::Ingest(const IngestMessage& message, absl::string_view wire,
+                                           bool takeover, absl::string_view writer) {
+  if (message.kind != IngestMessage::Kind::kBatch || message.batch == nullptr) {
+    return absl::InvalidArgumentError("not a batch to store");
+  }
+  if (message.decoded == nullptr) return Ingest(*message.batch, wire, takeover, writer);
+  // CheckIngestMessage validated it (the decoded events hold no strings).
+  const v1::EventBatch& batch = *message.batch;
+  if (batch.sequence() == 0) return StoredSequence(batch.process());
+  absl::StatusOr<std::shared_ptr<Process>> found =
+      FindOrCreate(batch.process(), batch.sequence(), takeover, writer);
+  if (!found.ok()) return found.status();
+  Process* process = found->get();
+  absl::MutexLock lock(&process->mu);
+  return Append(process, batch, message.decoded, wire, takeover);
 }
 
 absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused, bool takeover,
@@ -806,10 +833,11 @@ absl::StatusOr<uint64_t> Collector::Refuse(const IngestMessage& refused, bool ta
   *stand_in.mutable_process() = key;
   stand_in.set_sequence(sequence);
   stand_in.add_events()->mutable_drop()->set_dropped_records(events);
-  return Append(process, stand_in, {}, takeover);
+  return Append(process, stand_in, nullptr, {}, takeover);
 }
 
 absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatch& batch,
+                                           const std::vector<BatchEvent>* decoded,
                                            absl::string_view wire,
                                            bool takeover) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Called with process->mu held.
@@ -870,10 +898,13 @@ absl::StatusOr<uint64_t> Collector::Append(Process* process, const v1::EventBatc
     return written;
   }
   process->file_bytes += record.size();
+  ++process->changes;
   process->Hold(batch.sequence());
   const bool was_finished = process->stats->finished();
-  process->stats->Consume(batch);
-  CountStored(process, batch, was_finished);
+  process->stats->Consume(batch, decoded);
+  CountStored(process,
+              decoded != nullptr ? decoded->size() : static_cast<uint64_t>(batch.events_size()),
+              was_finished);
   const bool newly_finished = !was_finished && process->stats->finished();
   const uint64_t acked = process->acked;
   if (process->stats->finished()) QueueFinishedRun(process, newly_finished);
@@ -896,15 +927,15 @@ void Collector::QueueFinishedRun(Process* process,
   }
 }
 
-void Collector::CountStored(Process* process, const v1::EventBatch& batch,
+void Collector::CountStored(Process* process, uint64_t events,
                             bool was_finished) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Called with process->mu held, the engine live.
   batches_stored_.fetch_add(1, std::memory_order_relaxed);
-  events_stored_.fetch_add(static_cast<uint64_t>(batch.events_size()), std::memory_order_relaxed);
+  events_stored_.fetch_add(events, std::memory_order_relaxed);
   const uint64_t now = WallNs();
   if (!was_finished && process->stats->finished()) process->finished_wall_ns = now;
   const uint64_t last = process->stats->LastEventWallNs();
-  if (batch.events_size() == 0 || last == 0) return;
+  if (events == 0 || last == 0) return;
   // A clock ahead of ours on the traced host reads as no lag rather than a negative one.
   const uint64_t lag_ns = now > last ? now - last : 0;
   const double seconds = static_cast<double>(lag_ns) / 1e9;
@@ -1016,7 +1047,12 @@ v1::StatsUpdate Collector::Snapshot(const v1::WatchRequest& request) const {
       *update.add_processes() = process->live;
       continue;
     }
-    FillLiveStats(process->key, *process->stats, process->held, update.add_processes());
+    if (process->live_cached_at != process->changes) {
+      process->live_cache.Clear();
+      FillLiveStats(process->key, *process->stats, process->held, &process->live_cache);
+      process->live_cached_at = process->changes;
+    }
+    *update.add_processes() = process->live_cache;
   }
   return update;
 }

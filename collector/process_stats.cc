@@ -7,9 +7,15 @@ namespace vramscope::collector {
 ProcessStats::ProcessStats() : engine_(std::make_unique<ProcessStatsEngine>()) {}
 ProcessStats::~ProcessStats() = default;
 
-void ProcessStats::Consume(const v1::EventBatch& batch) {
-  engine_->AddBatch(batch);
-  events_ += static_cast<uint64_t>(batch.events_size());
+void ProcessStats::Consume(const v1::EventBatch& batch, const std::vector<BatchEvent>* decoded) {
+  if (decoded != nullptr) {
+    engine_->AddBatch(batch, *decoded);
+    events_ += decoded->size();
+  } else {
+    engine_->AddBatch(batch);
+    events_ += static_cast<uint64_t>(batch.events_size());
+  }
+  // Starts and exits are never decoded: they are in batch.events() either way.
   for (const v1::Event& event : batch.events()) {
     if (event.has_process_start()) {
       const auto& args = event.process_start().command_line();

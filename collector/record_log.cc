@@ -8,34 +8,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
-#include <array>
 #include <cstring>
 #include <string>
 
 namespace vramscope::collector {
 namespace {
-
-// Slicing-by-8 tables: about 1 byte per cycle, so the CRC stays well below the cost of parsing.
-using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
-
-CrcTables MakeTables() {
-  CrcTables t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[0][i] = c;
-  }
-  for (uint32_t i = 0; i < 256; ++i) {
-    for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
-  }
-  return t;
-}
-
-const CrcTables& Tables() {
-  static const CrcTables tables = MakeTables();
-  return tables;
-}
 
 void PutU32(char* out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
@@ -86,20 +65,11 @@ const char* FileTypeName(mode_t mode) {
 }  // namespace
 
 uint32_t Crc32(absl::string_view data, uint32_t crc) {
-  const CrcTables& t = Tables();
-  uint32_t c = ~crc;
-  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
-  size_t n = data.size();
-  while (n >= 8) {
-    uint32_t lo =
-        c ^ (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24);
-    c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
-        t[3][p[4]] ^ t[2][p[5]] ^ t[1][p[6]] ^ t[0][p[7]];
-    p += 8;
-    n -= 8;
-  }
-  while (n-- > 0) c = t[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
-  return ~c;
+  // zlib's CRC-32 (IEEE 802.3: polynomial 0xEDB88320 reflected, inverted in and out), what every
+  // log carries; collector_test checks it against a plain table-driven reference. zlib's braided
+  // loop is about twice as fast as slicing-by-8 tables.
+  return static_cast<uint32_t>(
+      crc32_z(crc, reinterpret_cast<const Bytef*>(data.data()), data.size()));
 }
 
 void FrameRecordInto(absl::string_view payload, std::string* out) {

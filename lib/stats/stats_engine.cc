@@ -98,14 +98,6 @@ std::string CallingLibrary(absl::Span<const std::string> frames) {
   return std::string(kUnknownLibrary);
 }
 
-bool KindCountsBytes(v1::AllocationKind kind) {
-  return kind != v1::ALLOCATION_KIND_HOST && kind != v1::ALLOCATION_KIND_IPC_IMPORT &&
-         kind != v1::ALLOCATION_KIND_IPC_EXPORT;
-}
-bool KindCountsReserved(v1::AllocationKind kind) {
-  return KindCountsBytes(kind) && kind != v1::ALLOCATION_KIND_POOLED;
-}
-
 struct ProcessStatsEngine::Site {
   std::uint64_t id = 0;
   std::uint64_t alloc_count = 0, total_bytes = 0, live_bytes = 0, peak_live_bytes = 0;
@@ -190,8 +182,7 @@ ProcessStatsEngine::ProcessStatsEngine(StatsOptions options) : options_(options)
 }
 ProcessStatsEngine::~ProcessStatsEngine() = default;
 
-ProcessStatsEngine::Device& ProcessStatsEngine::DeviceFor(std::uint32_t device) {
-  if (last_device_ != nullptr && last_device_->id == device) return *last_device_;
+ProcessStatsEngine::Device& ProcessStatsEngine::NewDeviceFor(std::uint32_t device) {
   auto [it, inserted] = device_slots_.try_emplace(device, devices_.size());
   if (inserted) {
     devices_.push_back(std::make_unique<Device>(options_.max_timeline_points));
@@ -200,16 +191,8 @@ ProcessStatsEngine::Device& ProcessStatsEngine::DeviceFor(std::uint32_t device) 
     devices_.back()->libraries.resize(library_names_.size());
   }
   last_device_ = devices_[it->second].get();
+  last_device_id_ = device;
   return *last_device_;
-}
-
-std::uint64_t ProcessStatsEngine::Plus(std::uint64_t a, std::uint64_t b) {
-  std::uint64_t sum;
-  if (!__builtin_add_overflow(a, b, &sum)) return sum;
-  // Only a corrupt or hostile ring gets here (2^64 bytes is far beyond any device): hold the
-  // figure at its maximum, which keeps peaks and comparisons sane, and count the event.
-  saturated_now_ = true;
-  return UINT64_MAX;
 }
 
 void ProcessStatsEngine::Sample(Device& device, std::uint64_t time_ns) {
@@ -227,20 +210,49 @@ void ProcessStatsEngine::AllocatedRose(Device& device) {
   }
 }
 
-void ProcessStatsEngine::Add(const v1::Event& event) {
+void ProcessStatsEngine::Count(std::uint64_t t) {
   ++events_;
-  const std::uint64_t t = event.time_ns();
   if (t != 0) {
     if (first_time_ns_ == 0 || t < first_time_ns_) first_time_ns_ = t;
     if (t > last_time_ns_) last_time_ns_ = t;
   }
+}
+
+void ProcessStatsEngine::Add(const MemoryEvent& event) {
+  Count(event.time_ns);
+  if (event.alloc) {
+    OnAlloc(event);
+  } else {
+    OnFree(event);
+  }
+  if (saturated_now_) {
+    saturated_now_ = false;
+    ++saturated_events_;
+  }
+}
+
+void ProcessStatsEngine::Add(const v1::Event& event) {
+  // Allocations and frees take the one path the collector's decoded events take.
+  if (event.payload_case() == v1::Event::kAlloc) {
+    const v1::AllocEvent& alloc = event.alloc();
+    Add(MemoryEvent{event.time_ns(), alloc.address(), alloc.requested_bytes(),
+                    alloc.allocated_bytes(), alloc.site(), event.device(), event.thread_id(),
+                    alloc.nvtx_range(), alloc.kind(), /*alloc=*/true});
+    return;
+  }
+  if (event.payload_case() == v1::Event::kFree) {
+    const v1::FreeEvent& free = event.free();
+    Add(MemoryEvent{event.time_ns(), free.address(), free.requested_bytes(), free.allocated_bytes(),
+                    0, event.device(), event.thread_id(), 0, free.kind(),
+                    /*alloc=*/false});
+    return;
+  }
+  const std::uint64_t t = event.time_ns();
+  Count(t);
   switch (event.payload_case()) {
     case v1::Event::kAlloc:
-      OnAlloc(event, DeviceFor(event.device()));
-      break;
     case v1::Event::kFree:
-      OnFree(event);
-      break;
+      break;  // above
     case v1::Event::kPoolReserve: {
       Device& device = DeviceFor(event.device());
       ++device.reserve_count;
@@ -413,33 +425,35 @@ void ProcessStatsEngine::OnCupti(const v1::Event& event) {
   }
 }
 
-void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
-  const v1::AllocEvent& alloc = event.alloc();
-  const v1::AllocationKind kind = alloc.kind();
-  const std::uint64_t t = event.time_ns();
-  ++device.alloc_count;
+void ProcessStatsEngine::OnAlloc(const MemoryEvent& alloc) {
+  const v1::AllocationKind kind = alloc.kind;
+  const std::uint64_t t = alloc.time_ns;
+  Device* device = &DeviceFor(alloc.device);
+  ++device->alloc_count;
   // An address still live means its free was lost (dropped records): retire it first.
-  auto [it, inserted] = live_.try_emplace(alloc.address());
+  auto [it, inserted] = live_.try_emplace(alloc.address);
   if (!inserted) {
     const std::uint32_t old_device = it->second.device;
-    v1::Event implicit_free;
-    implicit_free.set_time_ns(t);
-    implicit_free.mutable_free()->set_address(alloc.address());
+    MemoryEvent implicit_free;
+    implicit_free.time_ns = t;
+    implicit_free.address = alloc.address;
     OnFree(implicit_free);               // erases the entry
     --DeviceFor(old_device).free_count;  // not a real free
-    it = live_.try_emplace(alloc.address()).first;
+    it = live_.try_emplace(alloc.address).first;
+    device = &DeviceFor(alloc.device);  // OnFree moved the cache (Device entries are stable)
   }
-  it->second = Live{
-      alloc.requested_bytes(), alloc.allocated_bytes(), nullptr, t, event.device(), kind, events_,
-      event.thread_id()};
-  Device& d = DeviceFor(event.device());  // OnFree may have moved the cached device
+  it->second =
+      Live{alloc.requested_bytes, alloc.allocated_bytes, nullptr, t, alloc.device, kind, events_,
+           alloc.thread_id};
+  Device& d = *device;
   const int k = KindIndex(kind);
-  d.kind_current[k] = Plus(d.kind_current[k], alloc.allocated_bytes());
+  d.kind_current[k] = Plus(d.kind_current[k], alloc.allocated_bytes);
   d.kind_peak[k] = std::max(d.kind_peak[k], d.kind_current[k]);
-  if (KindCountsBytes(kind)) {
-    d.cur_requested = Plus(d.cur_requested, alloc.requested_bytes());
+  const bool counts = KindCountsBytes(kind);
+  if (counts) {
+    d.cur_requested = Plus(d.cur_requested, alloc.requested_bytes);
     d.peak_requested = std::max(d.peak_requested, d.cur_requested);
-    d.cur_allocated = Plus(d.cur_allocated, alloc.allocated_bytes());
+    d.cur_allocated = Plus(d.cur_allocated, alloc.allocated_bytes);
     ++d.counted_allocs;
     if (d.cur_allocated > d.peak_allocated) {
       // A new peak: what is live now is the state at the peak; frees kept for the old one go.
@@ -451,17 +465,17 @@ void ProcessStatsEngine::OnAlloc(const v1::Event& event, Device& device) {
     }
     AllocatedRose(d);
     if (KindCountsReserved(kind)) {
-      OnReserve(d, alloc.allocated_bytes(), t);  // samples the timeline
+      OnReserve(d, alloc.allocated_bytes, t);  // samples the timeline
     } else {
       Sample(d, t);
     }
   }
-  it->second.site = SiteAlloc(d, alloc.site(), alloc.requested_bytes(), KindCountsBytes(kind));
+  it->second.site = SiteAlloc(d, alloc.site, alloc.requested_bytes, counts);
   if (!open_ranges_.empty()) {
     // Innermost range: the one the shim named, else the top of the thread's stack.
-    std::uint32_t range = alloc.nvtx_range();
+    std::uint32_t range = alloc.nvtx_range;
     if (range == 0) {
-      auto stack = thread_ranges_.find(event.thread_id());
+      auto stack = thread_ranges_.find(alloc.thread_id);
       if (stack != thread_ranges_.end() && !stack->second.empty()) range = stack->second.back();
     }
     if (range != 0) {
@@ -520,12 +534,12 @@ void ProcessStatsEngine::SiteFree(Device& d, Site* entry, std::uint64_t bytes, b
   }
 }
 
-void ProcessStatsEngine::OnFree(const v1::Event& event) {
-  auto it = live_.find(event.free().address());
+void ProcessStatsEngine::OnFree(const MemoryEvent& event) {
+  auto it = live_.find(event.address);
   if (it == live_.end()) {
     // Unknown address: its allocation was dropped (or predates tracing). Its bytes were never
     // added, so none are taken away; the ring counters correct the totals.
-    ++DeviceFor(event.device()).free_count;
+    ++DeviceFor(event.device).free_count;
     return;
   }
   const Live live = it->second;
@@ -538,26 +552,30 @@ void ProcessStatsEngine::OnFree(const v1::Event& event) {
   const bool counts = KindCountsBytes(live.kind);
   SiteFree(d, live.site, live.requested, counts);
   if (!counts) return;
-  KeepFreed(d, event.free().address(), live, event.time_ns());
+  KeepFreed(d, event.address, live, event.time_ns);
   d.cur_requested = SubtractSaturating(d.cur_requested, live.requested);
   d.cur_allocated = SubtractSaturating(d.cur_allocated, live.allocated);
   if (KindCountsReserved(live.kind)) {
-    OnRelease(d, live.allocated, event.time_ns());
+    OnRelease(d, live.allocated, event.time_ns);
   } else {
-    Sample(d, event.time_ns());
+    Sample(d, event.time_ns);
   }
 }
 
 void ProcessStatsEngine::KeepFreed(Device& d, std::uint64_t address, const Live& live,
                                    std::uint64_t free_ns) {
-  const Freed freed{address, live, free_ns};
   // Made before the peak and live until now: part of the state at the peak, listed apart; it
   // competes for the largest others only once a new peak leaves it behind.
   if (d.has_peak && live.seq <= d.peak_seq) {
-    d.freed_since_peak.push_back(freed);
-  } else {
-    OfferLargest(d, freed);
+    d.freed_since_peak.push_back(Freed{address, live, free_ns});
+    return;
   }
+  // Most frees are no larger than the smallest of a full heap: OfferLargest would keep nothing.
+  const std::size_t cap = options_.max_allocations;
+  if (cap == 0 || (d.largest.size() >= cap && live.requested <= d.largest.front().live.requested)) {
+    return;
+  }
+  OfferLargest(d, Freed{address, live, free_ns});
 }
 
 void ProcessStatsEngine::OfferLargest(Device& d, const Freed& freed) const {
@@ -698,6 +716,22 @@ void ProcessStatsEngine::AddBatch(const v1::EventBatch& batch) {
     has_key_ = true;
   }
   for (const v1::Event& event : batch.events()) Add(event);
+  for (const v1::DeviceCounters& counters : batch.counters()) AddCounters(counters);
+}
+
+void ProcessStatsEngine::AddBatch(const v1::EventBatch& batch,
+                                  absl::Span<const BatchEvent> events) {
+  if (!has_key_ && batch.has_process()) {
+    key_ = batch.process();
+    has_key_ = true;
+  }
+  for (const BatchEvent& event : events) {
+    if (event.other != nullptr) {
+      Add(*event.other);
+    } else {
+      Add(event.memory);
+    }
+  }
   for (const v1::DeviceCounters& counters : batch.counters()) AddCounters(counters);
 }
 

@@ -86,8 +86,13 @@ struct StatsOptions {
 enum class ReportAllocations { kInclude, kLeaveOut, kFiguresOnly };
 
 // The accounting rule on the proto enum (mirrors vramscope_ring_alloc_kind_counts_*).
-bool KindCountsBytes(v1::AllocationKind kind);
-bool KindCountsReserved(v1::AllocationKind kind);
+inline bool KindCountsBytes(v1::AllocationKind kind) {
+  return kind != v1::ALLOCATION_KIND_HOST && kind != v1::ALLOCATION_KIND_IPC_IMPORT &&
+         kind != v1::ALLOCATION_KIND_IPC_EXPORT;
+}
+inline bool KindCountsReserved(v1::AllocationKind kind) {
+  return KindCountsBytes(kind) && kind != v1::ALLOCATION_KIND_POOLED;
+}
 
 // Keys of DeviceReport.peak_requested_bytes_by_library that name no module.
 inline constexpr std::string_view kUnknownLibrary = "(unknown)";
@@ -113,6 +118,27 @@ struct DeviceGauges {
   std::uint64_t cupti_bytes = 0, cupti_peak_bytes = 0, cupti_dropped_records = 0;
 };
 
+// One allocation or free as the collector decodes it straight from the wire (no v1::Event built),
+// or, with `other` set, any other event (parsed): AddBatch takes a batch's events in this form.
+// The fields are those of v1::Event and its AllocEvent / FreeEvent; a free uses address, device
+// and time_ns (its bytes come from the allocation it frees).
+struct MemoryEvent {
+  std::uint64_t time_ns = 0;
+  std::uint64_t address = 0;
+  std::uint64_t requested_bytes = 0;
+  std::uint64_t allocated_bytes = 0;
+  std::uint64_t site = 0;
+  std::uint32_t device = 0;
+  std::uint32_t thread_id = 0;
+  std::uint32_t nvtx_range = 0;
+  v1::AllocationKind kind = v1::ALLOCATION_KIND_UNSPECIFIED;
+  bool alloc = false;  // else a free
+};
+struct BatchEvent {
+  const v1::Event* other = nullptr;  // set: this event; else `memory`
+  MemoryEvent memory;
+};
+
 class ProcessStatsEngine {
  public:
   explicit ProcessStatsEngine(StatsOptions options = {});
@@ -125,8 +151,12 @@ class ProcessStatsEngine {
     has_key_ = true;
   }
   void Add(const v1::Event& event);
+  // An allocation or free: the same as Add() of the v1::Event it was decoded from.
+  void Add(const MemoryEvent& event);
   // Events and counters of one batch (the batch's process key is taken if none was set).
   void AddBatch(const v1::EventBatch& batch);
+  // The same with the batch's events given as `events` (batch.events() is not read).
+  void AddBatch(const v1::EventBatch& batch, absl::Span<const BatchEvent> events);
   // The ring's exact counters for one device; the latest call wins.
   void AddCounters(const v1::DeviceCounters& counters);
 
@@ -179,7 +209,12 @@ class ProcessStatsEngine {
     std::size_t devices_seen;
   };
 
-  Device& DeviceFor(std::uint32_t device);
+  // The device's figures (created at first sight); the last one asked for is cached.
+  Device& DeviceFor(std::uint32_t device) {
+    if (last_device_ != nullptr && last_device_id_ == device) return *last_device_;
+    return NewDeviceFor(device);
+  }
+  Device& NewDeviceFor(std::uint32_t device);
   void OnSiteDefinition(const v1::SiteDefinition& site);
   // An allocation of `bytes` requested from site `site` (0 = none) made on `device`, or freed;
   // `counts`: its kind counts device bytes (KindCountsBytes). Per site and per library.
@@ -188,8 +223,10 @@ class ProcessStatsEngine {
   void SiteFree(Device& device, Site* site, std::uint64_t bytes, bool counts);
   // Adds `bytes` to library `library`'s live requested bytes on `device`, raising its peak.
   void AddLibraryBytes(Device& device, std::uint32_t library, std::uint64_t bytes);
-  void OnAlloc(const v1::Event& event, Device& device);
-  void OnFree(const v1::Event& event);
+  void OnAlloc(const MemoryEvent& event);
+  void OnFree(const MemoryEvent& event);
+  // The part of Add common to every event: counts it and keeps the first and last times.
+  void Count(std::uint64_t time_ns);
   // Counts an OOM and keeps its record (up to max_ooms), with a verdict if the shim gave none.
   void OnOom(const v1::Event& event);
   // Keeps a freed allocation for DeviceReport.allocations (live at the peak, or among the
@@ -227,7 +264,14 @@ class ProcessStatsEngine {
                   std::vector<RangeAgg>& ranges) const;
   void AllocatedRose(Device& device);
   // a + b, held at 2^64-1; a sum that had to be held marks the current event as saturated.
-  std::uint64_t Plus(std::uint64_t a, std::uint64_t b);
+  std::uint64_t Plus(std::uint64_t a, std::uint64_t b) {
+    std::uint64_t sum;
+    if (!__builtin_add_overflow(a, b, &sum)) return sum;
+    // Only a corrupt or hostile ring gets here (2^64 bytes is far beyond any device): hold the
+    // figure at its maximum, which keeps peaks and comparisons sane, and count the event.
+    saturated_now_ = true;
+    return UINT64_MAX;
+  }
   void Sample(Device& device, std::uint64_t time_ns);
   // Current and peak requested/allocated/reserved bytes and dropped records of `device` as
   // reported: peaks raised to the ring counters, current values from them when records dropped.
@@ -254,6 +298,7 @@ class ProcessStatsEngine {
   std::vector<std::unique_ptr<Device>> devices_;  // by slot, in order of first appearance
   absl::flat_hash_map<std::uint32_t, std::size_t> device_slots_;
   Device* last_device_ = nullptr;
+  std::uint32_t last_device_id_ = 0;  // last_device_'s id
 
   absl::flat_hash_map<std::uint64_t, Live> live_;
   struct CuptiLive {

@@ -8,13 +8,16 @@ void Timeline::Add(std::uint64_t time_ns, std::uint64_t requested, std::uint64_t
                    std::uint64_t reserved) {
   if (points_.empty()) {
     origin_ns_ = time_ns;
-    last_bucket_ = 0;
+    SetLastBucket(0);
     points_.push_back({time_ns, requested, allocated, reserved});
     return;
   }
   // Out-of-order times (several threads, clock mapping) fold into the newest bucket.
   if (time_ns < points_.back().time_ns) time_ns = points_.back().time_ns;
-  const std::uint64_t bucket = Bucket(time_ns);
+  // The newest point is in last_bucket_ and time_ns is not before it, so its bucket is
+  // last_bucket_ exactly when it is before that bucket's end.
+  const std::uint64_t bucket =
+      time_ns - origin_ns_ < last_bucket_end_ ? last_bucket_ : Bucket(time_ns);
   if (bucket == last_bucket_) {
     Point& p = points_.back();
     p.requested = std::max(p.requested, requested);
@@ -23,8 +26,15 @@ void Timeline::Add(std::uint64_t time_ns, std::uint64_t requested, std::uint64_t
     return;
   }
   points_.push_back({time_ns, requested, allocated, reserved});
-  last_bucket_ = bucket;
+  SetLastBucket(bucket);
   while (points_.size() > max_points_) Coarsen();
+}
+
+void Timeline::SetLastBucket(std::uint64_t bucket) {
+  last_bucket_ = bucket;
+  std::uint64_t end;
+  if (__builtin_mul_overflow(bucket + 1, bucket_ns_, &end)) end = UINT64_MAX;
+  last_bucket_end_ = end;
 }
 
 void Timeline::Coarsen() {
@@ -45,7 +55,7 @@ void Timeline::Coarsen() {
     }
   }
   points_.resize(out + 1);
-  last_bucket_ = out_bucket;
+  SetLastBucket(out_bucket);
 }
 
 void Timeline::AppendTo(google::protobuf::RepeatedPtrField<v1::TimelinePoint>* out) const {

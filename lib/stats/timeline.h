@@ -32,11 +32,15 @@ class Timeline {
   };
   std::uint64_t Bucket(std::uint64_t time_ns) const { return (time_ns - origin_ns_) / bucket_ns_; }
   void Coarsen();
+  void SetLastBucket(std::uint64_t bucket);
 
   std::size_t max_points_;
   std::uint64_t origin_ns_ = 0;
   std::uint64_t bucket_ns_ = 1000;  // 1 us to start; doubles as needed
   std::uint64_t last_bucket_ = 0;
+  // time - origin_ns_ below this is in last_bucket_ (its end, (last_bucket_ + 1) * bucket_ns_,
+  // held at 2^64-1): most samples land in the newest bucket, without a division.
+  std::uint64_t last_bucket_end_ = 0;
   std::vector<Point> points_;
 };
 

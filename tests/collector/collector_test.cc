@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <gmock/gmock.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <atomic>
 #include <cctype>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,8 @@
 
 namespace vramscope::collector {
 namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
 
 using ::testing::HasSubstr;
 using ::vramscope::testing::Batch;
@@ -60,6 +64,70 @@ TEST(RecordLogTest, Crc32MatchesZlib) {
   EXPECT_EQ(Crc32("123456789"), 0xCBF43926u);
   EXPECT_EQ(Crc32("The quick brown fox jumps over the lazy dog"), 0x414FA339u);
   EXPECT_EQ(Crc32("56789", Crc32("1234")), 0xCBF43926u);
+}
+
+// The CRC-32 every log record carries, bit by bit from its definition (reflected polynomial
+// 0xEDB88320, register and result inverted): logs written by any version verify the same.
+uint32_t ReferenceCrc32(absl::string_view data, uint32_t crc) {
+  uint32_t c = ~crc;
+  for (const char byte : data) {
+    c ^= static_cast<unsigned char>(byte);
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+  }
+  return ~c;
+}
+
+TEST(RecordLogTest, Crc32AgreesWithItsDefinitionAtEveryLengthAndAlignment) {
+  std::mt19937_64 random(5);
+  std::string bytes(70000, '\0');
+  for (char& byte : bytes) byte = static_cast<char>(random());
+  for (size_t offset = 0; offset < 16; ++offset) {
+    for (size_t size : {size_t{0}, size_t{1}, size_t{3}, size_t{7}, size_t{8}, size_t{9},
+                        size_t{31}, size_t{64}, size_t{255}, size_t{4097}, size_t{65536}}) {
+      const absl::string_view data(bytes.data() + offset, size);
+      ASSERT_EQ(Crc32(data), ReferenceCrc32(data, 0)) << offset << " " << size;
+      ASSERT_EQ(Crc32(data, 0x12345678u), ReferenceCrc32(data, 0x12345678u));
+    }
+  }
+}
+
+// Watch's figures of a live process are kept between snapshots until its engine changes: every
+// way it changes (a stored batch, a refused one's stand-in, a finish, a revival after it) shows
+// in the next snapshot, and a snapshot without a change shows the same as the one before.
+TEST_F(CollectorTest, SnapshotsFollowEveryChangeOfTheEngine) {
+  auto collector = Open();
+  const v1::ProcessKey key = Key(60);
+  auto figures = [&] {
+    const v1::StatsUpdate update = collector->Snapshot({});
+    EXPECT_EQ(update.processes_size(), 1);
+    return update.processes_size() == 1 ? update.processes(0) : v1::ProcessStats();
+  };
+  ASSERT_TRUE(collector->Ingest(Batch(key, 1, 10)).ok());
+  const v1::ProcessStats first = figures();
+  EXPECT_EQ(first.devices(0).alloc_count(), 9u);
+  EXPECT_TRUE(MessageDifferencer::Equals(figures(), first));
+  ASSERT_TRUE(collector->Ingest(Batch(key, 2, 10, 0x100000)).ok());
+  const v1::ProcessStats second = figures();
+  EXPECT_EQ(second.devices(0).alloc_count(), 19u);
+  EXPECT_EQ(second.held(0).last(), 2u);
+  // A refused batch: its sequence is held, its events counted as dropped.
+  IngestMessage refused;
+  refused.kind = IngestMessage::Kind::kRejected;
+  refused.process = key;
+  refused.key_usable = true;
+  refused.sequence = 3;
+  refused.events = 7;
+  ASSERT_TRUE(collector->Refuse(refused, false, "").ok());
+  const v1::ProcessStats third = figures();
+  EXPECT_EQ(third.held(0).last(), 3u);
+  EXPECT_EQ(third.devices(0).dropped_records(), 7u);
+  ASSERT_TRUE(collector->Ingest(testing::ExitBatch(key, 4, 0)).ok());
+  EXPECT_TRUE(figures().finished());
+  // A late batch revives it: the rebuilt engine's figures, with the new batch.
+  ASSERT_TRUE(collector->Ingest(Batch(key, 5, 10, 0x200000)).ok());
+  const v1::ProcessStats revived = figures();
+  EXPECT_EQ(revived.devices(0).alloc_count(), 29u);
+  EXPECT_EQ(revived.held(0).last(), 5u);
 }
 
 TEST_F(CollectorTest, AcksInOrderAndIgnoresDuplicates) {

@@ -3,9 +3,12 @@
 // alone, or malformed), then Collector::Ingest stores or Collector::Refuse consumes its sequence.
 //
 // Input: the bytes of one Ingest message (seeds: serialized batches, tests/fuzz/make_seeds.cc).
-// Calls: CheckIngestMessage, ValidateBatch, Collector::Open (a fresh temporary data directory),
-// Ingest or Refuse, GetReport, ListProcesses, Snapshot; Collector::Open again over the directory.
-// Contracts, beyond "no crash, no sanitizer finding":
+// Calls: CheckIngestMessage (protobuf's parse, and the service's decoder), ValidateBatch,
+// Collector::Open (a fresh temporary data directory), Ingest or Refuse, GetReport, ListProcesses,
+// Snapshot; Collector::Open again over the directory. Contracts, beyond "no crash, no sanitizer
+// finding":
+//   - the decoder (CheckIngestMessage with an IngestScratch) gives protobuf's verdict and, for a
+//     batch to store, the same report;
 //   - the verdict's reason is valid UTF-8 (it travels in IngestAck.reject_reason); a batch to
 //     store passes ValidateBatch; a refused batch with a usable key has its sequence consumed
 //     (acknowledged, and the reopened collector continues after it);
@@ -17,6 +20,7 @@
 //     ResourceExhausted, and a reopened collector knows no process.
 #include <absl/strings/string_view.h>
 #include <google/protobuf/stubs/logging.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <stdlib.h>
 
 #include <cstddef>
@@ -78,10 +82,34 @@ void CheckRefusal(const IngestMessage& message) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// The service's decoder (allocations and frees decoded from the wire) against protobuf's parse:
+// the same verdict, and for a batch to store the same report from the stats engine.
+void CheckDecoder(absl::string_view wire, const IngestMessage& parsed) {
+  google::protobuf::Arena arena;
+  IngestScratch scratch;
+  const IngestMessage decoded = CheckIngestMessage(wire, &arena, &scratch);
+  FUZZ_CHECK(decoded.kind == parsed.kind && decoded.reason == parsed.reason &&
+                 decoded.sequence == parsed.sequence && decoded.events == parsed.events,
+             "the decoder's verdict differs from protobuf's: " + decoded.reason);
+  if (parsed.kind != IngestMessage::Kind::kBatch) return;
+  ProcessStatsEngine from_parsed;
+  ProcessStatsEngine from_decoded;
+  from_parsed.AddBatch(*parsed.batch);
+  if (decoded.decoded != nullptr) {
+    from_decoded.AddBatch(*decoded.batch, *decoded.decoded);
+  } else {
+    from_decoded.AddBatch(*decoded.batch);
+  }
+  FUZZ_CHECK(google::protobuf::util::MessageDifferencer::Equals(from_decoded.Report(),
+                                                                from_parsed.Report()),
+             "the decoded batch reports otherwise than the parsed one");
+}
+
 void Check(absl::string_view wire) {
   google::protobuf::Arena arena;
   const IngestMessage message = CheckIngestMessage(wire, &arena);
   FUZZ_CHECK(IsValidUtf8(message.reason), "the verdict's reason is not UTF-8");
+  CheckDecoder(wire, message);
   if (message.kind == IngestMessage::Kind::kMalformed) return;  // the stream ends there
   if (message.kind == IngestMessage::Kind::kRejected) {
     CheckRefusal(message);

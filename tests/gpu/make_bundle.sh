@@ -12,7 +12,8 @@ targets=(interposer/shim/libvramscope.so viewer-cli/vramscope examples/alloc_chu
          tests/bench/pool_bench tests/gpu/graph_array tests/gpu/ordered_probe
          tests/gpu/ordered_probe_ptds tests/gpu/ipc_multi tests/stacks/stack_bench
          collector/vramscope-collector agent/vramscope-agent tests/load/fleet_load
-         tests/pipeline/ingest_bench tests/pipeline/ingest_history_bench)
+         tests/pipeline/ingest_bench tests/pipeline/ingest_history_bench
+         tests/pipeline/collector_core_bench)
 ninja -C "$build" "${targets[@]}"
 rm -rf .device-bundle
 files=()

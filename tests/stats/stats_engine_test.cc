@@ -5,11 +5,15 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "event_builder.h"
+#include "stats/timeline.h"
 
 namespace vramscope::collector {
 namespace {
@@ -713,6 +717,82 @@ TEST(StatsEngineTest, TimelineIsBoundedAndKeepsTheMaximum) {
   }
   EXPECT_EQ(highest, 1000000u);
   EXPECT_EQ(highest, d.peak_allocated_bytes());
+}
+
+// Timeline's points against the rule it implements, computed the plain way (every sample's
+// bucket by division): the same points for times in and out of order, sparse and dense, and
+// near the end of the clock's range.
+class ReferenceTimeline {
+ public:
+  explicit ReferenceTimeline(std::size_t max_points) : max_(max_points) {}
+  void Add(std::uint64_t t, std::uint64_t r, std::uint64_t a, std::uint64_t v) {
+    if (points_.empty()) {
+      origin_ = t;
+      points_.push_back({t, r, a, v});
+      return;
+    }
+    t = std::max(t, points_.back()[0]);
+    if ((t - origin_) / width_ == (points_.back()[0] - origin_) / width_) {
+      auto& p = points_.back();
+      p = {p[0], std::max(p[1], r), std::max(p[2], a), std::max(p[3], v)};
+      return;
+    }
+    points_.push_back({t, r, a, v});
+    while (points_.size() > max_) {
+      width_ *= 2;
+      std::vector<std::array<std::uint64_t, 4>> merged;
+      for (const auto& p : points_) {
+        if (!merged.empty() && (p[0] - origin_) / width_ == (merged.back()[0] - origin_) / width_) {
+          auto& q = merged.back();
+          q = {q[0], std::max(q[1], p[1]), std::max(q[2], p[2]), std::max(q[3], p[3])};
+        } else {
+          merged.push_back(p);
+        }
+      }
+      points_ = merged;
+    }
+  }
+  std::vector<std::array<std::uint64_t, 4>> points_;
+
+ private:
+  std::size_t max_;
+  std::uint64_t origin_ = 0;
+  std::uint64_t width_ = 1000;
+};
+
+TEST(TimelineTest, PointsAreThoseOfTheBucketRule) {
+  std::mt19937_64 random(7);
+  for (int round = 0; round < 200; ++round) {
+    const std::size_t max_points = 2 + random() % 20;
+    Timeline timeline(max_points);
+    ReferenceTimeline reference(max_points);
+    std::uint64_t t = round % 3 == 0 ? UINT64_MAX - (std::uint64_t{1} << 40) : random() % 100000;
+    for (int i = 0; i < 3000; ++i) {
+      // Every other round only whole numbers of bucket widths (1000 ns doubled) from the
+      // origin: samples land on bucket edges.
+      const std::uint64_t kind = round % 2 == 1 ? 2 : random() % 4;
+      const std::uint64_t step = kind == 0 ? random() % (std::uint64_t{1} << (random() % 40))
+                                 : kind == 1
+                                     ? random() % 1500
+                                     : (random() % 3) * (std::uint64_t{1000} << (random() % 6));
+      t = t > UINT64_MAX - step ? UINT64_MAX : t + step;
+      const std::uint64_t at =
+          round % 2 == 0 && random() % 10 == 0 ? t - std::min(t, random() % 5000) : t;
+      const std::uint64_t r = random() % 1000, a = random() % 1000, v = random() % 1000;
+      timeline.Add(at, r, a, v);
+      reference.Add(at, r, a, v);
+    }
+    google::protobuf::RepeatedPtrField<v1::TimelinePoint> points;
+    timeline.AppendTo(&points);
+    ASSERT_EQ(static_cast<std::size_t>(points.size()), reference.points_.size()) << round;
+    for (int i = 0; i < points.size(); ++i) {
+      const auto& want = reference.points_[static_cast<std::size_t>(i)];
+      ASSERT_EQ(points[i].time_ns(), want[0]) << round << " " << i;
+      ASSERT_EQ(points[i].requested_bytes(), want[1]);
+      ASSERT_EQ(points[i].allocated_bytes(), want[2]);
+      ASSERT_EQ(points[i].reserved_bytes(), want[3]);
+    }
+  }
 }
 
 TEST(StatsEngineTest, EngineKeysProcessesAndUsesBatchCounters) {

@@ -20,7 +20,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "stats/stats_engine.h"
 #include "vramscope/v1/events.pb.h"
 
 namespace vramscope::collector {
@@ -48,6 +50,10 @@ struct IngestMessage {
   Kind kind = Kind::kMalformed;
   // kBatch: the parsed batch (on the arena passed in, or owned by the caller's arena).
   v1::EventBatch* batch = nullptr;
+  // kBatch, when decoded with an IngestScratch: every event of the batch in order, allocations
+  // and frees decoded in place; `batch->events()` then holds only the other events (which
+  // `decoded` points at). nullptr: `batch->events()` is every event.
+  const std::vector<BatchEvent>* decoded = nullptr;
   // kRejected: the batch's process key as far as the bytes tell (a host that is not UTF-8 is
   // escaped, vramscope/utf8.h), whether that key may be filed (ValidateProcessKey passed), its
   // sequence and number of events.
@@ -64,6 +70,21 @@ struct IngestMessage {
 // the offending field (a string that is not UTF-8, a field of the wrong wire type) and the key
 // and sequence of the batch; if even that fails it is kMalformed.
 IngestMessage CheckIngestMessage(absl::string_view wire, google::protobuf::Arena* arena);
+
+// What CheckIngestMessage reuses from one message to the next of a stream.
+struct IngestScratch {
+  std::vector<BatchEvent> events;
+  std::string rest;
+};
+
+// The same verdict, cheaper for a batch to store: allocation and free events are decoded from
+// the wire straight into `scratch->events` (no message per event), the rest of the batch is
+// parsed by protobuf. Any event the decoder does not take exactly as protobuf would (an unknown
+// or repeated payload field, a wire type or varint out of the ordinary), and any batch that is
+// not to be stored, is decided by CheckIngestMessage(wire, arena) instead, so the result is
+// always that of protobuf's parse.
+IngestMessage CheckIngestMessage(absl::string_view wire, google::protobuf::Arena* arena,
+                                 IngestScratch* scratch);
 
 }  // namespace vramscope::collector
 

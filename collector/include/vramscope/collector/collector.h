@@ -146,6 +146,10 @@ class Collector {
   // names who sent it (net::Peer::identity): a new process counts against its quota.
   absl::StatusOr<uint64_t> Ingest(const v1::EventBatch& batch, absl::string_view wire = {},
                                   bool takeover = false, absl::string_view writer = {});
+  // The same for a batch CheckIngestMessage found to store (`message.kind` is kBatch), its
+  // allocations and frees decoded (`message.decoded`) or not; `wire` the bytes it came from.
+  absl::StatusOr<uint64_t> Ingest(const IngestMessage& message, absl::string_view wire,
+                                  bool takeover, absl::string_view writer);
   // CheckIngestMessage refused a batch (`refused.kind` is kRejected): batch `refused.sequence` of
   // `refused.process`, holding `refused.events` events. If the key can be filed
   // (`refused.key_usable`: the key as sent, not only its escaped form in `refused.process`) and
@@ -203,16 +207,19 @@ class Collector {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores `batch` (the next sequence of `process`, whose lock the caller holds) or answers a
   // duplicate; a gap is FAILED_PRECONDITION unless `takeover`.
+  // `decoded`: the batch's events (IngestMessage::decoded), or nullptr for batch.events().
   absl::StatusOr<uint64_t> Append(Process* process, const v1::EventBatch& batch,
-                                  absl::string_view wire, bool takeover);
+                                  const std::vector<BatchEvent>* decoded, absl::string_view wire,
+                                  bool takeover);
   // Moves a finished process (lock held) out of the live table; Revive brings it back.
   // Returns the released stats engine (the history thread may still build a report from it).
   std::unique_ptr<ProcessStats> Retire(Process* process);
   absl::Status Revive(Process* process);
   absl::Status CreateLog(Process* process);
   std::vector<std::shared_ptr<Process>> Matching(const std::vector<v1::ProcessKey>& keys) const;
-  // After `batch` was stored for `process` (lock held): event count, end time, ingest lag.
-  void CountStored(Process* process, const v1::EventBatch& batch, bool was_finished);
+  // After a batch of `events` events was stored for `process` (lock held): event count, end
+  // time, ingest lag.
+  void CountStored(Process* process, uint64_t events, bool was_finished);
   // Retires a finished process and queues its history row (with process->mu held).
   void QueueFinishedRun(Process* process, bool newly_finished);
 

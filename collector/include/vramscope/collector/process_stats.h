@@ -25,7 +25,9 @@ class ProcessStats {
   ProcessStats(const ProcessStats&) = delete;
   ProcessStats& operator=(const ProcessStats&) = delete;
 
-  void Consume(const v1::EventBatch& batch);
+  // `decoded`: the batch's events (IngestMessage::decoded; batch.events() holds only the ones
+  // that are not allocations or frees), or nullptr for batch.events().
+  void Consume(const v1::EventBatch& batch, const std::vector<BatchEvent>* decoded = nullptr);
   v1::Report Report() const;
   // The figures only, for live updates (Watch): no allocation list, timeline, top sites, leaks or
   // allocation sites (ReportAllocations::kFiguresOnly).
