@@ -12,6 +12,7 @@
 #include <optional>
 #include <utility>
 
+#include "drain/event_encoder.h"
 #include "drain/ring_directory.h"
 #include "drain/ring_reader.h"
 #include "vramscope/log.h"
@@ -282,20 +283,25 @@ absl::StatusOr<uint64_t> Agent::Poll() {
       }
     }
     while (true) {
-      v1::EventBatch batch;
+      // The records go straight into wire bytes (drain/event_encoder.h): no message per event.
+      EncodedEvents drained;
       absl::StatusOr<DrainStats> stats =
-          reader.Drain(batch.mutable_events(), static_cast<size_t>(options_.batch_events));
+          reader.Drain(&drained, static_cast<size_t>(options_.batch_events));
       if (!stats.ok()) {
         CloseDamaged(reader, stats.status());
         drop_reader = true;
         break;
       }
-      if (batch.events_size() > 0) {
-        *batch.mutable_process() = reader.process_key();
-        for (v1::DeviceCounters& counters : reader.Counters()) {
-          *batch.add_counters() = std::move(counters);
+      if (drained.size() > 0) {
+        EncodedBatch batch;
+        batch.process = reader.process_key();
+        batch.event_count = drained.size();
+        batch.first_time_ns = drained.first_time_ns();
+        batch.events = drained.TakeBytes();
+        for (const v1::DeviceCounters& counters : reader.Counters()) {
+          AppendCountersField(counters, &batch.counters);
         }
-        events += static_cast<uint64_t>(batch.events_size());
+        events += static_cast<uint64_t>(batch.event_count);
         // The tail moves past these records only once the outbox holds the batch (on disk, with
         // a spool), and before the uplink can send it: once acknowledged, its file is deleted.
         outbox_.Add(std::move(batch), reader.cursor(), [&reader] { reader.CommitTail(); });
