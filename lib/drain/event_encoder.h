@@ -49,6 +49,7 @@ class EncodedEvents {
   // Hands the bytes over and starts empty.
   std::string TakeBytes();
   void Clear() { Truncate(Mark{}); }
+  void Reserve(std::size_t bytes) { bytes_.reserve(bytes); }
 
  private:
   void Append(std::uint64_t time_ns, const char* data, std::size_t size);

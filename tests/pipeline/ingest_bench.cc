@@ -1,6 +1,9 @@
 // Collector ingest throughput: one agent-like client (the agent's Outbox and Uplink) streams
 // batches of 4096 allocation/free events over loopback gRPC to a collector in the same process,
-// which parses, stores (CRC-framed log; fsync per batch or not) and feeds its stats engine.
+// as the agent streams them: each batch's events are wire bytes before the timing starts (the
+// agent writes them from ring records, BM_AgentDrain), the Outbox numbers and composes the
+// serialized batch, the Uplink writes those bytes. The collector
+// parses, stores (CRC-framed log; fsync per batch or not) and feeds its stats engine.
 // Reported: events/s from the first batch handed to the outbox to the last acknowledgement.
 // secure:1 runs it over TLS with bearer tokens (certificates made with the openssl command).
 //
@@ -27,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "drain/event_encoder.h"
 #include "history/history_writer.h"
 #include "tests/collector/test_util.h"
 #include "tests/net/test_certs.h"
@@ -47,12 +51,28 @@ namespace {
 constexpr int kEventsPerBatch = testing::kBenchEventsPerBatch;
 constexpr int kBatchesPerIteration = 100;
 
-// Batch `index` of a process: testing::AppendChurn's events from index * 4096 on.
-v1::EventBatch MakeBatch(const v1::ProcessKey& key, int index) {
+// Batch `index` of a process: testing::AppendChurn's events from index * 4096 on, as the agent
+// hands them to the Outbox (events and counters already wire bytes). `finish` adds a
+// ProcessExit.
+agent::EncodedBatch MakeBatch(const v1::ProcessKey& key, int index, bool finish) {
   v1::EventBatch batch;
-  *batch.mutable_process() = key;
   testing::AppendChurn(&batch, static_cast<uint64_t>(index) * kEventsPerBatch, kEventsPerBatch);
-  return batch;
+  if (finish) {
+    v1::Event* exit = batch.add_events();
+    exit->set_time_ns(batch.events(0).time_ns() + kEventsPerBatch * 1000);
+    exit->mutable_process_exit()->set_exit_code(0);
+  }
+  agent::EncodedEvents events;
+  for (const v1::Event& event : batch.events()) events.AddEvent(event);
+  agent::EncodedBatch encoded;
+  encoded.process = key;
+  encoded.event_count = events.size();
+  encoded.first_time_ns = events.first_time_ns();
+  encoded.events = events.TakeBytes();
+  for (const v1::DeviceCounters& counters : batch.counters()) {
+    agent::AppendCountersField(counters, &encoded.counters);
+  }
+  return encoded;
 }
 
 // `finish`: each iteration's process ends (a ProcessExit in its last batch), so with a history
@@ -102,18 +122,15 @@ void RunCollectorIngest(benchmark::State& state, bool fsync, const std::string& 
   for (auto _ : state) {
     state.PauseTiming();
     const v1::ProcessKey key = testing::Key(pid++);
-    std::vector<v1::EventBatch> batches;
-    for (int i = 0; i < kBatchesPerIteration; ++i) batches.push_back(MakeBatch(key, i));
-    if (finish) {
-      v1::Event* exit = batches.back().add_events();
-      exit->set_time_ns(batches.back().events(0).time_ns() + kEventsPerBatch * 1000);
-      exit->mutable_process_exit()->set_exit_code(0);
+    std::vector<agent::EncodedBatch> batches;
+    for (int i = 0; i < kBatchesPerIteration; ++i) {
+      batches.push_back(MakeBatch(key, i, finish && i + 1 == kBatchesPerIteration));
+      // What goes on the wire: the events, counters and the process key (sequence aside).
+      wire_bytes +=
+          batches.back().events.size() + batches.back().counters.size() + key.ByteSizeLong() + 2;
     }
     state.ResumeTiming();
-    for (v1::EventBatch& batch : batches) {
-      wire_bytes += batch.ByteSizeLong();
-      outbox.Add(std::move(batch));
-    }
+    for (agent::EncodedBatch& batch : batches) outbox.Add(std::move(batch));
     if (!outbox.WaitAllAcked(absl::Seconds(120))) {
       state.SkipWithError("not acknowledged within 120 s");
       break;
