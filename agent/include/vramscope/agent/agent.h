@@ -1,7 +1,8 @@
 // Agent: the drain loop of vramscope-agent, also usable as a library. It finds the event rings of
 // a directory (new ones on every poll), drains each into batches of at most `batch_events`
-// events with the ring header's exact counters attached, and hands them to an Outbox; an Uplink
-// streams the Outbox to the collector. Rings of other users are skipped unless the agent runs as
+// events with the ring header's exact counters attached, written as wire bytes straight from the
+// ring records (drain/event_encoder.h), and hands them to an Outbox; an Uplink streams the
+// Outbox's serialized batches to the collector. Rings of other users are skipped unless the agent runs as
 // root. A ring whose writer is gone and that is fully drained is closed and its file removed.
 //
 // Before it cuts the first batch of a ring, the agent asks the collector (Uplink::Probe) which
