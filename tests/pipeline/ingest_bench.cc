@@ -52,26 +52,38 @@ constexpr int kEventsPerBatch = testing::kBenchEventsPerBatch;
 constexpr int kBatchesPerIteration = 100;
 
 // Batch `index` of a process: testing::AppendChurn's events from index * 4096 on, as the agent
-// hands them to the Outbox (events and counters already wire bytes). `finish` adds a
-// ProcessExit.
+// hands them to the Outbox: written from ring records into wire bytes (EncodedEvents, as
+// Agent::Poll does), the counters encoded. `finish` adds a ProcessExit.
 agent::EncodedBatch MakeBatch(const v1::ProcessKey& key, int index, bool finish) {
-  v1::EventBatch batch;
-  testing::AppendChurn(&batch, static_cast<uint64_t>(index) * kEventsPerBatch, kEventsPerBatch);
-  if (finish) {
-    v1::Event* exit = batch.add_events();
-    exit->set_time_ns(batch.events(0).time_ns() + kEventsPerBatch * 1000);
-    exit->mutable_process_exit()->set_exit_code(0);
-  }
   agent::EncodedEvents events;
-  for (const v1::Event& event : batch.events()) events.AddEvent(event);
+  const uint64_t first = static_cast<uint64_t>(index) * kEventsPerBatch;
+  for (uint64_t n = first; n < first + kEventsPerBatch; ++n) {
+    vramscope_ring_record record{};
+    record.time_ns = 1000000 + n * 1000;
+    record.tid = 4242;
+    record.kind = n % 2 == 0 ? VRAMSCOPE_RING_KIND_ALLOC : VRAMSCOPE_RING_KIND_FREE;
+    record.sub = VRAMSCOPE_RING_ALLOC_POOLED;
+    const uint64_t bytes = 4096 + (n / 2 % 97) * 512;
+    record.payload.alloc.address = 0x7f0000000000 + (n / 2 % 512) * 0x100000;
+    record.payload.alloc.requested_bytes = bytes - 100;
+    record.payload.alloc.allocated_bytes = bytes;
+    if (!events.AddRecord(record, "").ok()) abort();
+  }
+  if (finish) {
+    v1::Event exit;
+    exit.set_time_ns(events.first_time_ns() + kEventsPerBatch * 1000);
+    exit.mutable_process_exit()->set_exit_code(0);
+    events.AddEvent(exit);
+  }
   agent::EncodedBatch encoded;
   encoded.process = key;
   encoded.event_count = events.size();
   encoded.first_time_ns = events.first_time_ns();
   encoded.events = events.TakeBytes();
-  for (const v1::DeviceCounters& counters : batch.counters()) {
-    agent::AppendCountersField(counters, &encoded.counters);
-  }
+  v1::DeviceCounters counters;  // as testing::AppendChurn
+  counters.set_device(0);
+  counters.set_peak_reserved_bytes(512u << 20);
+  agent::AppendCountersField(counters, &encoded.counters);
   return encoded;
 }
 
@@ -116,6 +128,18 @@ void RunCollectorIngest(benchmark::State& state, bool fsync, const std::string& 
   agent::Uplink uplink(&outbox, uplink_options);
   uplink.Start();
 
+  {
+    // The bytes are testing::AppendChurn's events, as the other ingest benchmarks send them.
+    agent::EncodedBatch encoded = MakeBatch(testing::Key(1), 1, false);
+    v1::EventBatch parsed;
+    v1::EventBatch expected;
+    testing::AppendChurn(&expected, kEventsPerBatch, kEventsPerBatch);
+    if (!parsed.ParseFromString(absl::StrCat(encoded.events, encoded.counters)) ||
+        parsed.SerializeAsString() != expected.SerializeAsString()) {
+      state.SkipWithError("MakeBatch does not write testing::AppendChurn's events");
+      return;
+    }
+  }
   uint32_t pid = 1;
   uint64_t events = 0;
   uint64_t wire_bytes = 0;
