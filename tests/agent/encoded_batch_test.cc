@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 #include <string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -267,6 +270,65 @@ TEST(EncodedBatchTest, ADroppedBatchIsReportedAtTheHeadOfTheNextEncodedBatch) {
   counters->set_peak_reserved_bytes(1 << 20);
   EXPECT_EQ(*bytes, expected.SerializeAsString());
   EXPECT_EQ(outbox.counters().events_dropped, 40u);
+}
+
+// Spool files keep their format (a 40-byte header and the serialized EventBatch): a file written
+// the way earlier agents wrote it, header built here by hand from the documented layout, is
+// replayed and sent as exactly its batch's bytes; a file this Outbox writes parses as its batch.
+TEST(EncodedBatchTest, SpoolFilesOfEarlierAgentsReplayAndNewOnesParse) {
+  testing::TempDir spool;
+  const v1::ProcessKey key = testing::Key(9);
+  v1::EventBatch batch;
+  *batch.mutable_process() = key;
+  batch.set_sequence(1);
+  v1::Event* alloc = batch.add_events();
+  alloc->set_time_ns(5);
+  alloc->mutable_alloc()->set_address(0x1000);
+  alloc->mutable_alloc()->set_requested_bytes(10);
+  v1::Event* push = batch.add_events();
+  push->set_time_ns(6);
+  push->mutable_nvtx_push()->set_name("step");
+  batch.add_counters()->set_peak_reserved_bytes(1 << 20);
+  const std::string payload = batch.SerializeAsString();
+  struct {
+    char magic[8];
+    std::uint64_t sequence, ring_end, payload_bytes;
+    std::uint32_t crc32, reserved;
+  } header{};
+  static_assert(sizeof(header) == 40);
+  memcpy(header.magic, "VSSPOOL1", 8);
+  header.sequence = 1;
+  header.ring_end = 55;
+  header.payload_bytes = payload.size();
+  header.crc32 = static_cast<std::uint32_t>(crc32_z(
+      crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(payload.data()), payload.size()));
+  {
+    std::ofstream file(spool.path() + "/" + agent::SpoolFileName(key, 1, 2), std::ios::binary);
+    file.write(reinterpret_cast<const char*>(&header), sizeof(header));
+    file << payload;
+  }
+  agent::OutboxOptions options;
+  options.spool_dir = spool.path();
+  agent::Outbox outbox(options);
+  EXPECT_EQ(outbox.counters().batches_replayed, 1u);
+  ASSERT_TRUE(outbox.replayed(key).has_value());
+  EXPECT_EQ(outbox.replayed(key)->ring_end, 55u);
+  auto replayed = outbox.NextToSendBytes(absl::ZeroDuration());
+  ASSERT_NE(replayed, nullptr);
+  EXPECT_TRUE(*replayed == payload);
+
+  // A batch this Outbox spools: its file is what ParseSpoolFile (the replay) accepts, holding
+  // the batch.
+  batch.clear_sequence();
+  ASSERT_TRUE(outbox.Add(batch, 77));
+  const std::string name = agent::SpoolFileName(key, 2, 2);
+  std::ifstream in(spool.path() + "/" + name, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<agent::SpoolFile> parsed = agent::ParseSpoolFile(name, bytes);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  batch.set_sequence(2);
+  EXPECT_TRUE(MessageDifferencer::Equals(parsed->batch, batch));
+  EXPECT_EQ(parsed->ring_end, 77u);
 }
 
 }  // namespace
