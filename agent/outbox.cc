@@ -540,7 +540,7 @@ bool Outbox::Add(const v1::EventBatch& batch, uint64_t ring_end,
 }
 
 bool Outbox::Add(EncodedBatch batch, uint64_t ring_end, const std::function<void()>& stored_cb) {
-  // Built before taking the lock: the process field and a DropEvent for what was lost before.
+  // Built before taking the lock.
   const std::string process_field = EncodeProcessField(batch.process);
   const std::string name = ProcessKeyString(batch.process);
   absl::MutexLock lock(&mu_);

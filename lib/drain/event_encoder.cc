@@ -104,6 +104,27 @@ void AppendText(std::uint32_t field, std::string_view text, std::string* out) {
   }
 }
 
+// CuptiMemoryEvent: the count alone for OPERATION_RECORDS_DROPPED, else the record.
+absl::Status WriteCupti(const vramscope_ring_record& record, Writer& w, std::uint32_t* field) {
+  if (record.sub > v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
+    return Invalid(record, "CUPTI operation");
+  }
+  const vramscope_ring_cupti_payload& p = record.payload.cupti;
+  *field = kEventCupti;
+  w.I32(1, record.sub);
+  if (record.sub == v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
+    w.U64(8, p.bytes);
+    return absl::OkStatus();
+  }
+  w.U64(2, p.address);
+  w.U64(3, p.bytes);
+  w.U64(4, p.memory_kind);
+  w.U64(5, p.pool_address);
+  w.U64(6, p.pool_type);
+  w.U64(7, p.stream);
+  return absl::OkStatus();
+}
+
 // The payload sub-message of a fixed-size kind into `w`; its Event field in *field.
 absl::Status WriteFixedPayload(const vramscope_ring_record& record, Writer& w,
                                std::uint32_t* field) {
@@ -163,25 +184,8 @@ absl::Status WriteFixedPayload(const vramscope_ring_record& record, Writer& w,
       w.U64(5, p.reserved_bytes);
       return absl::OkStatus();
     }
-    case VRAMSCOPE_RING_KIND_CUPTI_MEMORY: {
-      if (record.sub > v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
-        return Invalid(record, "CUPTI operation");
-      }
-      const vramscope_ring_cupti_payload& p = record.payload.cupti;
-      *field = kEventCupti;
-      w.I32(1, record.sub);
-      if (record.sub == v1::CuptiMemoryEvent::OPERATION_RECORDS_DROPPED) {
-        w.U64(8, p.bytes);
-        return absl::OkStatus();
-      }
-      w.U64(2, p.address);
-      w.U64(3, p.bytes);
-      w.U64(4, p.memory_kind);
-      w.U64(5, p.pool_address);
-      w.U64(6, p.pool_type);
-      w.U64(7, p.stream);
-      return absl::OkStatus();
-    }
+    case VRAMSCOPE_RING_KIND_CUPTI_MEMORY:
+      return WriteCupti(record, w, field);
     case VRAMSCOPE_RING_KIND_PROCESS_EXIT:
       *field = kEventProcessExit;
       w.I32(1, static_cast<std::int32_t>(record.aux));
