@@ -2,12 +2,13 @@
 //
 // What it is: opens and validates one process's ring (a file, or a memory region for tests and
 // fuzzing), reads the records published since its cursor, converts them into vramscope.v1.Event
-// messages, and reports the header's exact counters as DeviceCounters. It also notices drops
-// (the writers' records_dropped counter, and slots a dead writer claimed but never published)
-// and the writer's end (exited flag, or the process gone), after which it emits ProcessExit once:
-// the exit record's, else one it makes (ProcessExitEvent.vanished when the writer never ran its
-// exit path; timed at the first Drain that found it gone if an earlier one saw it alive, else at
-// its last event).
+// messages or straight into their wire bytes (event_encoder.h: the same events, no message per
+// record; what vramscope-agent sends), and reports the header's exact counters as DeviceCounters.
+// It also notices drops (the writers' records_dropped counter, and slots a dead writer claimed but
+// never published) and the writer's end (exited flag, or the process gone), after which it emits
+// ProcessExit once: the exit record's, else one it makes (ProcessExitEvent.vanished when the writer
+// never ran its exit path; timed at the first Drain that found it gone if an earlier one saw it
+// alive, else at its last event).
 //
 // Event order per ring: ProcessStart (synthesised from the header, first Drain; repeated with the
 // full device list when the shim describes another device later), then the records in ring
