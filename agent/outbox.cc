@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "drain/event_encoder.h"
 #include "vramscope/atomic_file.h"
 #include "vramscope/log.h"
 #include "vramscope/process_key.h"
@@ -109,15 +110,26 @@ void CreatePrivateDirectory(const std::filesystem::path& dir, std::error_code* e
 // ends in ".tmp", which a replay removes.
 constexpr AtomicWriteOptions kSpoolWrite{.new_file_mode = 0600, .sync = false};
 
-// Header + `batch`, written atomically to `path`.
-bool WriteSpoolFile(const std::string& path, const v1::EventBatch& batch, uint64_t ring_end,
-                    std::string* error) {
-  absl::StatusOr<std::string> encoded = EncodeSpoolFile(batch, ring_end);
-  if (!encoded.ok()) {
-    *error = std::string(encoded.status().message());
-    return false;
-  }
-  absl::Status written = WriteFileAtomically(path, *encoded, kSpoolWrite);
+// Header + `payload` (a serialized EventBatch numbered `sequence`): a spool file's bytes.
+std::string EncodeSpoolBytes(uint64_t sequence, std::string_view payload, uint64_t ring_end) {
+  SpoolHeader header{};
+  memcpy(header.magic, kSpoolMagic, sizeof(kSpoolMagic));
+  header.sequence = sequence;
+  header.ring_end = ring_end;
+  header.payload_bytes = payload.size();
+  header.crc32 = Crc32(payload.data(), payload.size());
+  std::string bytes;
+  bytes.reserve(sizeof(header) + payload.size());
+  bytes.append(reinterpret_cast<const char*>(&header), sizeof(header));
+  bytes.append(payload.data(), payload.size());
+  return bytes;
+}
+
+// Header + `payload`, written atomically to `path`.
+bool WriteSpoolFile(const std::string& path, uint64_t sequence, std::string_view payload,
+                    uint64_t ring_end, std::string* error) {
+  absl::Status written =
+      WriteFileAtomically(path, EncodeSpoolBytes(sequence, payload, ring_end), kSpoolWrite);
   if (!written.ok()) *error = std::string(written.message());
   return written.ok();
 }
@@ -182,13 +194,14 @@ absl::StatusOr<SpoolFile> ReadSpoolFile(const std::string& path, const SpoolName
   return ParseSpoolContents(bytes, name);
 }
 
-// In place of a batch that is lost: its sequence, with a DropEvent for its events.
-v1::EventBatch LostBatch(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
+// In place of a batch that is lost: its sequence, with a DropEvent for its events; serialized.
+std::shared_ptr<const std::string> LostBatch(const v1::ProcessKey& key, uint64_t sequence,
+                                             uint64_t events) {
   v1::EventBatch batch;
   *batch.mutable_process() = key;
   batch.set_sequence(sequence);
   batch.add_events()->mutable_drop()->set_dropped_records(events);
-  return batch;
+  return std::make_shared<const std::string>(batch.SerializeAsString());
 }
 
 bool HasExit(const v1::EventBatch& batch) {
@@ -207,8 +220,9 @@ struct Outbox::SpoolFound {
   uint64_t payload_bytes = 0;
   uint64_t ring_end = 0;
   bool has_exit = false;
-  // Kept up to the memory bound; the rest is validated, then read again when it is sent.
-  std::shared_ptr<const v1::EventBatch> batch;
+  // Kept (serialized) up to the memory bound; the rest is validated, then read again when it is
+  // sent.
+  std::shared_ptr<const std::string> batch;
 };
 
 std::string SpoolFileName(const v1::ProcessKey& key, uint64_t sequence, uint64_t events) {
@@ -217,17 +231,11 @@ std::string SpoolFileName(const v1::ProcessKey& key, uint64_t sequence, uint64_t
 }
 
 absl::StatusOr<std::string> EncodeSpoolFile(const v1::EventBatch& batch, uint64_t ring_end) {
-  std::string bytes(sizeof(SpoolHeader), '\0');
-  if (!batch.AppendToString(&bytes))
+  std::string payload;
+  if (!batch.SerializeToString(&payload)) {
     return absl::InvalidArgumentError("cannot serialize the batch");
-  SpoolHeader header{};
-  memcpy(header.magic, kSpoolMagic, sizeof(kSpoolMagic));
-  header.sequence = batch.sequence();
-  header.ring_end = ring_end;
-  header.payload_bytes = bytes.size() - sizeof(SpoolHeader);
-  header.crc32 = Crc32(bytes.data() + sizeof(SpoolHeader), header.payload_bytes);
-  memcpy(bytes.data(), &header, sizeof(header));
-  return bytes;
+  }
+  return EncodeSpoolBytes(batch.sequence(), payload, ring_end);
 }
 
 absl::StatusOr<SpoolFile> ParseSpoolFile(absl::string_view file_name, absl::string_view bytes) {
@@ -318,7 +326,7 @@ bool Outbox::ScanSpool(SpoolFiles* found, int* temps) {
                      file->ring_end, HasExit(file->batch), nullptr};
       if (kept_bytes + f.payload_bytes <= options_.max_memory_bytes) {
         kept_bytes += f.payload_bytes;
-        f.batch = std::make_shared<const v1::EventBatch>(std::move(file->batch));
+        f.batch = std::make_shared<const std::string>(file->batch.SerializeAsString());
       }
       continue;
     }
@@ -391,11 +399,11 @@ void Outbox::QueueSpooled(const std::string& name, SpoolFound& f, uint64_t* repl
     ++*replayed;
   } else {
     // Written again, valid, under the same name: a second restart still reports the loss.
-    auto batch =
-        std::make_shared<v1::EventBatch>(LostBatch(f.name.key, f.name.sequence, f.name.events));
-    entry.bytes = batch->ByteSizeLong();
+    std::shared_ptr<const std::string> batch =
+        LostBatch(f.name.key, f.name.sequence, f.name.events);
+    entry.bytes = batch->size();
     entry.events = 1;
-    Spool(entry, *batch, 0);
+    Spool(entry, f.name.key, *batch, 0);
     entry.batch = std::move(batch);
     counters_.memory_bytes += entry.bytes;
     *process.replayed = Replayed{entry.sequence, 0, false};
@@ -416,10 +424,10 @@ void Outbox::QueueMissing(const std::string& name, const v1::ProcessKey& key, ui
     Entry entry;
     entry.process = name;
     entry.sequence = process.next_sequence++;
-    auto empty = std::make_shared<v1::EventBatch>(LostBatch(key, entry.sequence, 0));
-    entry.bytes = empty->ByteSizeLong();
+    std::shared_ptr<const std::string> empty = LostBatch(key, entry.sequence, 0);
+    entry.bytes = empty->size();
     entry.events = 1;
-    Spool(entry, *empty, 0);
+    Spool(entry, key, *empty, 0);
     entry.batch = std::move(empty);
     counters_.memory_bytes += entry.bytes;
     pending_.push_back(std::move(entry));
@@ -427,12 +435,13 @@ void Outbox::QueueMissing(const std::string& name, const v1::ProcessKey& key, ui
   }
 }
 
-bool Outbox::Spool(Entry& entry, const v1::EventBatch& batch, uint64_t ring_end) {
-  std::string path = absl::StrCat(
-      options_.spool_dir, "/",
-      SpoolFileName(batch.process(), entry.sequence, static_cast<uint64_t>(batch.events_size())));
+bool Outbox::Spool(Entry& entry, const v1::ProcessKey& key, std::string_view batch,
+                   uint64_t ring_end) {
+  std::string path =
+      absl::StrCat(options_.spool_dir, "/",
+                   SpoolFileName(key, entry.sequence, static_cast<uint64_t>(entry.events)));
   std::string error;
-  if (!WriteSpoolFile(path, batch, ring_end, &error)) {
+  if (!WriteSpoolFile(path, entry.sequence, batch, ring_end, &error)) {
     ++spool_errors_;
     if (!RateLimited(spool_errors_)) {
       Log(LogLevel::kError,
@@ -448,7 +457,7 @@ bool Outbox::Spool(Entry& entry, const v1::EventBatch& batch, uint64_t ring_end)
   return true;
 }
 
-std::shared_ptr<const v1::EventBatch> Outbox::Load(const Entry& entry) {
+std::shared_ptr<const std::string> Outbox::Load(const Entry& entry) {
   if (entry.batch != nullptr) return entry.batch;
   std::optional<SpoolName> name =
       ParseSpoolName(std::filesystem::path(entry.spool_path).filename().string());
@@ -456,16 +465,15 @@ std::shared_ptr<const v1::EventBatch> Outbox::Load(const Entry& entry) {
       name ? ReadSpoolFile(entry.spool_path, *name)
            : absl::StatusOr<SpoolFile>(absl::InternalError("unexpected spool file name"));
   if (file.ok()) {
-    auto batch = std::make_shared<v1::EventBatch>(std::move(file->batch));
-    batch->set_sequence(entry.sequence);
-    return batch;
+    file->batch.set_sequence(entry.sequence);
+    return std::make_shared<const std::string>(file->batch.SerializeAsString());
   }
   // The spool is ours alone; a file we cannot read back is lost. Send the sequence anyway, with
   // a DropEvent in place of the events, so the collector sees no gap and counts the loss.
   Log(LogLevel::kError, absl::StrFormat("spooled batch %s is unreadable (%s); %d events lost",
                                         entry.spool_path, file.status().message(), entry.events));
-  return std::make_shared<v1::EventBatch>(LostBatch(processes_[entry.process].key, entry.sequence,
-                                                    static_cast<uint64_t>(entry.events)));
+  return LostBatch(processes_[entry.process].key, entry.sequence,
+                   static_cast<uint64_t>(entry.events));
 }
 
 void Outbox::Forget(Entry& entry) {
@@ -484,20 +492,31 @@ uint64_t Outbox::Renumber(const std::string& name, uint64_t first) {
   uint64_t next = first;
   for (Entry& entry : pending_) {
     if (entry.process != name) continue;
-    std::shared_ptr<const v1::EventBatch> loaded = Load(entry);
-    auto copy = std::make_shared<v1::EventBatch>(*loaded);
-    copy->set_sequence(next);
+    // Rare (a collector that lost data, or an earlier agent's batches): the batch is parsed,
+    // renumbered and serialized again.
+    v1::EventBatch parsed;
+    if (!parsed.ParseFromString(*Load(entry))) {
+      parsed = v1::EventBatch();  // cannot happen: the outbox made these bytes
+      *parsed.mutable_process() = processes_[name].key;
+      parsed.add_events()->mutable_drop()->set_dropped_records(static_cast<uint64_t>(entry.events));
+    }
+    parsed.set_sequence(next);
+    auto copy = std::make_shared<const std::string>(parsed.SerializeAsString());
+    // The size changes with the sequence's varint: the bounds count the new one.
+    if (entry.batch != nullptr) counters_.memory_bytes -= entry.bytes;
+    const uint64_t old_bytes = entry.bytes;
+    entry.bytes = copy->size();
     if (!entry.spool_path.empty()) {
       // The file must carry the new number, or a later run would replay a stale one. If it
       // cannot be written again, the batch is kept in memory only.
       const std::string old_path = entry.spool_path;
-      counters_.spool_bytes -= entry.bytes;
+      counters_.spool_bytes -= old_bytes;
       entry.spool_path.clear();
       entry.sequence = next;
-      Spool(entry, *copy, entry.ring_end);
+      Spool(entry, parsed.process(), *copy, entry.ring_end);
       ::unlink(old_path.c_str());
     }
-    if (entry.batch == nullptr) counters_.memory_bytes += entry.bytes;
+    counters_.memory_bytes += entry.bytes;
     entry.batch = std::move(copy);
     entry.sequence = next++;
     ++counters_.batches_renumbered;
@@ -505,40 +524,63 @@ uint64_t Outbox::Renumber(const std::string& name, uint64_t first) {
   return next;
 }
 
-bool Outbox::Add(v1::EventBatch batch, uint64_t ring_end, const std::function<void()>& stored_cb) {
-  absl::MutexLock lock(&mu_);
-  const std::string name = ProcessKeyString(batch.process());
-  Process& process = processes_[name];
-  if (process.key.pid() == 0) process.key = batch.process();
-  if (process.pending_drop_events > 0) {
-    v1::Event* drop = batch.add_events();
-    drop->set_time_ns(batch.events_size() > 1 ? batch.events(0).time_ns() : 0);
-    drop->mutable_drop()->set_dropped_records(process.pending_drop_events);
-    auto* events = batch.mutable_events();
-    std::rotate(events->pointer_begin(), events->pointer_end() - 1, events->pointer_end());
+bool Outbox::Add(const v1::EventBatch& batch, uint64_t ring_end,
+                 const std::function<void()>& stored) {
+  EncodedBatch encoded;
+  encoded.process = batch.process();
+  EncodedEvents events;
+  for (const v1::Event& event : batch.events()) events.AddEvent(event);
+  encoded.event_count = events.size();
+  encoded.first_time_ns = events.first_time_ns();
+  encoded.events = events.TakeBytes();
+  for (const v1::DeviceCounters& counters : batch.counters()) {
+    AppendCountersField(counters, &encoded.counters);
   }
-  batch.set_sequence(process.next_sequence);
-  const uint64_t bytes = batch.ByteSizeLong();
+  return Add(std::move(encoded), ring_end, stored);
+}
+
+bool Outbox::Add(EncodedBatch batch, uint64_t ring_end, const std::function<void()>& stored_cb) {
+  // Built before taking the lock.
+  const std::string process_field = EncodeProcessField(batch.process);
+  const std::string name = ProcessKeyString(batch.process);
+  absl::MutexLock lock(&mu_);
+  Process& process = processes_[name];
+  if (process.key.pid() == 0) process.key = batch.process;
+  int events = batch.event_count;
+  std::string drop;
+  if (process.pending_drop_events > 0) {
+    // At the head of the batch, timed at its first event.
+    v1::Event event;
+    event.set_time_ns(batch.event_count > 0 ? batch.first_time_ns : 0);
+    event.mutable_drop()->set_dropped_records(process.pending_drop_events);
+    EncodedEvents encoded;
+    encoded.AddEvent(event);
+    drop = encoded.TakeBytes();
+    ++events;
+  }
+  auto serialized = std::make_shared<const std::string>(
+      ComposeEventBatch(process_field, process.next_sequence, drop, batch.events, batch.counters));
+  const uint64_t bytes = serialized->size();
   const bool memory_room = counters_.memory_bytes + bytes <= options_.max_memory_bytes;
 
   Entry entry;
   entry.process = name;
   entry.sequence = process.next_sequence;
   entry.bytes = bytes;
-  entry.events = batch.events_size();
+  entry.events = events;
   entry.ring_end = ring_end;
   bool stored = false;
   if (!options_.spool_dir.empty()) {
     // Durable first: the caller lets the ring go of these events once we return.
     if (spool_error_.empty() && counters_.spool_bytes + bytes <= options_.max_spool_bytes) {
-      stored = Spool(entry, batch, ring_end);
+      stored = Spool(entry, batch.process, *serialized, ring_end);
     }
     if (stored && memory_room) {
-      entry.batch = std::make_shared<const v1::EventBatch>(std::move(batch));
+      entry.batch = std::move(serialized);
       counters_.memory_bytes += bytes;
     }
   } else if (memory_room) {
-    entry.batch = std::make_shared<const v1::EventBatch>(std::move(batch));
+    entry.batch = std::move(serialized);
     counters_.memory_bytes += bytes;
     stored = true;
   }
@@ -715,6 +757,15 @@ std::string Outbox::first_reject_reason() const {
 }
 
 std::shared_ptr<const v1::EventBatch> Outbox::NextToSend(absl::Duration timeout) {
+  std::shared_ptr<const std::string> bytes = NextToSendBytes(timeout);
+  if (bytes == nullptr) return nullptr;
+  auto batch = std::make_shared<v1::EventBatch>();
+  // The outbox made these bytes (or validated them, from the spool): they parse.
+  if (!batch->ParseFromString(*bytes)) batch->Clear();
+  return batch;
+}
+
+std::shared_ptr<const std::string> Outbox::NextToSendBytes(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return interrupted_ || sent_count_ < pending_.size();

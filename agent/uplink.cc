@@ -18,6 +18,31 @@ absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
+// Collector.Ingest with the batches written as the Outbox holds them, serialized: the generated
+// stub would take a v1::EventBatch and serialize it again. The collector sees the same bytes.
+// This is the stub's own construction (collector.grpc.pb.cc) with grpc::ByteBuffer, for which
+// gRPC has its SerializationTraits, as the message type written.
+using RawIngestStream = grpc::ClientReaderWriter<grpc::ByteBuffer, v1::IngestAck>;
+constexpr char kIngestMethod[] = "/vramscope.v1.Collector/Ingest";
+
+std::unique_ptr<RawIngestStream> OpenRawIngest(grpc::Channel* channel,
+                                               grpc::ClientContext* context) {
+  const grpc::internal::RpcMethod method(kIngestMethod, grpc::internal::RpcMethod::BIDI_STREAMING);
+  return std::unique_ptr<RawIngestStream>(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, v1::IngestAck>::Create(
+          channel, method, context));
+}
+
+// A ByteBuffer over `bytes` without copying them: the slice holds a reference until gRPC is done.
+grpc::ByteBuffer WrapBytes(std::shared_ptr<const std::string> bytes) {
+  auto* held = new std::shared_ptr<const std::string>(std::move(bytes));
+  grpc::Slice slice(
+      const_cast<char*>((*held)->data()), (*held)->size(),
+      [](void* user_data) { delete static_cast<std::shared_ptr<const std::string>*>(user_data); },
+      held);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
 std::chrono::system_clock::time_point After(absl::Duration d) {
   return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
 }
@@ -229,8 +254,8 @@ void Uplink::Run() {
 }
 
 absl::Status Uplink::RunStream(grpc::ClientContext* context, bool* acked_any, size_t position) {
-  std::unique_ptr<grpc::ClientReaderWriter<v1::EventBatch, v1::IngestAck>> stream =
-      targets_[position].stub->Ingest(context);
+  std::unique_ptr<RawIngestStream> stream =
+      OpenRawIngest(targets_[position].channel.get(), context);
   outbox_->Rewind();  // everything unacknowledged goes out again on this stream
   std::atomic<bool> broken{false};
   std::thread reader([&] {
@@ -266,9 +291,9 @@ absl::Status Uplink::RunStream(grpc::ClientContext* context, bool* acked_any, si
       }
       continue;
     }
-    std::shared_ptr<const v1::EventBatch> batch = outbox_->NextToSend(absl::Milliseconds(100));
+    std::shared_ptr<const std::string> batch = outbox_->NextToSendBytes(absl::Milliseconds(100));
     if (batch == nullptr) continue;
-    if (!stream->Write(*batch)) break;
+    if (!stream->Write(WrapBytes(std::move(batch)))) break;
   }
   stream->WritesDone();
   reader.join();

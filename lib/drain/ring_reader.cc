@@ -115,6 +115,56 @@ bool ParseStat(const std::string& stat, bool* zombie, std::uint64_t* start_ticks
 
 }  // namespace
 
+// Where a Drain appends: one implementation fills a RepeatedPtrField of messages, the other
+// writes wire bytes (EncodedEvents). A virtual call per record: far below the cost of either.
+class DrainSink {
+ public:
+  virtual ~DrainSink() = default;
+  virtual int size() const = 0;
+  // `record` decoded (DecodeRecord's rules); false, appending nothing, when it does not decode.
+  virtual bool AddRecord(const vramscope_ring_record& record, std::string_view text) = 0;
+  virtual void AddEvent(v1::Event&& event) = 0;
+  // Drops everything appended since the sink was made (a fault: those events read zero pages).
+  virtual void Rollback() = 0;
+};
+
+namespace {
+
+class MessageSink final : public DrainSink {
+ public:
+  explicit MessageSink(google::protobuf::RepeatedPtrField<v1::Event>* out)
+      : out_(out), begin_(out->size()) {}
+  int size() const override { return out_->size(); }
+  bool AddRecord(const vramscope_ring_record& record, std::string_view text) override {
+    if (DecodeRecord(record, text, out_->Add()).ok()) return true;
+    out_->RemoveLast();
+    return false;
+  }
+  void AddEvent(v1::Event&& event) override { *out_->Add() = std::move(event); }
+  void Rollback() override { out_->DeleteSubrange(begin_, out_->size() - begin_); }
+
+ private:
+  google::protobuf::RepeatedPtrField<v1::Event>* out_;
+  int begin_;
+};
+
+class BytesSink final : public DrainSink {
+ public:
+  explicit BytesSink(EncodedEvents* out) : out_(out), begin_(out->mark()) {}
+  int size() const override { return out_->size(); }
+  bool AddRecord(const vramscope_ring_record& record, std::string_view text) override {
+    return out_->AddRecord(record, text).ok();
+  }
+  void AddEvent(v1::Event&& event) override { out_->AddEvent(event); }
+  void Rollback() override { out_->Truncate(begin_); }
+
+ private:
+  EncodedEvents* out_;
+  EncodedEvents::Mark begin_;
+};
+
+}  // namespace
+
 bool WriterProcessAlive(const RingInfo& info) {
   if (info.pid == 0) return false;
   std::string stat;
@@ -442,8 +492,9 @@ std::vector<v1::DeviceCounters> RingReader::Counters() const {
   return counters;
 }
 
-void RingReader::AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event>* out) {
-  v1::Event* event = out->Add();
+void RingReader::AppendProcessStart(DrainSink& out) {
+  v1::Event built;
+  v1::Event* event = &built;
   event->set_time_ns(info_.start_monotonic_ns);
   v1::ProcessStartEvent* start = event->mutable_process_start();
   start->set_pid(info_.pid);
@@ -475,33 +526,42 @@ void RingReader::AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event
         "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
         u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]));
   }
+  out.AddEvent(std::move(built));
 }
 
 absl::StatusOr<DrainStats> RingReader::Drain(google::protobuf::RepeatedPtrField<v1::Event>* out,
                                              std::size_t max_records) {
+  MessageSink sink(out);
+  return DrainInto(sink, max_records);
+}
+
+absl::StatusOr<DrainStats> RingReader::Drain(EncodedEvents* out, std::size_t max_records) {
+  BytesSink sink(out);
+  return DrainInto(sink, max_records);
+}
+
+absl::StatusOr<DrainStats> RingReader::DrainInto(DrainSink& out, std::size_t max_records) {
   if (damaged_) return DamageStatus();
-  const int events_before = out->size();
   RingFaultScope scope(guarded_base(), size_);
   absl::StatusOr<DrainStats> stats = DrainMapped(out, max_records, scope);
   if (scope.faulted()) {
     // Whatever was read after the fault came from zero pages: none of this call's events count.
     NoteFault(scope);
-    out->DeleteSubrange(events_before, out->size() - events_before);
+    out.Rollback();
     finished_ = false;
     return DamageStatus();
   }
   return stats;
 }
 
-absl::StatusOr<DrainStats> RingReader::DrainMapped(
-    google::protobuf::RepeatedPtrField<v1::Event>* out, std::size_t max_records,
-    const RingFaultScope& scope) {
+absl::StatusOr<DrainStats> RingReader::DrainMapped(DrainSink& out, std::size_t max_records,
+                                                   const RingFaultScope& scope) {
   DrainStats stats;
   if (finished_) {
     stats.finished = true;
     return stats;
   }
-  const int events_before = out->size();
+  const int events_before = out.size();
   DescribeNewDevices(out);
   // Read the drop counter before the records: drops counted by now happened while the records
   // still in the ring filled it, so they belong after those records.
@@ -562,11 +622,11 @@ absl::StatusOr<DrainStats> RingReader::DrainMapped(
   if (options_.commit_in_drain) CommitTail();
 
   AppendDropsAndEnd(out, dropped_now, lost, &alive, &stats);
-  stats.events = static_cast<std::uint64_t>(out->size() - events_before);
+  stats.events = static_cast<std::uint64_t>(out.size() - events_before);
   return stats;
 }
 
-void RingReader::DescribeNewDevices(google::protobuf::RepeatedPtrField<v1::Event>* out) {
+void RingReader::DescribeNewDevices(DrainSink& out) {
   std::uint32_t devices_known = 0;
   for (std::uint32_t d = 0; d < VRAMSCOPE_RING_MAX_DEVICES; ++d) {
     if (Load(&header_->device_info[d].valid) == 1) devices_known |= 1u << d;
@@ -579,9 +639,7 @@ void RingReader::DescribeNewDevices(google::protobuf::RepeatedPtrField<v1::Event
 }
 
 RecordRead RingReader::TakeRecord(const vramscope_ring_record& record, std::uint64_t head,
-                                  std::string* text,
-                                  google::protobuf::RepeatedPtrField<v1::Event>* out,
-                                  std::uint64_t* consumed) {
+                                  std::string* text, DrainSink& out, std::uint64_t* consumed) {
   text->clear();
   if (record.kind == VRAMSCOPE_RING_KIND_NVTX_PUSH) {
     const RecordRead read =
@@ -599,24 +657,20 @@ RecordRead RingReader::TakeRecord(const vramscope_ring_record& record, std::uint
   if (record.kind == VRAMSCOPE_RING_KIND_MODULE) {
     return sites_.AddModule(record).ok() ? RecordRead::kTaken : RecordRead::kInvalid;
   }
-  v1::Event* event = out->Add();
   if (record.kind == VRAMSCOPE_RING_KIND_SITE) {
-    const absl::StatusOr<bool> complete = sites_.AddSite(record, event);
-    if (!complete.ok() || !*complete) out->RemoveLast();
+    v1::Event site;
+    const absl::StatusOr<bool> complete = sites_.AddSite(record, &site);
+    if (complete.ok() && *complete) out.AddEvent(std::move(site));
     return complete.ok() ? RecordRead::kTaken : RecordRead::kInvalid;
   }
-  if (!DecodeRecord(record, *text, event).ok()) {
-    out->RemoveLast();
-    return RecordRead::kInvalid;
-  }
+  if (!out.AddRecord(record, *text)) return RecordRead::kInvalid;
   if (record.time_ns > last_time_ns_) last_time_ns_ = record.time_ns;
-  if (event->has_process_exit()) exit_seen_ = true;
+  if (record.kind == VRAMSCOPE_RING_KIND_PROCESS_EXIT) exit_seen_ = true;
   return RecordRead::kTaken;
 }
 
-void RingReader::AppendDropsAndEnd(google::protobuf::RepeatedPtrField<v1::Event>* out,
-                                   std::uint64_t dropped_now, std::uint64_t lost, int* alive,
-                                   DrainStats* stats) {
+void RingReader::AppendDropsAndEnd(DrainSink& out, std::uint64_t dropped_now, std::uint64_t lost,
+                                   int* alive, DrainStats* stats) {
   auto writer_alive = [&] {
     if (*alive < 0) *alive = WriterAlive() ? 1 : 0;
     return *alive == 1;
@@ -624,11 +678,12 @@ void RingReader::AppendDropsAndEnd(google::protobuf::RepeatedPtrField<v1::Event>
   const std::uint64_t writer_drops = dropped_now > dropped_seen_ ? dropped_now - dropped_seen_ : 0;
   dropped_seen_ = std::max(dropped_seen_, dropped_now);
   if (writer_drops + lost > 0) {
-    v1::Event* event = out->Add();
-    event->set_time_ns(last_time_ns_);
-    v1::DropEvent* drop = event->mutable_drop();
+    v1::Event event;
+    event.set_time_ns(last_time_ns_);
+    v1::DropEvent* drop = event.mutable_drop();
     drop->set_dropped_records(writer_drops + lost);
     drop->set_first_sequence(cursor_);
+    out.AddEvent(std::move(event));
     stats->dropped = writer_drops + lost;
   }
 
@@ -637,15 +692,17 @@ void RingReader::AppendDropsAndEnd(google::protobuf::RepeatedPtrField<v1::Event>
     // Drops counted after our first look, by the writer's last moments.
     const std::uint64_t late = Load(&header_->records_dropped, __ATOMIC_RELAXED);
     if (late > dropped_seen_) {
-      v1::Event* event = out->Add();
-      event->set_time_ns(last_time_ns_);
-      event->mutable_drop()->set_dropped_records(late - dropped_seen_);
-      event->mutable_drop()->set_first_sequence(cursor_);
+      v1::Event event;
+      event.set_time_ns(last_time_ns_);
+      event.mutable_drop()->set_dropped_records(late - dropped_seen_);
+      event.mutable_drop()->set_first_sequence(cursor_);
+      out.AddEvent(std::move(event));
       stats->dropped += late - dropped_seen_;
       dropped_seen_ = late;
     }
     if (!exit_seen_) {
-      v1::Event* event = out->Add();
+      v1::Event built;
+      v1::Event* event = &built;
       v1::ProcessExitEvent* exit = event->mutable_process_exit();
       const bool exited = WriterExited();  // its exit path ran; only the record was lost
       exit->set_exit_code(exited ? ExitCode() : 0);
@@ -657,6 +714,7 @@ void RingReader::AppendDropsAndEnd(google::protobuf::RepeatedPtrField<v1::Event>
       std::uint64_t end = std::max(last_time_ns_, info_.start_monotonic_ns);
       if (!exited && seen_alive_) end = std::max(end, MonotonicNowNs());
       event->set_time_ns(end);
+      out.AddEvent(std::move(built));
     }
     finished_ = true;
     stats->finished = true;

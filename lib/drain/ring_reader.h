@@ -2,12 +2,13 @@
 //
 // What it is: opens and validates one process's ring (a file, or a memory region for tests and
 // fuzzing), reads the records published since its cursor, converts them into vramscope.v1.Event
-// messages, and reports the header's exact counters as DeviceCounters. It also notices drops
-// (the writers' records_dropped counter, and slots a dead writer claimed but never published)
-// and the writer's end (exited flag, or the process gone), after which it emits ProcessExit once:
-// the exit record's, else one it makes (ProcessExitEvent.vanished when the writer never ran its
-// exit path; timed at the first Drain that found it gone if an earlier one saw it alive, else at
-// its last event).
+// messages or straight into their wire bytes (event_encoder.h: the same events, no message per
+// record; what vramscope-agent sends), and reports the header's exact counters as DeviceCounters.
+// It also notices drops (the writers' records_dropped counter, and slots a dead writer claimed but
+// never published) and the writer's end (exited flag, or the process gone), after which it emits
+// ProcessExit once: the exit record's, else one it makes (ProcessExitEvent.vanished when the writer
+// never ran its exit path; timed at the first Drain that found it gone if an earlier one saw it
+// alive, else at its last event).
 //
 // Event order per ring: ProcessStart (synthesised from the header, first Drain; repeated with the
 // full device list when the shim describes another device later), then the records in ring
@@ -60,6 +61,7 @@
 #include <string>
 #include <vector>
 
+#include "drain/event_encoder.h"
 #include "drain/ring_fault.h"
 #include "drain/site_assembler.h"
 #include "vramscope/ring.h"
@@ -86,6 +88,9 @@ struct RingInfo {
   std::string mode;
   std::vector<std::string> command_line;
 };
+
+// Where a Drain puts its events: messages or wire bytes (defined in ring_reader.cc).
+class DrainSink;
 
 // What taking the record group at a ring reader's cursor found.
 enum class RecordRead {
@@ -170,6 +175,10 @@ class RingReader {
   // slots.
   absl::StatusOr<DrainStats> Drain(google::protobuf::RepeatedPtrField<v1::Event>* out,
                                    std::size_t max_records = SIZE_MAX);
+  // The same events as wire bytes (event_encoder.h): what vramscope-agent sends. No message is
+  // built for the ring's records; ProcessStart, SiteDefinition, DropEvent and a synthesised
+  // ProcessExit are built as messages and serialized.
+  absl::StatusOr<DrainStats> Drain(EncodedEvents* out, std::size_t max_records = SIZE_MAX);
   // Hands every slot read so far back to the writers (tail = cursor).
   void CommitTail();
 
@@ -187,24 +196,23 @@ class RingReader {
   RingReader(void* base, std::size_t size, int fd, std::string path, Options options);
   absl::Status Validate();
   bool WriterAlive();
-  void AppendProcessStart(google::protobuf::RepeatedPtrField<v1::Event>* out);
-  absl::StatusOr<DrainStats> DrainMapped(google::protobuf::RepeatedPtrField<v1::Event>* out,
-                                         std::size_t max_records, const RingFaultScope& scope);
+  absl::StatusOr<DrainStats> DrainInto(DrainSink& out, std::size_t max_records);
+  void AppendProcessStart(DrainSink& out);
+  absl::StatusOr<DrainStats> DrainMapped(DrainSink& out, std::size_t max_records,
+                                         const RingFaultScope& scope);
   // ProcessStart first, and again whenever the shim has described another device since (it
   // fills device_info as contexts appear); consumers keep the latest.
-  void DescribeNewDevices(google::protobuf::RepeatedPtrField<v1::Event>* out);
+  void DescribeNewDevices(DrainSink& out);
   // Takes the record group starting at the cursor (`record`, a copy of its first slot; `head`
   // as last read): NVTX text into *text, LABELS into labels_, MODULE and SITE into sites_, the
   // rest decoded into `out`. *consumed: the slots the group takes.
   RecordRead TakeRecord(const vramscope_ring_record& record, std::uint64_t head, std::string* text,
-                        google::protobuf::RepeatedPtrField<v1::Event>* out,
-                        std::uint64_t* consumed);
+                        DrainSink& out, std::uint64_t* consumed);
   // DrainMapped's end: a DropEvent for the writer's drops since `dropped_now` was read plus the
   // `lost` slots; once the ring is drained and its writer gone, late drops and the ProcessExit
   // (a vanished one when the writer's record is missing). *alive: WriterAlive() once asked
   // (-1: not yet).
-  void AppendDropsAndEnd(google::protobuf::RepeatedPtrField<v1::Event>* out,
-                         std::uint64_t dropped_now, std::uint64_t lost, int* alive,
+  void AppendDropsAndEnd(DrainSink& out, std::uint64_t dropped_now, std::uint64_t lost, int* alive,
                          DrainStats* stats);
   // The mapping this reader guards (nullptr for memory rings, which cannot shrink).
   void* guarded_base() const { return fd_ >= 0 ? base_ : nullptr; }

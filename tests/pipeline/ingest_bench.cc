@@ -1,6 +1,9 @@
 // Collector ingest throughput: one agent-like client (the agent's Outbox and Uplink) streams
 // batches of 4096 allocation/free events over loopback gRPC to a collector in the same process,
-// which parses, stores (CRC-framed log; fsync per batch or not) and feeds its stats engine.
+// as the agent streams them: each batch's events are wire bytes before the timing starts (the
+// agent writes them from ring records, BM_AgentDrain), the Outbox numbers and composes the
+// serialized batch, the Uplink writes those bytes. The collector
+// parses, stores (CRC-framed log; fsync per batch or not) and feeds its stats engine.
 // Reported: events/s from the first batch handed to the outbox to the last acknowledgement.
 // secure:1 runs it over TLS with bearer tokens (certificates made with the openssl command).
 //
@@ -27,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "drain/event_encoder.h"
 #include "history/history_writer.h"
 #include "tests/collector/test_util.h"
 #include "tests/net/test_certs.h"
@@ -47,12 +51,40 @@ namespace {
 constexpr int kEventsPerBatch = testing::kBenchEventsPerBatch;
 constexpr int kBatchesPerIteration = 100;
 
-// Batch `index` of a process: testing::AppendChurn's events from index * 4096 on.
-v1::EventBatch MakeBatch(const v1::ProcessKey& key, int index) {
-  v1::EventBatch batch;
-  *batch.mutable_process() = key;
-  testing::AppendChurn(&batch, static_cast<uint64_t>(index) * kEventsPerBatch, kEventsPerBatch);
-  return batch;
+// Batch `index` of a process: testing::AppendChurn's events from index * 4096 on, as the agent
+// hands them to the Outbox: written from ring records into wire bytes (EncodedEvents, as
+// Agent::Poll does), the counters encoded. `finish` adds a ProcessExit.
+agent::EncodedBatch MakeBatch(const v1::ProcessKey& key, int index, bool finish) {
+  agent::EncodedEvents events;
+  const uint64_t first = static_cast<uint64_t>(index) * kEventsPerBatch;
+  for (uint64_t n = first; n < first + kEventsPerBatch; ++n) {
+    vramscope_ring_record record{};
+    record.time_ns = 1000000 + n * 1000;
+    record.tid = 4242;
+    record.kind = n % 2 == 0 ? VRAMSCOPE_RING_KIND_ALLOC : VRAMSCOPE_RING_KIND_FREE;
+    record.sub = VRAMSCOPE_RING_ALLOC_POOLED;
+    const uint64_t bytes = 4096 + (n / 2 % 97) * 512;
+    record.payload.alloc.address = 0x7f0000000000 + (n / 2 % 512) * 0x100000;
+    record.payload.alloc.requested_bytes = bytes - 100;
+    record.payload.alloc.allocated_bytes = bytes;
+    if (!events.AddRecord(record, "").ok()) abort();
+  }
+  if (finish) {
+    v1::Event exit;
+    exit.set_time_ns(events.first_time_ns() + kEventsPerBatch * 1000);
+    exit.mutable_process_exit()->set_exit_code(0);
+    events.AddEvent(exit);
+  }
+  agent::EncodedBatch encoded;
+  encoded.process = key;
+  encoded.event_count = events.size();
+  encoded.first_time_ns = events.first_time_ns();
+  encoded.events = events.TakeBytes();
+  v1::DeviceCounters counters;  // as testing::AppendChurn
+  counters.set_device(0);
+  counters.set_peak_reserved_bytes(512u << 20);
+  agent::AppendCountersField(counters, &encoded.counters);
+  return encoded;
 }
 
 // `finish`: each iteration's process ends (a ProcessExit in its last batch), so with a history
@@ -96,24 +128,33 @@ void RunCollectorIngest(benchmark::State& state, bool fsync, const std::string& 
   agent::Uplink uplink(&outbox, uplink_options);
   uplink.Start();
 
+  {
+    // The bytes are testing::AppendChurn's events, as the other ingest benchmarks send them.
+    agent::EncodedBatch encoded = MakeBatch(testing::Key(1), 1, false);
+    v1::EventBatch parsed;
+    v1::EventBatch expected;
+    testing::AppendChurn(&expected, kEventsPerBatch, kEventsPerBatch);
+    if (!parsed.ParseFromString(absl::StrCat(encoded.events, encoded.counters)) ||
+        parsed.SerializeAsString() != expected.SerializeAsString()) {
+      state.SkipWithError("MakeBatch does not write testing::AppendChurn's events");
+      return;
+    }
+  }
   uint32_t pid = 1;
   uint64_t events = 0;
   uint64_t wire_bytes = 0;
   for (auto _ : state) {
     state.PauseTiming();
     const v1::ProcessKey key = testing::Key(pid++);
-    std::vector<v1::EventBatch> batches;
-    for (int i = 0; i < kBatchesPerIteration; ++i) batches.push_back(MakeBatch(key, i));
-    if (finish) {
-      v1::Event* exit = batches.back().add_events();
-      exit->set_time_ns(batches.back().events(0).time_ns() + kEventsPerBatch * 1000);
-      exit->mutable_process_exit()->set_exit_code(0);
+    std::vector<agent::EncodedBatch> batches;
+    for (int i = 0; i < kBatchesPerIteration; ++i) {
+      batches.push_back(MakeBatch(key, i, finish && i + 1 == kBatchesPerIteration));
+      // What goes on the wire: the events, counters and the process key (sequence aside).
+      wire_bytes +=
+          batches.back().events.size() + batches.back().counters.size() + key.ByteSizeLong() + 2;
     }
     state.ResumeTiming();
-    for (v1::EventBatch& batch : batches) {
-      wire_bytes += batch.ByteSizeLong();
-      outbox.Add(std::move(batch));
-    }
+    for (agent::EncodedBatch& batch : batches) outbox.Add(std::move(batch));
     if (!outbox.WaitAllAcked(absl::Seconds(120))) {
       state.SkipWithError("not acknowledged within 120 s");
       break;

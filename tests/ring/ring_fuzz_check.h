@@ -10,10 +10,14 @@
 //     calls and gives the same events (drop events aside, whose total is the same); with the
 //     writer alive the events are a prefix of those with the writer gone;
 //   - CheckWire: the events, in an EventBatch, serialize to bytes the collector parses back
-//     (proto3 strings must be UTF-8, or the collector refuses the whole batch).
+//     (proto3 strings must be UTF-8, or the collector refuses the whole batch);
+//   - the wire encoder (event_encoder.h, what the agent sends) takes exactly the records the
+//     decoder takes and writes exactly the bytes protobuf writes for the decoded event, and a
+//     Drain into wire bytes parses to the events a Drain into messages gives.
 #pragma once
 
 #include <google/protobuf/repeated_ptr_field.h>
+#include <google/protobuf/util/message_differencer.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -24,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "drain/event_encoder.h"
 #include "drain/ring_decoder.h"
 #include "drain/ring_reader.h"
 #include "vramscope/ring.h"
@@ -80,8 +85,20 @@ inline std::string CheckDecoder(const std::uint8_t* data, std::size_t size) {
                                                   std::size_t{record.payload.nvtx_push.domain_len});
     const std::string_view text(reinterpret_cast<const char*>(data) + text_at, text_size);
     v1::Event event;
-    if (!DecodeRecord(record, text, &event).ok()) continue;
+    const bool decoded = DecodeRecord(record, text, &event).ok();
+    EncodedEvents encoded;
+    const bool encoded_ok = encoded.AddRecord(record, text).ok();
     const std::string kind = "record kind " + std::to_string(record.kind) + ": ";
+    VRAMSCOPE_RING_CHECK(decoded == encoded_ok,
+                         kind + (decoded ? "the encoder refuses a record the decoder takes"
+                                         : "the encoder takes a record the decoder refuses"));
+    if (!decoded) continue;
+    VRAMSCOPE_RING_CHECK(encoded.size() == 1 && encoded.first_time_ns() == record.time_ns,
+                         kind + "the encoder did not write one event of its time");
+    v1::EventBatch one_event;
+    *one_event.add_events() = event;
+    VRAMSCOPE_RING_CHECK(encoded.bytes() == one_event.SerializeAsString(),
+                         kind + "the encoder's bytes are not protobuf's for the decoded event");
     VRAMSCOPE_RING_CHECK(event.payload_case() != v1::Event::PAYLOAD_NOT_SET, kind + "no event");
     VRAMSCOPE_RING_CHECK(event.time_ns() == record.time_ns, kind + "another time");
     VRAMSCOPE_RING_CHECK(
@@ -181,6 +198,29 @@ inline std::string CheckRing(const std::uint8_t* data, std::size_t size) {
   auto again = reader.Drain(&all);
   VRAMSCOPE_RING_CHECK(again.ok() && again->finished && again->events == 0,
                        "a finished reader read more");
+
+  // The same drain into wire bytes (what the agent sends) parses to the same events.
+  RingRegion bytes_region(data, size);
+  auto bytes_reader = RingReader::OpenMemory(bytes_region.data(), size, WriterAlive(false));
+  VRAMSCOPE_RING_CHECK(bytes_reader.ok(), "the same region opened once, not twice");
+  EncodedEvents encoded;
+  auto bytes_stats = (*bytes_reader)->Drain(&encoded);
+  VRAMSCOPE_RING_CHECK(bytes_stats.ok() && bytes_stats->records == stats->records &&
+                           bytes_stats->events == stats->events &&
+                           bytes_stats->dropped == stats->dropped &&
+                           bytes_stats->invalid == stats->invalid && bytes_stats->finished,
+                       "a drain into wire bytes counted otherwise");
+  v1::EventBatch from_bytes;
+  VRAMSCOPE_RING_CHECK(from_bytes.ParseFromString(encoded.bytes()),
+                       "a drain's wire bytes do not parse as an EventBatch");
+  VRAMSCOPE_RING_CHECK(from_bytes.events_size() == encoded.size() &&
+                           from_bytes.events_size() == static_cast<int>(stats->events),
+                       "a drain's wire bytes hold another number of events");
+  for (int i = 0; i < from_bytes.events_size(); ++i) {
+    VRAMSCOPE_RING_CHECK(
+        google::protobuf::util::MessageDifferencer::Equals(from_bytes.events(i), all[i]),
+        "event " + std::to_string(i) + " of the wire bytes differs from the message drain's");
+  }
 
   // In pieces of 1..16 records (the header's first reserved byte picks the size).
   const std::size_t piece = 1 + data[offsetof(vramscope_ring_header, reserved1)] % 16;

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "drain/event_encoder.h"
 #include "drain/ring_fault.h"
 #include "ring_test_util.h"
 #include "vramscope/ring/ring_writer.h"
@@ -136,6 +137,27 @@ TEST_P(RingTruncateTest, TruncatedInTheMiddleOfADrainIsAnError) {
   reader->reset();
   auto again = RingReader::OpenFile(victim.writer.path());
   EXPECT_FALSE(again.ok());
+}
+
+TEST_P(RingTruncateTest, AFaultWhileDrainingIntoWireBytesAddsNoBytes) {
+  // What the agent drains into (drain/event_encoder.h): at half size the reader takes slots
+  // 100..447 before it faults, and those must not stay in the bytes.
+  TestRing victim(900);
+  auto reader = RingReader::OpenFile(victim.writer.path());
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  agent::EncodedEvents encoded;
+  ASSERT_TRUE((*reader)->Drain(&encoded, 100).ok());
+  const std::string before = encoded.bytes();
+  const int events_before = encoded.size();
+  EXPECT_EQ(events_before, 101);  // ProcessStart and 100 allocations
+
+  victim.Truncate(GetParam());
+  const absl::StatusOr<agent::DrainStats> stats = (*reader)->Drain(&encoded);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(encoded.size(), events_before);
+  EXPECT_TRUE(encoded.bytes() == before) << "bytes read from zero pages must not come out";
+  ExpectDamaged(**reader, stats.status());
+  reader->reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(ToZeroAndToHalf, RingTruncateTest, ::testing::Values(off_t{0}, kHalf));

@@ -1,8 +1,10 @@
 // Agent: the drain loop of vramscope-agent, also usable as a library. It finds the event rings of
 // a directory (new ones on every poll), drains each into batches of at most `batch_events`
-// events with the ring header's exact counters attached, and hands them to an Outbox; an Uplink
-// streams the Outbox to the collector. Rings of other users are skipped unless the agent runs as
-// root. A ring whose writer is gone and that is fully drained is closed and its file removed.
+// events with the ring header's exact counters attached, written as wire bytes straight from the
+// ring records (drain/event_encoder.h), and hands them to an Outbox; an Uplink streams the
+// Outbox's serialized batches to the collector. Rings of other users are skipped unless the agent
+// runs as root. A ring whose writer is gone and that is fully drained is closed and its file
+// removed.
 //
 // Before it cuts the first batch of a ring, the agent asks the collector (Uplink::Probe) which
 // sequence it already holds for that process: an agent that ran before this one may have sent
@@ -110,6 +112,9 @@ class Agent {
   bool Position(Ring& ring);
   // Reads and discards the records below ring.skip_to; false while some are not there yet.
   absl::StatusOr<bool> Skip(Ring& ring);
+  // Drains `reader` into batches of wire bytes handed to the outbox until it has no more
+  // records, adding their events to *events. An error: the reader failed (damaged).
+  absl::Status CutBatches(RingReader& reader, uint64_t* events);
 
   std::vector<Ring> readers_;
   // Processes replayed from the spool whose position at the collector is not known yet: their

@@ -34,6 +34,10 @@
 // batches are renumbered after it (spooled files rewritten) and sent again, so nothing is taken
 // for a duplicate.
 //
+// Batches are held, spooled and sent as the serialized EventBatch (wire bytes; the agent writes
+// them straight from ring records, drain/event_encoder.h), with the process, sequence and event
+// count kept beside them; a message is built only to renumber or replay a batch.
+//
 // Thread safety: all methods are thread-safe (one mutex). Error convention: Add returns false
 // for a dropped batch; I/O errors of the spool are logged and turn into drops; a spool directory
 // that cannot be created, listed or locked (flock: one Outbox per directory, also across
@@ -55,6 +59,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -99,6 +104,15 @@ struct AgentCounters {
   bool connected = false;
 };
 
+// A batch as the agent cuts it, its events already wire bytes (drain/event_encoder.h).
+struct EncodedBatch {
+  v1::ProcessKey process;
+  std::string events;          // EventBatch.events entries (EncodedEvents::bytes)
+  int event_count = 0;         // entries in `events`
+  uint64_t first_time_ns = 0;  // the first event's time (a DropEvent put before it takes it)
+  std::string counters;        // EventBatch.counters entries (AppendCountersField)
+};
+
 class Outbox {
  public:
   explicit Outbox(OutboxOptions options);
@@ -111,7 +125,10 @@ class Outbox {
   // later run can tell which records of the ring it already holds. `stored`, if set, runs under
   // the outbox's lock once the batch is stored (spooled, with a spool) or dropped, and before the
   // sender can see it: it must be quick and must not call the Outbox.
-  bool Add(v1::EventBatch batch, uint64_t ring_end = 0, const std::function<void()>& stored = {});
+  bool Add(EncodedBatch batch, uint64_t ring_end = 0, const std::function<void()>& stored = {});
+  // The same for a batch built as a message (tests, tools, the agent's rare paths).
+  bool Add(const v1::EventBatch& batch, uint64_t ring_end = 0,
+           const std::function<void()>& stored = {});
   // The collector already holds batches 1..`acked_sequence` of `process` (from an earlier agent):
   // number this agent's batches after them (and after any replayed from the spool). Call before
   // the first Add for the process; afterwards it changes nothing.
@@ -138,6 +155,9 @@ class Outbox {
 
   // The next batch not yet written on the current stream, waiting up to `timeout` for one.
   // nullptr on timeout or when Interrupt() was called since the last Rewind().
+  // Its serialized EventBatch (what the uplink writes).
+  std::shared_ptr<const std::string> NextToSendBytes(absl::Duration timeout);
+  // The same parsed into a message (tests, tools); nullptr as above.
   std::shared_ptr<const v1::EventBatch> NextToSend(absl::Duration timeout);
   // A new stream starts: everything unacknowledged is to be sent again.
   void Rewind();
@@ -165,8 +185,8 @@ class Outbox {
     uint64_t bytes = 0;
     int events = 0;
     bool sent = false;
-    std::shared_ptr<const v1::EventBatch> batch;  // in memory, or
-    std::string spool_path;                       // in the spool (also)
+    std::shared_ptr<const std::string> batch;  // serialized, in memory, or
+    std::string spool_path;                    // in the spool (also)
     uint64_t ring_end = 0;
   };
   struct Process {
@@ -196,10 +216,12 @@ class Outbox {
   void QueueMissing(const std::string& name, const v1::ProcessKey& key, uint64_t sequence,
                     Process& process, uint64_t* lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PopAcked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Spool(Entry& entry, const v1::EventBatch& batch, uint64_t ring_end)
+  // Writes `entry`'s file: `batch` is its serialized EventBatch, `key` its process.
+  bool Spool(Entry& entry, const v1::ProcessKey& key, std::string_view batch, uint64_t ring_end)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The batch of a spooled entry read back; a DropEvent in its place when it cannot be read.
-  std::shared_ptr<const v1::EventBatch> Load(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The serialized batch of an entry (read back from the spool when not in memory); a DropEvent
+  // in its place when it cannot be read.
+  std::shared_ptr<const std::string> Load(const Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Forget(Entry& entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Numbers the unacknowledged batches of process `name` from `first` on (spool files rewritten);
   // returns the next free sequence.
