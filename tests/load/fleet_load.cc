@@ -21,6 +21,10 @@
 // (ca.pem, server.pem, server.key: for machines without openssl), and random writer and reader
 // tokens; the collectors get --tls-cert/--tls-key/--writer-token-file/--reader-token-file, the
 // agents --tls-ca/--token-file (writer), the driver's Watch and ListProcesses the reader token.
+// --collector-cpus=LIST (e.g. 0,1 or 0-1): every thread of every collector runs on those CPUs
+// only (sched_setaffinity on each of its threads once it listens; later threads inherit it),
+// the rest (driver, writers, agents) where fleet_load runs: a collector on a machine of its own
+// with LIST's cores, the agents and applications standing for other hosts.
 // --collector-args / --agent-args (or $VRAMSCOPE_LOAD_COLLECTOR_ARGS / _AGENT_ARGS): extra flags,
 // split on spaces, for every collector / agent.
 // Last line of a run: "result: key=value ..." (events_per_s, p50_ms, p99_ms, ...) for scripts.
@@ -36,6 +40,7 @@
 #include <absl/time/clock.h>
 #include <absl/time/time.h>
 #include <grpcpp/grpcpp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -88,6 +93,7 @@ struct Options {
   int checkpoint_every = 0;      // events between latency checkpoints (0: rate / 20)
   bool tls = false;
   std::string tls_dir;  // ca.pem, server.pem, server.key made elsewhere (empty: openssl here)
+  std::vector<int> collector_cpus;  // empty: where fleet_load runs
   std::vector<std::string> traces;
   std::vector<std::string> collector_args;
   std::vector<std::string> agent_args;
@@ -315,9 +321,30 @@ class Collectors {
       return false;
     }
     ports_[i] = port;
+    if (!options_.collector_cpus.empty() && !Pin(processes_[i]->pid())) return false;
     std::lock_guard<std::mutex> lock(mu_);
     pids_[i] = processes_[i]->pid();
     return true;
+  }
+  // Every thread of `pid` onto --collector-cpus (threads it starts later inherit the mask).
+  bool Pin(pid_t pid) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int cpu : options_.collector_cpus) CPU_SET(cpu, &set);
+    std::error_code error;
+    int pinned = 0;
+    for (const auto& task :
+         std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+      int tid = 0;
+      if (!absl::SimpleAtoi(task.path().filename().string(), &tid)) continue;
+      if (::sched_setaffinity(tid, sizeof(set), &set) != 0) {
+        std::fprintf(stderr, "collector thread %d: sched_setaffinity: %s\n", tid, strerror(errno));
+        return false;
+      }
+      ++pinned;
+    }
+    if (pinned == 0) std::fprintf(stderr, "collector %d: no thread to pin\n", pid);
+    return pinned > 0;
   }
   void Kill(int i) {
     {
@@ -833,12 +860,29 @@ int Usage(const std::string& error) {
       "usage: fleet_load --trace=FILE.csv.gz... [--collectors=N] [--agents=N]\n"
       "         [--processes=N (per agent)] [--rate=EVENTS_PER_S (per process)]\n"
       "         [--duration=S] [--drain-timeout=S] [--soak [--kill-every=S] [--down-for=S]]\n"
+      "         [--collector-cpus=LIST]\n"
       "         [--synthetic-processes=N] [--watchers=N [--watch-seconds=S]]\n"
       "         [--tls | --tls-dir=DIR] [--collector-args='...'] "
       "[--agent-args='...']\n"
       "$VRAMSCOPE_COLLECTOR and $VRAMSCOPE_AGENT name the binaries.\n",
       error.c_str());
   return 2;
+}
+
+// "0,1", "2-15", "0,4-7": CPU numbers below CPU_SETSIZE.
+bool ParseCpuList(const std::string& text, std::vector<int>* cpus) {
+  cpus->clear();
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    std::vector<absl::string_view> range = absl::StrSplit(item, absl::MaxSplits('-', 1));
+    int first = 0;
+    int last = 0;
+    if (!absl::SimpleAtoi(range[0], &first)) return false;
+    last = first;
+    if (range.size() == 2 && !absl::SimpleAtoi(range[1], &last)) return false;
+    if (first < 0 || last < first || last >= CPU_SETSIZE) return false;
+    for (int cpu = first; cpu <= last; ++cpu) cpus->push_back(cpu);
+  }
+  return !cpus->empty();
 }
 
 int Main(int argc, char** argv) {
@@ -863,6 +907,10 @@ int Main(int argc, char** argv) {
       options.tls_dir = value;
     } else if (name == "--trace") {
       options.traces.push_back(value);
+    } else if (name == "--collector-cpus") {
+      if (!ParseCpuList(value, &options.collector_cpus)) {
+        return Usage("--collector-cpus wants CPUs as 0,1 or 0-3, not '" + value + "'");
+      }
     } else if (name == "--collector-args") {
       for (auto& a : SplitArgs(value)) options.collector_args.push_back(a);
     } else if (name == "--agent-args") {
