@@ -876,7 +876,7 @@ if [ -x "$bin/fleet_load" ]; then
   others="2-$(( $(nproc) - 1 ))"
   run fleet.pinned env LD_LIBRARY_PATH="$bundle_libs" VRAMSCOPE_COLLECTOR="$bin/vramscope-collector" \
     VRAMSCOPE_AGENT="$bin/vramscope-agent" taskset -c "$others" "$bin/fleet_load" "${fleet_tls[@]}" \
-    --collector-cpus=0,1 "${fleet_traces[@]}" --collectors=1 --agents=4 --processes=25 --rate=50000 --duration=10 --drain-timeout=40
+    --collector-cpus=0,1 "${fleet_traces[@]}" --collectors=1 --agents=4 --processes=25 --rate=55000 --duration=10 --drain-timeout=40
   st=$?
   grep -h '^result:\|^count check\|written\|latency\|RSS' "$logs/fleet.pinned.out"
   v=$(awk -v s="$(rf fleet.pinned stored_per_s)" 'BEGIN{ printf "%s %.2f M/s (goal >= 5 M/s)", (s >= 5e6) ? "ok" : "FAIL", s/1e6 }')
