@@ -801,46 +801,44 @@ bool HandOverOldestEventFence(Slot* slot) {
   return true;
 }
 
-bool RetireOwedWaits() {
-  if (g_owed_live.load(std::memory_order_acquire) == 0) return false;
-  const RealDriver& real = Real();
+namespace {
+
+// Takes the owed rounds `done` says are finished (under g_owed_mu, in a driver-call scope) out of
+// the table and gives their events back.
+template <typename Done>
+void RetireOwed(Done done) {
   OwedRound retired[kOwedRounds];
   int count = 0;
   {
     DriverCallScope scope(nullptr);
     pthread_mutex_lock(&g_owed_mu);
-    count = TakeOwedLocked(
-        [&](const OwedRound& round) {
-          for (int e = 0; e < round.count; ++e) {
-            const CUresult result = real.cuEventQuery(round.events[e]);
-            if (result == CUDA_ERROR_NOT_READY) return false;
-          }
-          return true;
-        },
-        retired);
+    count = TakeOwedLocked(done, retired);
     pthread_mutex_unlock(&g_owed_mu);
   }
   GiveBack(retired, count);
+}
+
+}  // namespace
+
+bool RetireOwedWaits() {
+  if (g_owed_live.load(std::memory_order_acquire) == 0) return false;
+  const RealDriver& real = Real();
+  RetireOwed([&](const OwedRound& round) {
+    for (int e = 0; e < round.count; ++e) {
+      if (real.cuEventQuery(round.events[e]) == CUDA_ERROR_NOT_READY) return false;
+    }
+    return true;
+  });
   return g_owed_live.load(std::memory_order_acquire) != 0;
 }
 
 void DrainOwedWaitsOnHost() {
   if (g_owed_live.load(std::memory_order_acquire) == 0) return;
   const RealDriver& real = Real();
-  OwedRound retired[kOwedRounds];
-  int count = 0;
-  {
-    DriverCallScope scope(nullptr);
-    pthread_mutex_lock(&g_owed_mu);
-    count = TakeOwedLocked(
-        [&](const OwedRound& round) {
-          for (int e = 0; e < round.count; ++e) (void)real.cuEventSynchronize(round.events[e]);
-          return true;
-        },
-        retired);
-    pthread_mutex_unlock(&g_owed_mu);
-  }
-  GiveBack(retired, count);
+  RetireOwed([&](const OwedRound& round) {
+    for (int e = 0; e < round.count; ++e) (void)real.cuEventSynchronize(round.events[e]);
+    return true;
+  });
 }
 
 namespace {

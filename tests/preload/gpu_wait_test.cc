@@ -28,6 +28,7 @@
 
 #include <cuda.h>
 
+#include "eventually.h"
 #include "fake_cuda_control.h"
 #include "routes.h"
 
@@ -39,16 +40,6 @@ constexpr size_t kBlock = 32 * kMiB;
 const CUfunction kKernel = reinterpret_cast<CUfunction>(0x1);
 
 std::uint64_t Calls(const char* name) { return vramscope_fake_call_count(name); }
-
-template <typename Done>
-bool Eventually(Done done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
 
 class GpuWaitTest : public ::testing::Test {
  protected:

@@ -24,6 +24,7 @@
 
 #include <cuda.h>
 
+#include "eventually.h"
 #include "fake_cuda_control.h"
 #include "routes.h"
 
@@ -37,17 +38,6 @@ const CUfunction kKernel = reinterpret_cast<CUfunction>(0x1);
 std::uint64_t Calls(const char* name) { return vramscope_fake_call_count(name); }
 // Driver calls that take device memory for the pool (VMM maps or segments).
 std::uint64_t DriverAllocs() { return Calls("cuMemCreate") + Calls("cuMemAlloc_v2"); }
-
-// Yields until `done` or a generous deadline (a failing rule then shows as a failed EXPECT).
-template <typename Done>
-bool Eventually(Done done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
 
 class StreamFenceTest : public ::testing::Test {
  protected:
