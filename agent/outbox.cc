@@ -760,7 +760,9 @@ std::shared_ptr<const v1::EventBatch> Outbox::NextToSend(absl::Duration timeout)
   std::shared_ptr<const std::string> bytes = NextToSendBytes(timeout);
   if (bytes == nullptr) return nullptr;
   auto batch = std::make_shared<v1::EventBatch>();
-  // The outbox made these bytes (or validated them, from the spool): they parse.
+  // The outbox made these bytes (or validated them, from the spool): they parse, except where a
+  // string is not UTF-8 (a host taken from a spool file's name for a DropEvent stand-in), which
+  // proto3 refuses: the batch is then empty (NextToSendBytes has it as it is sent).
   if (!batch->ParseFromString(*bytes)) batch->Clear();
   return batch;
 }

@@ -157,7 +157,8 @@ class Outbox {
   // nullptr on timeout or when Interrupt() was called since the last Rewind().
   // Its serialized EventBatch (what the uplink writes).
   std::shared_ptr<const std::string> NextToSendBytes(absl::Duration timeout);
-  // The same parsed into a message (tests, tools); nullptr as above.
+  // The same parsed into a message (tests, tools); nullptr as above; empty where a string in it
+  // is not UTF-8 (a host from a spool file's name), which proto3 does not parse.
   std::shared_ptr<const v1::EventBatch> NextToSend(absl::Duration timeout);
   // A new stream starts: everything unacknowledged is to be sent again.
   void Rewind();
