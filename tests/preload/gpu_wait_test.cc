@@ -28,8 +28,8 @@
 
 #include <cuda.h>
 
-#include "eventually.h"
 #include "fake_cuda_control.h"
+#include "manual_kernels.h"
 #include "routes.h"
 
 namespace vramscope::fake {
@@ -37,44 +37,19 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kBlock = 32 * kMiB;
-const CUfunction kKernel = reinterpret_cast<CUfunction>(0x1);
 
 std::uint64_t Calls(const char* name) { return vramscope_fake_call_count(name); }
 
-class GpuWaitTest : public ::testing::Test {
+class GpuWaitTest : public ManualKernelsTest {
  protected:
-  static void SetUpTestSuite() {
-    std::string error;
-    ASSERT_TRUE(LoadDirect(&api_, &error)) << error;
-  }
-
   void SetUp() override {
-    ASSERT_NE(ModuleOf(reinterpret_cast<void*>(api_.cuMemAlloc_v2)).find("libvramscope"),
-              std::string::npos)
-        << "run with LD_PRELOAD=libvramscope.so";
-    ASSERT_EQ(api_.cuInit(0), CUDA_SUCCESS);
-    ASSERT_EQ(api_.cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
-    ASSERT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
-    vramscope_fake_set_manual_events(0);
-    vramscope_fake_set_manual_kernels(1);
-    vramscope_fake_set_blocking_sync(1);
+    ManualKernelsTest::SetUp();
     ASSERT_EQ(api_.cuStreamCreate(&old_, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   }
 
-  void TearDown() override {
-    vramscope_fake_set_blocking_sync(0);
-    vramscope_fake_complete_all_events();
-    vramscope_fake_set_manual_kernels(0);
-    ASSERT_EQ(api_.cuCtxSynchronize(), CUDA_SUCCESS);
+  void ReleaseHeld() override {
     for (CUdeviceptr p : live_) EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
     EXPECT_EQ(api_.cuStreamDestroy_v2(old_), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
-  }
-
-  void Launch(CUstream stream) {
-    ASSERT_EQ(api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr),
-              CUDA_SUCCESS);
   }
 
   // A block used by a kernel on old_ that still runs, freed, and allocated again: returns the
@@ -101,13 +76,9 @@ class GpuWaitTest : public ::testing::Test {
     return got;
   }
 
-  static DriverApi api_;
-  CUcontext ctx_ = nullptr;
   CUstream old_ = nullptr;
   std::vector<CUdeviceptr> live_;
 };
-
-DriverApi GpuWaitTest::api_;
 
 // A stream created after the handover: its first work waits. Fails if the wait is skipped.
 TEST_F(GpuWaitTest, StreamCreatedAfterTheRoundWaitsBeforeItsFirstWork) {

@@ -24,8 +24,8 @@
 
 #include <cuda.h>
 
-#include "eventually.h"
 #include "fake_cuda_control.h"
+#include "manual_kernels.h"
 #include "routes.h"
 
 namespace vramscope::fake {
@@ -33,48 +33,17 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kBlock = 32 * kMiB;
-const CUfunction kKernel = reinterpret_cast<CUfunction>(0x1);
 
 std::uint64_t Calls(const char* name) { return vramscope_fake_call_count(name); }
 // Driver calls that take device memory for the pool (VMM maps or segments).
 std::uint64_t DriverAllocs() { return Calls("cuMemCreate") + Calls("cuMemAlloc_v2"); }
 
-class StreamFenceTest : public ::testing::Test {
+class StreamFenceTest : public ManualKernelsTest {
  protected:
-  static void SetUpTestSuite() {
-    std::string error;
-    ASSERT_TRUE(LoadDirect(&api_, &error)) << error;
-  }
-
-  void SetUp() override {
-    ASSERT_NE(ModuleOf(reinterpret_cast<void*>(api_.cuMemAlloc_v2)).find("libvramscope"),
-              std::string::npos)
-        << "run with LD_PRELOAD=libvramscope.so";
-    ASSERT_EQ(api_.cuInit(0), CUDA_SUCCESS);
-    ASSERT_EQ(api_.cuDevicePrimaryCtxRetain(&ctx_, 0), CUDA_SUCCESS);
-    ASSERT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
-    vramscope_fake_set_manual_events(0);
-    vramscope_fake_set_manual_kernels(1);
-    vramscope_fake_set_blocking_sync(1);
-  }
-
-  void TearDown() override {
-    vramscope_fake_set_blocking_sync(0);
-    vramscope_fake_complete_all_events();
-    vramscope_fake_set_manual_kernels(0);
-    ASSERT_EQ(api_.cuCtxSynchronize(), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuCtxSetCurrent(nullptr), CUDA_SUCCESS);
-    EXPECT_EQ(api_.cuDevicePrimaryCtxRelease_v2(0), CUDA_SUCCESS);
-  }
-
   CUstream NewStream(unsigned flags) {
     CUstream stream = nullptr;
     EXPECT_EQ(api_.cuStreamCreate(&stream, flags), CUDA_SUCCESS);
     return stream;
-  }
-  void Launch(CUstream stream) {
-    ASSERT_EQ(api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr),
-              CUDA_SUCCESS);
   }
 
   // Allocates kBlock on another thread; `pending_kernels` is what was still running the moment
@@ -93,12 +62,7 @@ class StreamFenceTest : public ::testing::Test {
       w->done = true;
     });
   }
-
-  static DriverApi api_;
-  CUcontext ctx_ = nullptr;
 };
-
-DriverApi StreamFenceTest::api_;
 
 // Two non-blocking streams use the block; it comes back only after both kernels finished. Fails
 // if a fence forgets a stream (the worker then returns after the first kernel).
