@@ -151,7 +151,9 @@ inline bool LagWaitDue(Slot* slot, std::size_t bytes) {
 // is handed over rather than the pool grown, also where what waits is smaller than the request
 // (with the pool's free memory it may serve it: a handover costs no host wait).
 inline bool HandoverDue(Slot* slot) {
-  return GpuWaitOn() && PendingOverBound(slot, kLagFloor, Cfg().fence_handover_fraction);
+  // The setting first: an inline load, so event fences without GPU waits pay no call here.
+  return Cfg().fence_gpu_wait && GpuWaitOn() &&
+         PendingOverBound(slot, kLagFloor, Cfg().fence_handover_fraction);
 }
 
 // Event mode, much freed memory still waiting: hand the oldest fences over to GPU-side waits
