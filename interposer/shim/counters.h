@@ -105,6 +105,10 @@ struct ShimCounters {
   // the cuStreamWaitEvent calls they cost (stream_fence.h).
   Counter gpu_wait_handovers;
   Counter gpu_waits;
+  // The event fences' own driver calls (cuEventRecord of the rounds, cuEventQuery of the polls):
+  // what the fences cost the driver, next to the fence thread's CPU time in the summary.
+  Counter event_records;
+  Counter event_queries;
 };
 
 // The process's counters (zeroed in a fork child: ResetCountersInChild, shim.cc's fork table).

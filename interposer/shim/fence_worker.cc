@@ -31,6 +31,7 @@ struct Worker {
   pthread_cond_t idle = PTHREAD_COND_INITIALIZER;
   bool started = false;
   bool failed = false;
+  pthread_t thread{};
   bool busy = false;
   Slot* queue[kQueue] = {};
   int head = 0;
@@ -161,6 +162,7 @@ bool StartLocked(Worker& w) {
                   error);
     return false;
   }
+  w.thread = thread;
   w.started = true;
   return true;
 }
@@ -202,6 +204,22 @@ void QuiesceFenceWorker(int timeout_ms) {
     if (pthread_cond_timedwait(&w.idle, &w.mu, &deadline) != 0) break;
   }
   pthread_mutex_unlock(&w.mu);
+}
+
+std::uint64_t FenceWorkerCpuNs() {
+  Worker& w = g_worker;
+  pthread_mutex_lock(&w.mu);
+  const bool started = w.started;
+  const pthread_t thread = w.thread;
+  pthread_mutex_unlock(&w.mu);
+  clockid_t clock{};
+  timespec ts{};
+  // The helper is detached but never exits while the process lives.
+  if (!started || pthread_getcpuclockid(thread, &clock) != 0 || clock_gettime(clock, &ts) != 0) {
+    return 0;
+  }
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
+         static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 void LockFenceWorkerForFork() { pthread_mutex_lock(&g_worker.mu); }

@@ -10,6 +10,8 @@
 // Thread safety: all functions may be called from any thread.
 #pragma once
 
+#include <cstdint>
+
 namespace vramscope::interposer {
 
 struct Slot;
@@ -20,6 +22,9 @@ bool RequestBackgroundSync(Slot* slot);
 
 // Waits up to `timeout_ms` for the helper to finish what it is doing.
 void QuiesceFenceWorker(int timeout_ms);
+
+// CPU time the helper thread has used so far, nanoseconds (0 when it never started).
+std::uint64_t FenceWorkerCpuNs();
 
 void LockFenceWorkerForFork();
 void UnlockFenceWorkerAfterFork();

@@ -267,14 +267,17 @@ void PrintSummary() {
   used = AppendF(line, used, kSize,
                  " ipc_refused=%llu ordered_end_waits=%llu event_fences=%llu"
                  " event_fence_syncs=%llu event_fence_waits=%llu gpu_wait_handovers=%llu"
-                 " gpu_waits=%llu\n",
+                 " gpu_waits=%llu event_records=%llu event_queries=%llu fence_thread_cpu_us=%llu\n",
                  static_cast<unsigned long long>(counters.ipc_refused.Get()),
                  static_cast<unsigned long long>(counters.ordered_end_waits.Get()),
                  static_cast<unsigned long long>(counters.event_fences.Get()),
                  static_cast<unsigned long long>(counters.event_fence_syncs.Get()),
                  static_cast<unsigned long long>(counters.event_fence_waits.Get()),
                  static_cast<unsigned long long>(counters.gpu_wait_handovers.Get()),
-                 static_cast<unsigned long long>(counters.gpu_waits.Get()));
+                 static_cast<unsigned long long>(counters.gpu_waits.Get()),
+                 static_cast<unsigned long long>(counters.event_records.Get()),
+                 static_cast<unsigned long long>(counters.event_queries.Get()),
+                 static_cast<unsigned long long>(FenceWorkerCpuNs() / 1000));
   if (line[used - 1] != '\n') line[used - 1] = '\n';
   WriteStderr(line, static_cast<std::size_t>(used));
 }

@@ -10,6 +10,7 @@ next step waiting for it), so tensors are freed while work on two streams may st
 the multi-stream case of the shim's stream-aware fences (interposer/shim/stream_fence.h).
 """
 import json
+import statistics
 import os
 import sys
 import time
@@ -80,11 +81,13 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator(device=dev).manual_seed(1)
     times = []
+    cpu = []
     loss = None
     for step in range(steps):
         idx = torch.randint(0, 50257, (8, 512), device=dev, generator=gen)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
+        c0 = time.process_time()
         push("forward")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(idx[:, :-1])
@@ -106,11 +109,17 @@ def main():
         pop()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1000)
+        cpu.append((time.process_time() - c0) * 1000)
     if snapshot:
         torch.cuda.memory._dump_snapshot(snapshot)
     timed = times[2:] if len(times) > 2 else times
+    timed_cpu = cpu[2:] if len(cpu) > 2 else cpu
     print(json.dumps({
         "ms_per_step": sum(timed) / len(timed),
+        # The median step (robust to a slow step), and the CPU time of the whole process (every
+        # thread: the shim's helper too) per step.
+        "ms_median": statistics.median(timed),
+        "cpu_ms_per_step": sum(timed_cpu) / len(timed_cpu),
         "loss": round(float(loss.detach()), 4),
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
         "max_memory_reserved": torch.cuda.max_memory_reserved(),
