@@ -92,6 +92,11 @@ Config ReadConfig() {
   if (ReadU64("VRAMSCOPE_FENCE_HANDOVER_FRACTION", &value)) {
     config.fence_handover_fraction = value;
   }
+  // GPU-side waits space rounds and polls out (config.h): a handover covers the newest frees.
+  if (config.fence_gpu_wait) {
+    config.fence_round_us = Config::kGpuWaitRoundUs;
+    config.fence_poll_us = Config::kGpuWaitPollUs;
+  }
   if (ReadU64("VRAMSCOPE_FENCE_ROUND_US", &value)) {
     config.fence_round_us = std::clamp<std::uint64_t>(value, 1, 100000);
   }

@@ -25,7 +25,13 @@ struct EventFenceRing {
     std::uint64_t epoch = 0;
     int count = 0;
     bool sync = false;  // not exact: complete it with a device synchronisation
+    // The stream registry's generation when the round was recorded (it changes whenever a
+    // stream is destroyed, so one handle names one stream within a generation).
+    std::uint64_t generation = 0;
     CUevent events[kEventsPerFence] = {};
+    // The stream each event was recorded on (CU_STREAM_LEGACY for the legacy stream); null for
+    // an event of a destroyed stream, which nothing later on the same handle may stand for.
+    CUstream streams[kEventsPerFence] = {};
   };
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   Fence fences[kFences];

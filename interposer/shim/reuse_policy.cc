@@ -1,5 +1,7 @@
 #include "reuse_policy.h"
 
+#include <time.h>
+
 // The out-of-line halves of reuse_policy.h: what its inline checks decided is due.
 namespace vramscope::interposer::reuse {
 
@@ -15,6 +17,14 @@ __attribute__((noinline)) void MaybeSyncDue(Slot* slot, std::uint64_t frees,
   } else if (frees >= config.fence_batch_frees || pending >= batch_bytes) {
     if (!RequestBackgroundSync(slot)) (void)slot->fences.Sync();
   }
+}
+
+bool RoundSpacingPassedSlow(const EventFenceRing& ring) {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const std::uint64_t now =
+      static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+  return now - ring.last_round_ns.load(std::memory_order_relaxed) >= Cfg().fence_round_us * 1000;
 }
 
 __attribute__((noinline)) void AskForRound(Slot* slot) {
@@ -35,11 +45,14 @@ bool EventLagWait(Slot* slot, std::size_t bytes, std::uintptr_t* address, pool::
   for (int i = 0; i < kMaxLagWaits; ++i) {
     const bool host_due = LagWaitDue(slot, bytes);
     if (!host_due && !HandoverDue(slot)) return false;
-    // GPU waits: the oldest fence's blocks now, its events waited for by every stream's next
-    // work on the GPU; past the lag bound, else the host waits for it. Below the lag bound a
-    // fence that cannot be handed over (not exact, the owed table full) means growing; with no
-    // fence queued, a round is issued (the frees since the last one) for the next turn.
-    if (HandOverOldestEventFence(slot)) {
+    // GPU waits: every block freed so far, now. The frees since the last round get one first
+    // (recorded here, a few event records), then all queued fences go over to waits on the GPU
+    // as one round. Past the lag bound a fence that cannot be handed over (not exact, the owed
+    // table full) makes the host wait for it; below it, growing.
+    if (GpuWaitOn() && slot->event_fences.frees_since_round.load(std::memory_order_relaxed) != 0) {
+      (void)IssueEventRound();
+    }
+    if (HandOverEventFences(slot)) {
     } else if (host_due) {
       if (!WaitOldestEventFence(slot) && !IssueEventRound()) return false;
     } else if (slot->event_fences.in_flight.load(std::memory_order_acquire) != 0 ||

@@ -52,6 +52,15 @@ constexpr std::uint64_t kRoundFrees = 64;
 
 inline bool EventMode() { return Cfg().mode == Mode::kPool && EventFencesOn(); }
 
+// With GPU-side waits, the free path asks for a round only once VRAMSCOPE_FENCE_ROUND_US passed
+// since the last: a handover covers the newest frees with a round of its own, so rounds only need
+// to let the older fences complete, and each round's records (and the polls of its events)
+// contend with the program's launches in the driver. Host waits want every batch fenced soon.
+bool RoundSpacingPassedSlow(const EventFenceRing& ring);
+inline bool RoundSpacingPassed(const EventFenceRing& ring) {
+  return !Cfg().fence_gpu_wait || RoundSpacingPassedSlow(ring);
+}
+
 void AskForRound(Slot* slot);
 
 // The free path's check: below one batch (the common case) nothing is due.
@@ -59,8 +68,9 @@ __attribute__((always_inline)) inline void MaybeSync(Slot* slot, std::uint64_t f
   const std::uint64_t pending = slot->pool->PendingBytesRelaxed();
   if (EventMode()) {
     const EventFenceRing& ring = slot->event_fences;
-    if (ring.bytes_since_round.load(std::memory_order_relaxed) >= kRoundBytes ||
-        ring.frees_since_round.load(std::memory_order_relaxed) >= kRoundFrees) {
+    if ((ring.bytes_since_round.load(std::memory_order_relaxed) >= kRoundBytes ||
+         ring.frees_since_round.load(std::memory_order_relaxed) >= kRoundFrees) &&
+        RoundSpacingPassed(ring)) {
       AskForRound(slot);
     }
     // Completions stall (a capture live, fences that fall back): four batches pending make the

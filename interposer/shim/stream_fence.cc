@@ -184,6 +184,7 @@ void PollRingLocked(Slot* slot, bool may_sync) {
     bool done = true;
     for (int i = 0; i < fence.count && done; ++i) {
       const CUresult result = real.cuEventQuery(fence.events[i]);
+      Counters().event_queries.Add(1);
       if (result == CUDA_ERROR_NOT_READY) {
         done = false;
       } else if (result != CUDA_SUCCESS) {
@@ -216,6 +217,11 @@ void QueueFence(Slot* slot, std::uint64_t epoch, bool legacy, StreamEntry** stre
     fence.sync = !exact;
   }
   fence.epoch = epoch;
+  // A full ring's newest fence keeps its generation; events it takes in a later one are keyed
+  // by no stream (a handle may name another stream by then), so a handover never merges them.
+  const std::uint64_t generation = g_generation.load(std::memory_order_acquire);
+  if (!full) fence.generation = generation;
+  const bool same_generation = fence.generation == generation;
   auto record = [&](CUstream stream) {
     if (fence.sync) return;
     if (fence.count == EventFenceRing::kEventsPerFence) {
@@ -223,11 +229,13 @@ void QueueFence(Slot* slot, std::uint64_t epoch, bool legacy, StreamEntry** stre
       return;
     }
     CUevent event = TakeEvent(ring);
+    if (event != nullptr) Counters().event_records.Add(1);
     if (event == nullptr || real.cuEventRecord(event, stream) != CUDA_SUCCESS) {
       GiveEvent(ring, event);
       fence.sync = true;
       return;
     }
+    fence.streams[fence.count] = same_generation ? stream : nullptr;
     fence.events[fence.count++] = event;
   };
   for (int i = 0; i < stream_count; ++i) {
@@ -236,6 +244,7 @@ void QueueFence(Slot* slot, std::uint64_t epoch, bool legacy, StreamEntry** stre
   if (legacy) record(CU_STREAM_LEGACY);
   for (int i = 0; i < ring.orphan_count; ++i) {
     if (!fence.sync && fence.count < EventFenceRing::kEventsPerFence) {
+      fence.streams[fence.count] = nullptr;
       fence.events[fence.count++] = ring.orphans[i];
     } else {
       fence.sync = true;
@@ -749,7 +758,52 @@ bool GpuWaitOn() {
   return g_gpu_wait.load(std::memory_order_relaxed) && EventFencesOn() && !Exiting();
 }
 
-bool HandOverOldestEventFence(Slot* slot) {
+namespace {
+
+// One owed round's worth of events standing for a run of queued fences: the newest event of
+// each stream. Events on one stream complete in order, so its newest covers the older ones.
+struct MergedEvents {
+  int count = 0;
+  CUevent events[EventFenceRing::kEventsPerFence] = {};
+  CUstream streams[EventFenceRing::kEventsPerFence] = {};
+  std::uint64_t generations[EventFenceRing::kEventsPerFence] = {};
+
+  // Adds `fence`'s events, replacing each stream's older one; false (and unchanged) if they do
+  // not fit. A handle stands for the same stream only within one registry generation (the
+  // legacy stream always); an event of a destroyed stream (null) is never replaced.
+  bool Add(const EventFenceRing::Fence& fence) {
+    MergedEvents next = *this;
+    for (int e = 0; e < fence.count; ++e) {
+      const CUstream stream = fence.streams[e];
+      int at = -1;
+      for (int m = 0; m < next.count && at < 0 && stream != nullptr; ++m) {
+        if (next.streams[m] == stream &&
+            (stream == CU_STREAM_LEGACY || next.generations[m] == fence.generation)) {
+          at = m;
+        }
+      }
+      if (at < 0) {
+        if (next.count == EventFenceRing::kEventsPerFence) return false;
+        at = next.count++;
+      }
+      next.events[at] = fence.events[e];
+      next.streams[at] = stream;
+      next.generations[at] = fence.generation;
+    }
+    *this = next;
+    return true;
+  }
+  bool Holds(CUevent event) const {
+    for (int m = 0; m < count; ++m) {
+      if (events[m] == event) return true;
+    }
+    return false;
+  }
+};
+
+}  // namespace
+
+bool HandOverEventFences(Slot* slot) {
   EventFenceRing& ring = slot->event_fences;
   if (!GpuWaitOn() || ring.in_flight.load(std::memory_order_acquire) == 0) return false;
   // The helper retires owed rounds as it polls; if it went to sleep just before a handover,
@@ -763,8 +817,16 @@ bool HandOverOldestEventFence(Slot* slot) {
     pthread_mutex_unlock(&ring.mu);
     return true;  // completed meanwhile
   }
-  EventFenceRing::Fence& fence = ring.fences[ring.head];
-  if (fence.sync) {
+  // The oldest exact fences whose newest event per stream fit one owed round: fences complete
+  // in order, so handing over a prefix of the queue completes exactly its epochs.
+  MergedEvents merged;
+  int take = 0;
+  while (take < ring.count) {
+    const EventFenceRing::Fence& fence = ring.fences[(ring.head + take) % EventFenceRing::kFences];
+    if (fence.sync || !merged.Add(fence)) break;
+    ++take;
+  }
+  if (take == 0) {
     pthread_mutex_unlock(&ring.mu);
     return false;
   }
@@ -784,18 +846,27 @@ bool HandOverOldestEventFence(Slot* slot) {
   const std::uint64_t gen = g_owed_gen.load(std::memory_order_relaxed) + 1;
   free_round->slot = slot;
   free_round->ctx = slot->ctx;
-  free_round->count = fence.count;
-  for (int i = 0; i < fence.count; ++i) free_round->events[i] = fence.events[i];
+  free_round->count = merged.count;
+  for (int i = 0; i < merged.count; ++i) free_round->events[i] = merged.events[i];
   free_round->gen = gen;
-  // Owed before the epoch completes: whoever gets a block of it sees the round (the store
+  // Owed before the epochs complete: whoever gets a block of them sees the round (the store
   // happens before the allocation returns the block).
   g_owed_live.fetch_add(1, std::memory_order_seq_cst);
   g_owed_gen.store(gen, std::memory_order_seq_cst);
   pthread_mutex_unlock(&g_owed_mu);
   slot->fences.NoteGpuOwed();
-  slot->fences.CompleteFromEvents(fence.epoch);
-  fence.count = 0;  // its events belong to the owed round now
-  PopOldest(ring);
+  slot->fences.CompleteFromEvents(
+      ring.fences[(ring.head + take - 1) % EventFenceRing::kFences].epoch);
+  for (int f = 0; f < take; ++f) {
+    EventFenceRing::Fence& fence = ring.fences[ring.head];
+    // The events a newer one of their stream stands for go back; the others belong to the owed
+    // round now.
+    for (int e = 0; e < fence.count; ++e) {
+      if (!merged.Holds(fence.events[e])) GiveEvent(ring, fence.events[e]);
+    }
+    fence.count = 0;
+    PopOldest(ring);
+  }
   pthread_mutex_unlock(&ring.mu);
   Counters().gpu_wait_handovers.Add(1);
   return true;

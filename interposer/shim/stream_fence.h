@@ -26,9 +26,11 @@
 // takes. A context destroyed or reset forgets its streams; a fork child starts empty.
 //
 // GPU-side waits (VRAMSCOPE_FENCE_GPU_WAIT=1). Where an allocation would block the host for the
-// oldest queued fence (the lag bound, reuse_policy.h), HandOverOldestEventFence instead moves
-// that fence's events into the owed table and completes its epoch at once, so its blocks serve
-// the allocation now. From then on, before any work is queued on a stream that has not yet
+// oldest queued fence (the lag bound, reuse_policy.h), or grow past the handover bound, the
+// allocating thread issues a round for the frees since the last one and HandOverEventFences moves
+// the queued fences' events into the owed table as one round (the newest event of each stream
+// stands for its older ones) and completes their epochs at once, so every block freed so far
+// serves the allocation now. From then on, before any work is queued on a stream that has not yet
 // waited for that round, PayOwedWaits (called by WatchStream, ordered.h, before every watched
 // driver call: launches, async and synchronous copies and memsets, graph launch and upload,
 // capture begin, ...) queues cuStreamWaitEvent(stream, event) for every event of every owed round
@@ -150,11 +152,13 @@ inline void PayOwedWaits(CUstream stream, bool per_thread) {
 
 // GPU-side waits are in use (VRAMSCOPE_FENCE_GPU_WAIT=1 and event fences on).
 bool GpuWaitOn();
-// Completes the oldest queued fence of `slot` by handing its events over to GPU-side waits
-// (never blocks on the GPU); true if the oldest fence is complete now (handed over, or it
-// completed meanwhile), false if it cannot be handed over (none queued, not exact, owed table
-// full, GPU waits off): the caller then waits on the host.
-bool HandOverOldestEventFence(Slot* slot);
+// Completes the queued fences of `slot`, oldest first, by handing their events over to GPU-side
+// waits as one owed round (never blocks on the GPU): every exact fence up to the first that is
+// not, or up to as many as one round's newest event per stream covers (events on one stream
+// complete in order). True if the oldest fence is complete now (handed over, or it completed
+// meanwhile), false if it cannot be handed over (none queued, not exact, owed table full, GPU
+// waits off): the caller then waits on the host.
+bool HandOverEventFences(Slot* slot);
 // Waits on the host until every owed round's events completed and retires them (IPC export,
 // unknown entry point: work the shim cannot make wait may follow).
 void DrainOwedWaitsOnHost();

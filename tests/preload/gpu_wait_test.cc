@@ -254,6 +254,54 @@ TEST_F(GpuWaitTest, ThreadsOnTheirOwnStreamsNeverTouchABlockBeforeItsOldKernel) 
   for (CUstream s : streams) EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
 }
 
+// Blocks freed on two streams, each free followed by its own round, go over in one handover:
+// all three serve allocations at once with no growth, and a new stream's first work waits for
+// one event per stream (its newest, which follows the older kernels of that stream), ordered
+// after every old kernel. Handing fences over one at a time made it wait once per round.
+TEST_F(GpuWaitTest, QueuedRoundsGoOverAsOneRoundOfOneEventPerStream) {
+  CUstream other = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CUdeviceptr blocks[3] = {};
+  for (CUdeviceptr& b : blocks) ASSERT_EQ(api_.cuMemAlloc_v2(&b, kBlock), CUDA_SUCCESS);
+  const CUstream used_on[3] = {old_, other, old_};
+  for (int i = 0; i < 3; ++i) {
+    Launch(used_on[i]);
+    const std::uint64_t records = Calls("cuEventRecord");
+    ASSERT_EQ(api_.cuMemFree_v2(blocks[i]), CUDA_SUCCESS);
+    // The helper's round for this free (a queued fence of its own).
+    ASSERT_TRUE(Eventually([&] { return Calls("cuEventRecord") > records; }));
+  }
+  const std::uint64_t grows = Calls("cuMemCreate") + Calls("cuMemAlloc_v2");
+  std::atomic<bool> done{false};
+  CUdeviceptr got[3] = {};
+  std::thread worker([&] {
+    EXPECT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    for (CUdeviceptr& g : got) EXPECT_EQ(api_.cuMemAlloc_v2(&g, kBlock), CUDA_SUCCESS);
+    done = true;
+  });
+  const bool returned = Eventually([&] { return done.load(); });
+  if (!returned) vramscope_fake_complete_all_events();
+  worker.join();
+  ASSERT_TRUE(returned) << "an allocation waited on the host for an old kernel";
+  for (CUdeviceptr g : got) {
+    live_.push_back(g);
+    EXPECT_TRUE(g == blocks[0] || g == blocks[1] || g == blocks[2]) << "not a freed block";
+  }
+  EXPECT_EQ(Calls("cuMemCreate") + Calls("cuMemAlloc_v2"), grows) << "the pool grew";
+  EXPECT_EQ(vramscope_fake_pending_kernels_on(old_), 2);
+  EXPECT_EQ(vramscope_fake_pending_kernels_on(other), 1);
+  CUstream fresh = nullptr;
+  ASSERT_EQ(api_.cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  const std::uint64_t waits = Calls("cuStreamWaitEvent");
+  Launch(fresh);
+  EXPECT_EQ(vramscope_fake_unordered_at_last_work(fresh), 0)
+      << "work on a new stream may touch a block while its old kernel runs";
+  EXPECT_LE(Calls("cuStreamWaitEvent"), waits + 2) << "more than one wait per stream";
+  EXPECT_EQ(api_.cuStreamDestroy_v2(fresh), CUDA_SUCCESS);
+  vramscope_fake_complete_all_events();
+  EXPECT_EQ(api_.cuStreamDestroy_v2(other), CUDA_SUCCESS);
+}
+
 // Once the old kernel finished, nothing is owed: new streams queue work without any wait.
 TEST_F(GpuWaitTest, NothingOwedOnceTheRoundCompleted) {
   HandedOverBlock();

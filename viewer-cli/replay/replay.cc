@@ -86,20 +86,19 @@ class ModelFences final : public FenceTracker {
     return true;
   }
 
-  // kGpuWait: what waiting for the oldest fence not yet complete would complete (every free the
-  // GPU passes by then) becomes complete now, its order left to the GPU; the host does not wait.
-  // False if none is pending.
-  bool HandOverOldest(ReplayResult* result) {
-    while (!queue_.empty() && queue_.top().first <= std::max(now_, handed_until_)) queue_.pop();
+  // kGpuWait: every free so far that is not yet complete becomes complete now (the shim issues a
+  // round for the newest frees and hands all queued fences over as one), its order left to the
+  // GPU; the host does not wait. False if none is pending.
+  bool HandOverAll(ReplayResult* result) {
+    while (!queue_.empty() && queue_.top().first <= now_) queue_.pop();
     if (queue_.empty()) return false;
-    handed_until_ = queue_.top().first;
-    queue_.pop();
+    for (; !queue_.empty(); queue_.pop()) ready_[queue_.top().second - 1] = 0;
     ++result->handovers;
     return true;
   }
 
   bool IsComplete(std::uint64_t fence) override {
-    if (PerFree()) return ready_[fence - 1] <= std::max(now_, handed_until_);
+    if (PerFree()) return ready_[fence - 1] <= now_;
     return fence <= completed_epoch_;
   }
   void Wait(std::uint64_t fence) override {
@@ -128,7 +127,6 @@ class ModelFences final : public FenceTracker {
   std::uint64_t waited_ = 0;
   // kEvents, kGpuWait
   std::vector<std::uint64_t> ready_;
-  std::uint64_t handed_until_ = 0;  // kGpuWait: frees ready by then were handed over
   std::priority_queue<std::pair<std::uint64_t, std::size_t>,
                       std::vector<std::pair<std::uint64_t, std::size_t>>, std::greater<>>
       queue_;
@@ -220,7 +218,7 @@ absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
         if (due()) {
           status = t.pool->AllocateCached(op.size, &addresses[op.slot], nullptr);
           auto next = [&] {
-            return options.fence == FenceModel::kGpuWait ? model.HandOverOldest(result)
+            return options.fence == FenceModel::kGpuWait ? model.HandOverAll(result)
                                                          : model.WaitOldest(result);
           };
           while (status != PoolStatus::kOk && due() && next()) {

@@ -9,9 +9,10 @@
 //    later event is shifted by the wait, counted in host_wait_us);
 //  - kGpuWait (event fences with VRAMSCOPE_FENCE_GPU_WAIT=1): as kEvents, but where the pool
 //    would grow while more than max(16 MiB, reserved / handover_fraction) waits for fences, or
-//    where the lag bound would wait on the host, the oldest fence is handed over instead:
-//    complete for reuse at once, the ordering left to waits on the GPU, which had that work
-//    queued anyway; the host never waits (handovers counts them);
+//    where the lag bound would wait on the host, every free so far is handed over instead (the
+//    shim's round for the newest frees and all queued fences as one): complete for reuse at once,
+//    the ordering left to waits on the GPU, which had that work queued anyway; the host never
+//    waits (handovers counts them);
 //  - kDeviceSync (VRAMSCOPE_FENCE_EVENTS=0: the amortised device synchronisation, its batch rule
 //    alone): after batch_frees frees or batch_bytes bytes since the last one, a synchronisation
 //    starts (one at a time) and completes every earlier free `lag` later.

@@ -168,8 +168,8 @@ void DefineFlags(CLI::App& app, ReplayFlags* flags) {
                  "when a free becomes reusable: none (default: at once), events (the shim's "
                  "stream-aware event fences: once the GPU passed the free, with the lag bound that "
                  "waits for the oldest fence rather than grow), gpuwait (events with "
-                 "VRAMSCOPE_FENCE_GPU_WAIT=1: the lag bound hands the oldest fence over to waits "
-                 "on the GPU instead of waiting on the host), devsync (VRAMSCOPE_FENCE_EVENTS=0: "
+                 "VRAMSCOPE_FENCE_GPU_WAIT=1: rather than grow or wait on the host, every free so "
+                 "far is handed over to waits on the GPU), devsync (VRAMSCOPE_FENCE_EVENTS=0: "
                  "a device synchronisation after 1,024 frees or 2.2 GB, one at a time)")
       ->type_name("MODEL")
       ->transform(CLI::CheckedTransformer(
@@ -189,7 +189,7 @@ void DefineFlags(CLI::App& app, ReplayFlags* flags) {
       ->type_name("N")
       ->check(CLI::Range(0, 1000000));
   app.add_option("--handover-fraction", flags->options.handover_fraction,
-                 "gpuwait: hand the oldest fence over rather than grow while over 1/N of what "
+                 "gpuwait: hand every free so far over rather than grow while over 1/N of what "
                  "the pool holds waits for fences (as VRAMSCOPE_FENCE_HANDOVER_FRACTION, default "
                  "256; 0: only past --lag-fraction)")
       ->type_name("N")
