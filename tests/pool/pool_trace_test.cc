@@ -145,7 +145,7 @@ double FencedRatio(const std::vector<TraceEvent>& events, internal::Layout layou
 
 // The quick bins (fenced frees of one size served back as they are) hold no more memory than
 // merging every completed block at once: within 2% of the same fenced replay without bins
-// (measured: at most +1.9%, mlp_dynamic_train over vmm with a synchronisation every 64 frees;
+// (measured: at most +1.0%, mlp_dynamic_train over segments with a synchronisation every 64 frees;
 // bins that took other sizes made gpt2_train over segments 12.6% worse).
 TEST_P(TraceReplayTest, QuickBinsKeepTheFencedReplaysPeakReserved) {
   const TraceGoal goal = GetParam();
@@ -165,7 +165,8 @@ TEST_P(TraceReplayTest, QuickBinsKeepTheFencedReplaysPeakReserved) {
 
 // The vmm soft cap counts pending bytes as in use (Tuning::vmm_cap_counts_pending): a pool whose
 // frees wait for fences then maps ahead instead of unmapping what just became free at every
-// growth. Measured: 2-4x fewer upstream calls for at most 2.4% more peak reserved.
+// growth. Measured: 1.0-1.4x fewer upstream calls (the ceiling above the soft cap spares most of
+// those remaps already) for at most 1.4% more peak reserved.
 TEST_P(TraceReplayTest, SoftCapCountingPendingBytesTakesFewerUpstreamCalls) {
   const TraceGoal goal = GetParam();
   std::vector<TraceEvent> events;
