@@ -12,12 +12,17 @@ enum class Layout { kVmm, kSegments };
 
 struct Tuning {
   // --- Virtual-memory layout ---
-  // Soft cap on mapped bytes: before mapping more, free granules are unmapped until
-  // mapped + new <= peak_allocated * (1 + vmm_slack) + vmm_slack_granules * granularity.
-  double vmm_slack = 0.03;
-  std::size_t vmm_slack_granules = 2;
-  // When mapping, map this share of the allocated bytes beyond the need (within the soft cap).
-  double vmm_map_ahead = 0.03;
+  // Soft cap on mapped bytes, with peak = max(peak allocated, allocated + request [+ pending]):
+  // a growth that would take mapped + new past peak * (1 + vmm_ceiling_slack) first unmaps free
+  // granules until mapped + new <= peak * (1 + vmm_slack); one below that ceiling maps without
+  // unmapping. Shares of the pool, so that small pools keep the ratio too; each slack is at least
+  // vmm_min_slack_granules granules (which matters below 50 MB only).
+  double vmm_slack = 0.04;
+  double vmm_ceiling_slack = 0.045;
+  std::size_t vmm_min_slack_granules = 1;
+  // When mapping, map this share of the allocated bytes beyond the need, within
+  // peak * (1 + vmm_slack) counted without pending bytes (mapping ahead bets on allocations).
+  double vmm_map_ahead = 0.04;
   // The soft cap counts pending bytes (freed, fence not complete) as in use.
   bool vmm_cap_counts_pending = true;
   // Requests up to small_max_bytes get a reserved range of their own (measured: more upstream

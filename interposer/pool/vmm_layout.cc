@@ -129,43 +129,59 @@ bool VmmLayout::PlaceMapped(std::size_t rounded, std::uint8_t heap, Placement* b
 }
 
 // The soft cap on mapped bytes: keep them near the peak of allocated bytes, which is what the
-// ratio goal measures. Pending bytes (freed, fence not complete) count as in use: they can be
-// neither reused nor unmapped yet. Without them, a pool whose frees wait for fences sits above
-// the cap for good, unmaps what just became free at every growth and maps exactly the request
-// each time.
-std::size_t VmmLayout::SoftCap(const Core& core, std::size_t rounded) const {
+// ratio goal measures. The slack is a share of that peak, not a number of granules: a fixed slack
+// big enough to spare a large pool its remaps is a large share of a small one (7 granules are 8%
+// of a 170 MB pool). Pending bytes (freed, fence not complete) count as in use
+// (`count_pending`, unless Tuning says otherwise): they can be neither reused nor unmapped yet.
+// Without them, a pool whose frees wait for fences sits above the cap for good, unmaps what just
+// became free at every growth and maps exactly the request each time.
+std::size_t VmmLayout::SoftCap(const Core& core, std::size_t rounded, double slack,
+                               bool count_pending) const {
   const Tuning& tuning = core.tuning_;
-  const std::size_t in_use = core.stats_.current_allocated_bytes + rounded +
-                             (tuning.vmm_cap_counts_pending ? core.PendingBytesRelaxed() : 0);
-  const double peak = static_cast<double>(std::max(core.stats_.peak_allocated_bytes, in_use));
-  return static_cast<std::size_t>(peak * (1.0 + tuning.vmm_slack)) +
-         tuning.vmm_slack_granules * granularity_;
+  const std::size_t in_use =
+      core.stats_.current_allocated_bytes + rounded +
+      (count_pending && tuning.vmm_cap_counts_pending ? core.PendingBytesRelaxed() : 0);
+  const std::size_t peak = std::max(core.stats_.peak_allocated_bytes, in_use);
+  return peak + std::max(static_cast<std::size_t>(static_cast<double>(peak) * slack),
+                         tuning.vmm_min_slack_granules * granularity_);
 }
 
-// The best placement after unmapping free granules elsewhere while mapping it would exceed the
-// soft cap (or the capacity). Unmapping can move the best placement (a neighbour it relied on may
-// be gone), so this repeats while over and something was still unmapped.
+// The best placement, after unmapping free granules elsewhere when mapping it would pass the
+// ceiling (Tuning::vmm_ceiling_slack) or the capacity. Past the ceiling it unmaps down to the soft
+// cap (`budget`), not just to the ceiling: with dynamic shapes a pool at its cap meets a request
+// that fits no free block every few allocations, and each would otherwise cost an unmap and a
+// map; the room between the two lets the next ones map without unmapping. The free neighbours the
+// placement extends are unmapped last (unmapping them would make it cost more, or move it).
+// Unmapping can still move the best placement, so this repeats while over and something was
+// still unmapped.
 bool VmmLayout::PlaceUnderCap(Core& core, std::size_t rounded, std::uint8_t heap,
                               std::size_t budget, Placement* place) {
   if (!PlaceMapped(rounded, heap, place)) return false;
+  const std::size_t ceiling = std::max(
+      budget, SoftCap(core, rounded, core.tuning_.vmm_ceiling_slack, /*count_pending=*/true));
   std::size_t cost = place->map_end - place->map_start;
-  for (int round = 0; round < 4 && (core.reserved_ + cost > budget || core.OverCapacity(cost));
+  for (int round = 0; round < 4 && (core.reserved_ + cost > ceiling || core.OverCapacity(cost));
        ++round) {
-    std::size_t want = core.reserved_ + cost > budget ? core.reserved_ + cost - budget : 0;
+    std::size_t want = core.reserved_ + cost > ceiling ? core.reserved_ + cost - budget : 0;
     if (core.OverCapacity(cost)) want = std::max(want, core.reserved_ + cost - core.capacity_);
-    if (UnmapFreeGranules(core, want) == 0) break;
+    std::size_t released = UnmapFreeGranules(core, want, place);
+    if (released < want) released += UnmapFreeGranules(core, want - released, nullptr);
+    if (released == 0) break;
     if (!PlaceMapped(rounded, heap, place)) return false;
     cost = place->map_end - place->map_start;
   }
   return true;
 }
 
-// Map ahead while memory grows: a share of what is allocated, within the soft cap, so a
+// Map ahead while memory grows: a share of what is allocated, within the soft cap counted without
+// pending bytes (they are not allocations, and mapping ahead bets on allocations growing), so a
 // build-up phase takes geometrically fewer calls and overshoots the peak by at most that share.
 // Extends `place` and returns the extra bytes.
-std::size_t VmmLayout::MapAhead(const Core& core, std::size_t rounded, std::size_t budget,
-                                std::size_t cost, Placement* place) const {
+std::size_t VmmLayout::MapAhead(const Core& core, std::size_t rounded, std::size_t cost,
+                                Placement* place) const {
   const std::size_t reserved = core.reserved_;
+  const std::size_t budget =
+      SoftCap(core, rounded, core.tuning_.vmm_slack, /*count_pending=*/false);
   const std::uintptr_t hole_end = place->hole->addr + place->hole->size;
   std::size_t ahead =
       static_cast<std::size_t>(core.tuning_.vmm_map_ahead *
@@ -183,12 +199,12 @@ UpstreamStatus VmmLayout::GrowMapped(Core& core, std::size_t rounded, bool map_a
                                      std::uintptr_t* position) {
   const std::uint8_t heap = HeapFor(rounded);
   if (!EnsureAddressSpace(core, heap)) return UpstreamStatus::kError;
-  const std::size_t budget = SoftCap(core, rounded);
+  const std::size_t budget = SoftCap(core, rounded, core.tuning_.vmm_slack, /*count_pending=*/true);
   Placement place;
   if (!PlaceUnderCap(core, rounded, heap, budget, &place)) return UpstreamStatus::kOutOfMemory;
   std::size_t cost = place.map_end - place.map_start;
   if (core.OverCapacity(cost)) return UpstreamStatus::kOutOfMemory;
-  if (cost != 0 && map_ahead) cost += MapAhead(core, rounded, budget, cost, &place);
+  if (cost != 0 && map_ahead) cost += MapAhead(core, rounded, cost, &place);
   if (cost == 0) {
     // The run is already mapped (free neighbours fit together): nothing to ask for.
     *block = place.position < place.hole->addr ? place.hole->prev : place.hole->next;
@@ -219,8 +235,11 @@ UpstreamStatus VmmLayout::GrowMapped(Core& core, std::size_t rounded, bool map_a
 }
 
 // Unmaps whole free granules, largest free blocks first, until at least `want` bytes are gone
-// (everything with want = max). One upstream call per free block.
-std::size_t VmmLayout::UnmapFreeGranules(Core& core, std::size_t want) {
+// (everything with want = max), leaving out the free neighbours of `keep`'s hole when given. One
+// upstream call per free block.
+std::size_t VmmLayout::UnmapFreeGranules(Core& core, std::size_t want, const Placement* keep) {
+  const Block* left = keep != nullptr ? keep->hole->prev : nullptr;
+  const Block* right = keep != nullptr ? keep->hole->next : nullptr;
   std::size_t released = 0;
   const std::size_t g = granularity_;
   while (released < want) {
@@ -229,7 +248,7 @@ std::size_t VmmLayout::UnmapFreeGranules(Core& core, std::size_t want) {
     for (FreeIndex& heap : core.heaps_) {
       if (n == 16) break;
       heap.ForEachLargestFirst(g, [&](Block* b) {
-        if (InteriorBytes(b) != 0) batch[n++] = b;
+        if (b != left && b != right && InteriorBytes(b) != 0) batch[n++] = b;
         return n < 16;
       });
     }

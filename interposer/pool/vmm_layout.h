@@ -54,7 +54,9 @@ class VmmLayout {
     return GrowMapped(core, rounded, /*map_ahead=*/!retry, block, position);
   }
   // Unmaps free granules until `want` bytes are gone (all of them for the maximum).
-  std::size_t Release(Core& core, std::size_t want) { return UnmapFreeGranules(core, want); }
+  std::size_t Release(Core& core, std::size_t want) {
+    return UnmapFreeGranules(core, want, nullptr);
+  }
   void GiveBack(Core& core);
 
  private:
@@ -68,14 +70,15 @@ class VmmLayout {
 
   bool EnsureAddressSpace(Core& core, std::uint8_t heap);
   bool PlaceMapped(std::size_t rounded, std::uint8_t heap, Placement* best) const;
-  std::size_t SoftCap(const Core& core, std::size_t rounded) const;
+  std::size_t SoftCap(const Core& core, std::size_t rounded, double slack,
+                      bool count_pending) const;
   bool PlaceUnderCap(Core& core, std::size_t rounded, std::uint8_t heap, std::size_t budget,
                      Placement* place);
-  std::size_t MapAhead(const Core& core, std::size_t rounded, std::size_t budget, std::size_t cost,
+  std::size_t MapAhead(const Core& core, std::size_t rounded, std::size_t cost,
                        Placement* place) const;
   UpstreamStatus GrowMapped(Core& core, std::size_t rounded, bool map_ahead, Block** block,
                             std::uintptr_t* position);
-  std::size_t UnmapFreeGranules(Core& core, std::size_t want);
+  std::size_t UnmapFreeGranules(Core& core, std::size_t want, const Placement* keep);
   std::size_t UnmapInterior(Core& core, Block* b);
   void MarkMapped(Region* region, std::uintptr_t start, std::uintptr_t end) const;
 

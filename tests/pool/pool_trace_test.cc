@@ -1,6 +1,6 @@
 // Replays every bundled trace (traces/*.csv.gz) through every policy and checks the default
 // policy meets the goals: peak reserved within 5% of peak live (and below the PyTorch /
-// cudaMallocAsync reference for each trace), and upstream grow + shrink calls at most 3% of the
+// cudaMallocAsync reference for each trace), and upstream grow + shrink calls at most 2% of the
 // trace's allocations.
 #include <gtest/gtest.h>
 
@@ -83,7 +83,7 @@ TEST_P(TraceReplayTest, DefaultPolicyMeetsRatioAndCallGoals) {
           static_cast<unsigned long long>(result.UpstreamCalls()),
           static_cast<unsigned long long>(result.stats.upstream_grow_calls),
           static_cast<unsigned long long>(result.stats.upstream_shrink_calls),
-          static_cast<unsigned long long>(result.allocs * 3 / 100));
+          static_cast<unsigned long long>(result.allocs * 2 / 100));
       EXPECT_EQ(result.failures, 0u) << policy;
       // The pool's own counts agree with what the upstream saw, and it never misused it.
       EXPECT_EQ(result.UpstreamCalls(), counters.GrowCalls() + counters.ShrinkCalls()) << policy;
@@ -92,7 +92,7 @@ TEST_P(TraceReplayTest, DefaultPolicyMeetsRatioAndCallGoals) {
       // The goals hold for the default policy over the default upstream (one handle per granule).
       if (policy == Policies().front() && partial_unmap) {
         EXPECT_LE(result.Ratio(), goal.max_ratio) << policy;
-        EXPECT_LE(result.UpstreamCalls(), result.allocs * 3 / 100) << policy;
+        EXPECT_LE(result.UpstreamCalls(), result.allocs * 2 / 100) << policy;
       }
     }
   }
@@ -145,7 +145,7 @@ double FencedRatio(const std::vector<TraceEvent>& events, internal::Layout layou
 
 // The quick bins (fenced frees of one size served back as they are) hold no more memory than
 // merging every completed block at once: within 2% of the same fenced replay without bins
-// (measured: at most +1.9%, mlp_dynamic_train over vmm with a synchronisation every 64 frees;
+// (measured: at most +1.0%, mlp_dynamic_train over segments with a synchronisation every 64 frees;
 // bins that took other sizes made gpt2_train over segments 12.6% worse).
 TEST_P(TraceReplayTest, QuickBinsKeepTheFencedReplaysPeakReserved) {
   const TraceGoal goal = GetParam();
@@ -165,7 +165,8 @@ TEST_P(TraceReplayTest, QuickBinsKeepTheFencedReplaysPeakReserved) {
 
 // The vmm soft cap counts pending bytes as in use (Tuning::vmm_cap_counts_pending): a pool whose
 // frees wait for fences then maps ahead instead of unmapping what just became free at every
-// growth. Measured: 2-4x fewer upstream calls for at most 2.4% more peak reserved.
+// growth. Measured: 1.0-1.4x fewer upstream calls (the ceiling above the soft cap spares most of
+// those remaps already) for at most 1.4% more peak reserved.
 TEST_P(TraceReplayTest, SoftCapCountingPendingBytesTakesFewerUpstreamCalls) {
   const TraceGoal goal = GetParam();
   std::vector<TraceEvent> events;

@@ -84,21 +84,24 @@ TEST(ReplayTrace, FenceModelsHoldFreesUntilTheGpuPassedThem) {
   const LoadedTrace trace = ReuseTrace();
   auto none = ReplayTrace(trace, "vmm");
   ASSERT_TRUE(none.ok()) << none.status();
-  EXPECT_EQ(none->stats.peak_reserved_bytes, std::uint64_t{64} << 20);
+  // One block's mapping: 64 MiB and what the pool maps ahead (a granule or two), not two blocks.
+  const std::uint64_t one_block = none->stats.peak_reserved_bytes;
+  EXPECT_GE(one_block, std::uint64_t{64} << 20);
+  EXPECT_LT(one_block, std::uint64_t{72} << 20);
 
   ReplayOptions events;
   events.fence = FenceModel::kEvents;
   events.gpu_lag_us = 1000;
   auto waited = ReplayTrace(trace, "vmm", nullptr, events);
   ASSERT_TRUE(waited.ok()) << waited.status();
-  EXPECT_EQ(waited->stats.peak_reserved_bytes, std::uint64_t{64} << 20);
+  EXPECT_EQ(waited->stats.peak_reserved_bytes, one_block);
   EXPECT_EQ(waited->lag_waits, 1u);
   EXPECT_EQ(waited->host_wait_us, 900u);  // ready at 0 + 1000, asked at 100
 
   events.lag_fraction = 0;  // never wait: the block is still on the GPU, so the pool grows
   auto grew = ReplayTrace(trace, "vmm", nullptr, events);
   ASSERT_TRUE(grew.ok()) << grew.status();
-  EXPECT_EQ(grew->stats.peak_reserved_bytes, std::uint64_t{128} << 20);
+  EXPECT_GE(grew->stats.peak_reserved_bytes, std::uint64_t{128} << 20);
   EXPECT_EQ(grew->host_wait_us, 0u);
 
   // GPU waits: the oldest fence is handed over, the host never waits, the block is reused.
@@ -107,7 +110,7 @@ TEST(ReplayTrace, FenceModelsHoldFreesUntilTheGpuPassedThem) {
   gpuwait.gpu_lag_us = 1000;
   auto handed = ReplayTrace(trace, "vmm", nullptr, gpuwait);
   ASSERT_TRUE(handed.ok()) << handed.status();
-  EXPECT_EQ(handed->stats.peak_reserved_bytes, std::uint64_t{64} << 20);
+  EXPECT_EQ(handed->stats.peak_reserved_bytes, one_block);
   EXPECT_EQ(handed->handovers, 1u);
   EXPECT_EQ(handed->host_wait_us, 0u);
   EXPECT_EQ(handed->lag_waits, 0u);
@@ -117,7 +120,7 @@ TEST(ReplayTrace, FenceModelsHoldFreesUntilTheGpuPassedThem) {
   devsync.gpu_lag_us = 1000;
   auto batch = ReplayTrace(trace, "vmm", nullptr, devsync);
   ASSERT_TRUE(batch.ok()) << batch.status();
-  EXPECT_EQ(batch->stats.peak_reserved_bytes, std::uint64_t{128} << 20);
+  EXPECT_GE(batch->stats.peak_reserved_bytes, std::uint64_t{128} << 20);
   EXPECT_EQ(batch->fence_syncs, 0u);
 }
 
