@@ -47,8 +47,9 @@ struct Config {
   // that step 10-25% slower (BENCHMARKS.md section 4).
   bool fence_events = false;
   // VRAMSCOPE_FENCE_GPU_WAIT=1 (with event fences): an allocation that would wait on the host for
-  // the oldest fence (the lag bound) takes its blocks at once instead, and every stream waits on
-  // the GPU for that fence's events before its next work (stream_fence.h, "GPU-side waits").
+  // a fence (the lag bound) or grow (the handover bound) takes every block freed so far at once
+  // instead, and every stream waits on the GPU for those frees' events before its next work
+  // (stream_fence.h, "GPU-side waits").
   bool fence_gpu_wait = false;
   // VRAMSCOPE_FENCE_LAG_FRACTION: with event fences, an allocation that would grow waits for the
   // oldest fence while more than 1/N of the device's pooled memory waits for fences (at least

@@ -440,7 +440,9 @@ echo "== 5c. event fences, host waits against GPU waits (issue 18): GPT-2 no-cac
 # gpuwait hands fences over past its own bound (VRAMSCOPE_FENCE_HANDOVER_FRACTION, 1/256 of the
 # pool); gpuwaitlag only where the host wait's lag bound (1/16) is due; gpuwait64 is that with
 # the lag bound at 1/64. cache: PyTorch's own caching allocator, no shim (its ms/step is the
-# "within 5%" reference; no ratio). V5C="..." and ROUNDS5C=N change the variants and rounds.
+# "within 5%" reference; no ratio). V5C="..." and ROUNDS5C=N change the variants and rounds,
+# STEPS5C=N the steps per run (16). The time verdict is paired: the median over the rounds of each
+# run's ms/step over the first variant's run of the same round.
 variants=${V5C:-devsync events gpuwait}
 rounds=${ROUNDS5C:-4}
 steps=${STEPS5C:-16}
