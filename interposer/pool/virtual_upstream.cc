@@ -134,7 +134,15 @@ UpstreamStatus VirtualUpstream::Map(std::uintptr_t address, std::size_t bytes) {
     ++counters_.oom_count;
     return UpstreamStatus::kOutOfMemory;
   }
-  range->mapped.emplace(address, bytes);
+  const std::size_t piece = MapPieceBytes(bytes);
+  for (std::uintptr_t at = address; at < address + bytes;) {
+    // One mapping per piece: cut at every multiple of the piece size.
+    const std::uintptr_t stop =
+        piece == 0 ? address + bytes
+                   : std::min<std::uintptr_t>(address + bytes, (at / piece + 1) * piece);
+    range->mapped.emplace(at, stop - at);
+    at = stop;
+  }
   AddPhysical(bytes);
   return UpstreamStatus::kOk;
 }

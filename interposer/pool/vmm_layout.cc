@@ -3,6 +3,7 @@
 #include "vmm_layout.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 
 #include "caching_pool.h"
@@ -13,6 +14,7 @@ VmmLayout::VmmLayout(Upstream* upstream, std::size_t capacity, const Tuning& tun
                      SlotPool* nodes)
     : granularity_(upstream->MapGranularity()),
       partial_unmap_(upstream->UnmapsPartialMaps()),
+      upstream_(upstream),
       granule_shift_(static_cast<unsigned>(std::countr_zero(granularity_))),
       separate_small_(tuning.vmm_separate_small),
       small_max_bytes_(tuning.small_max_bytes),
@@ -313,6 +315,17 @@ void VmmLayout::MarkMapped(Region* region, std::uintptr_t start, std::uintptr_t 
   }
   edges[first / 64] |= std::uint64_t{1} << (first % 64);
   edges[last / 64] |= std::uint64_t{1} << (last % 64);
+  // The upstream cut the Map at every multiple of its piece size (by address): each piece is a
+  // chunk. Pieces are power-of-two multiples of the granularity (else: whole Maps).
+  const std::size_t piece = partial_unmap_ ? 0 : upstream_->MapPieceBytes(end - start);
+  if (piece >= granularity_ && piece % granularity_ == 0 && std::has_single_bit(piece)) {
+    const std::size_t step = piece >> granule_shift_;
+    const std::size_t base = region->base >> granule_shift_;
+    const std::size_t offset = (base + first + 1) & (step - 1);
+    for (std::size_t k = first + 1 + (offset == 0 ? 0 : step - offset); k < last; k += step) {
+      edges[k / 64] |= std::uint64_t{1} << (k % 64);
+    }
+  }
 }
 
 }  // namespace vramscope::pool::internal

@@ -140,7 +140,10 @@ class VmmLayout {
   }
 
   const std::size_t granularity_;
-  const bool partial_unmap_;      // the upstream unmaps any granules, not only whole Maps
+  const bool partial_unmap_;  // the upstream unmaps any granules, not only whole Maps
+  // Asked for each Map's piece size (Upstream::MapPieceBytes): the pieces are chunks of their own
+  // in the edge bitmap.
+  const Upstream* const upstream_;
   const unsigned granule_shift_;  // granularity_ is a power of two
   const bool separate_small_;     // Tuning::vmm_separate_small
   const std::size_t small_max_bytes_;

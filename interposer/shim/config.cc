@@ -5,9 +5,15 @@
 #include <string.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "log.h"
+#include "vramscope/pool/upstream.h"
 #include "vramscope/size_parse.h"
+
+static_assert(vramscope::interposer::Config{}.vmm_piece_bytes ==
+                  vramscope::pool::kDefaultMapPieceBytes,
+              "the shim's default piece is the one `vramscope replay` models");
 
 namespace vramscope::interposer {
 namespace {
@@ -84,6 +90,9 @@ Config ReadConfig() {
   }
   if (ReadSize("VRAMSCOPE_FENCE_BATCH_BYTES", &value)) config.fence_batch_bytes = value;
   if (ReadU64("VRAMSCOPE_VMM", &value)) config.use_vmm = value != 0;
+  if (ReadSize("VRAMSCOPE_VMM_PIECE", &value)) {
+    config.vmm_piece_bytes = value == 0 ? 0 : std::bit_floor(value);
+  }
   if (ReadU64("VRAMSCOPE_QUICK_REUSE", &value)) config.quick_reuse = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_EAGER", &value)) config.fence_eager = value != 0;
   if (ReadU64("VRAMSCOPE_FENCE_EVENTS", &value)) config.fence_events = value != 0;

@@ -74,6 +74,12 @@ struct Config {
   std::uint64_t fence_poll_us = 20;
   static constexpr std::uint64_t kGpuWaitPollUs = 100;
   bool use_vmm = true;  // VRAMSCOPE_VMM=0 forces plain cuMemAlloc segments
+  // VRAMSCOPE_VMM_PIECE: the vmm pool's smallest physical handle, bytes (rounded down to a power
+  // of two; at least the map granularity): each mapping is cut into pieces of it (doubled while a
+  // mapping would hold over pool::kMaxPiecesPerMap), so the pool can give free memory back piece
+  // by piece (pool::Upstream::MapPieceBytes). 0: one handle per mapping, which gives back whole
+  // mappings only (traces/gpt2_train: 1.073 of peak live instead of 1.040).
+  std::size_t vmm_piece_bytes = std::size_t{2} << 20;  // pool::kDefaultMapPieceBytes
   // VRAMSCOPE_QUICK_REUSE=0: no quick bins in the pools (pool::PoolOptions::quick_reuse).
   bool quick_reuse = true;
   // VRAMSCOPE_CAP_PENDING=0: the vmm pool's soft cap ignores pending bytes (as before).

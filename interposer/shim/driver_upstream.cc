@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "capture.h"
 #include "driver.h"
@@ -100,17 +101,23 @@ std::size_t ConfigureDriverUpstream(DriverUpstream* upstream, CUcontext ctx, int
       access[access_count++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
   }
-  upstream->Configure(ctx, device, use_vmm, granularity, access, access_count);
+  upstream->Configure(ctx, device, use_vmm, granularity, access, access_count,
+                      config.vmm_piece_bytes);
   if (use_vmm) upstream->SetShareableType(ShareableTypeFor(device));
   return granularity;
 }
 
 void DriverUpstream::Configure(CUcontext ctx, int device, bool vmm, std::size_t granularity,
-                               const CUmemAccessDesc* access, int access_count) {
+                               const CUmemAccessDesc* access, int access_count, std::size_t piece) {
   ctx_ = ctx;
   device_ = device;
   vmm_ = vmm;
   granularity_ = granularity;
+  // A power-of-two multiple of the granularity, or none.
+  piece_ = vmm && granularity != 0 && piece >= granularity && piece % granularity == 0 &&
+                   std::has_single_bit(piece)
+               ? piece
+               : 0;
   access_count_ = std::min(access_count, kMaxDevices);
   for (int i = 0; i < access_count_; ++i) access_[i] = access[i];
 }
@@ -266,11 +273,47 @@ pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t byt
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device_;
   prop.requestedHandleTypes = shareable_type();  // exportable for IPC (ipc.h)
+  // One physical handle per piece (cut at the multiples of the piece size), mapped in turn; one
+  // access grant for the whole range.
+  const std::size_t piece = MapPieceBytes(bytes);
+  std::pair<std::uintptr_t, std::size_t> pieces[kMaxMapPieces];
+  int count = 0;
+  CUresult result = CUDA_SUCCESS;
+  for (std::uintptr_t at = address; at < address + bytes && result == CUDA_SUCCESS;) {
+    const std::uintptr_t stop =
+        piece == 0 ? address + bytes
+                   : std::min<std::uintptr_t>(address + bytes, (at / piece + 1) * piece);
+    result = MapOne(&prop, at, stop - at);
+    if (result == CUDA_SUCCESS) pieces[count++] = {at, stop - at};
+    at = stop;
+  }
+  if (result == CUDA_SUCCESS) {
+    result = real.cuMemSetAccess(address, bytes, access_, static_cast<std::size_t>(access_count_));
+    if (result != CUDA_SUCCESS && access_count_ > 1) {
+      // A peer refused: fall back to the owning device alone, like cuMemAlloc without peers.
+      access_count_ = 1;
+      result = real.cuMemSetAccess(address, bytes, access_, 1);
+    }
+  }
+  if (result != CUDA_SUCCESS) {
+    for (int i = 0; i < count; ++i) (void)real.cuMemUnmap(pieces[i].first, pieces[i].second);
+    return FromDriver(result);
+  }
+  pthread_mutex_lock(&mu_);
+  for (int i = 0; i < count; ++i) mapped_[pieces[i].first] = pieces[i].second;
+  pthread_mutex_unlock(&mu_);
+  Reserved(address, bytes);
+  return pool::UpstreamStatus::kOk;
+}
+
+CUresult DriverUpstream::MapOne(CUmemAllocationProp* prop, std::uintptr_t address,
+                                std::size_t bytes) {
+  const RealDriver& real = Real();
   CUmemGenericAllocationHandle handle = 0;
   DevCounters(device_).driver_alloc_calls.Add(1);
-  CUresult result = real.cuMemCreate(&handle, bytes, &prop, 0);
+  CUresult result = real.cuMemCreate(&handle, bytes, prop, 0);
   if (result != CUDA_SUCCESS && result != CUDA_ERROR_OUT_OF_MEMORY &&
-      prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+      prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
     // The device reported shareable memory but does not make it: plain memory from now on, and
     // IPC of pooled memory falls back to the old rule (ipc.h).
     VRAMSCOPE_LOG_ONCE(kWarn,
@@ -278,33 +321,15 @@ pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t byt
                        "is not shareable by IPC (VRAMSCOPE_MODE=passthrough shares it)",
                        device_, static_cast<int>(result));
     SetShareableType(CU_MEM_HANDLE_TYPE_NONE);
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-    result = real.cuMemCreate(&handle, bytes, &prop, 0);
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    result = real.cuMemCreate(&handle, bytes, prop, 0);
   }
-  if (result != CUDA_SUCCESS) return FromDriver(result);
+  if (result != CUDA_SUCCESS) return result;
   result = real.cuMemMap(address, bytes, 0, handle, 0);
-  if (result != CUDA_SUCCESS) {
-    (void)real.cuMemRelease(handle);
-    return FromDriver(result);
-  }
-  result = real.cuMemSetAccess(address, bytes, access_, static_cast<std::size_t>(access_count_));
-  if (result != CUDA_SUCCESS && access_count_ > 1) {
-    // A peer refused: fall back to the owning device alone, like cuMemAlloc without peers.
-    access_count_ = 1;
-    result = real.cuMemSetAccess(address, bytes, access_, 1);
-  }
   // The mapping keeps the physical memory alive; releasing the handle now means cuMemUnmap
   // alone gives the memory back.
   (void)real.cuMemRelease(handle);
-  if (result != CUDA_SUCCESS) {
-    (void)real.cuMemUnmap(address, bytes);
-    return FromDriver(result);
-  }
-  pthread_mutex_lock(&mu_);
-  mapped_[address] = bytes;
-  pthread_mutex_unlock(&mu_);
-  Reserved(address, bytes);
-  return pool::UpstreamStatus::kOk;
+  return result;
 }
 
 pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t bytes) {

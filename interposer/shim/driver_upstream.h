@@ -24,14 +24,17 @@ namespace vramscope::interposer {
 class EpochFences;
 
 // The pool's memory source: cuMemAlloc_v2/cuMemFree_v2 segments, or with VMM
-// cuMemAddressReserve + cuMemCreate/cuMemMap/cuMemSetAccess (the physical handle is released
-// right after mapping, so cuMemUnmap alone returns the memory). Every call runs in a
-// DriverCallScope on the slot's context. Remembers what it holds so the shim can tell its
+// cuMemAddressReserve + cuMemCreate/cuMemMap per piece (MapPieceBytes: one physical handle per
+// piece, so the pool can give back any run of whole pieces) and one cuMemSetAccess per Map (the
+// handles are released right after mapping, so cuMemUnmap alone returns the memory). Every call
+// runs in a DriverCallScope on the slot's context. Remembers what it holds so the shim can tell its
 // memory from the application's (OwnsAddress).
 class DriverUpstream final : public pool::Upstream {
  public:
+  // `piece`: the smallest physical handle (Config::vmm_piece_bytes; 0 or below the granularity:
+  // one handle per mapping).
   void Configure(CUcontext ctx, int device, bool vmm, std::size_t granularity,
-                 const CUmemAccessDesc* access, int access_count);
+                 const CUmemAccessDesc* access, int access_count, std::size_t piece = 0);
   // The context is being torn down: never call the driver for this memory again. cuMemAlloc
   // segments belong to the context and go with it. VMM memory belongs to the device and
   // outlives the context, so its mappings and ranges are given back here (errors ignored),
@@ -67,6 +70,9 @@ class DriverUpstream final : public pool::Upstream {
   pool::UpstreamStatus Allocate(std::size_t bytes, std::uintptr_t* address) override;
   pool::UpstreamStatus Free(std::uintptr_t address, std::size_t bytes) override;
   std::size_t MapGranularity() const override { return vmm_ ? granularity_ : 0; }
+  std::size_t MapPieceBytes(std::size_t map_bytes) const override {
+    return pool::PieceBytesFor(piece_, map_bytes);
+  }
   pool::UpstreamStatus ReserveRange(std::size_t bytes, std::uintptr_t* address) override;
   pool::UpstreamStatus ReleaseRange(std::uintptr_t address, std::size_t bytes) override;
   pool::UpstreamStatus Map(std::uintptr_t address, std::size_t bytes) override;
@@ -74,6 +80,9 @@ class DriverUpstream final : public pool::Upstream {
 
  private:
   bool Usable() const;
+  // cuMemCreate + cuMemMap of one piece (the handle released once mapped); the driver's result.
+  CUresult MapOne(CUmemAllocationProp* prop, std::uintptr_t address, std::size_t bytes);
+  static constexpr int kMaxMapPieces = static_cast<int>(pool::kMaxPiecesPerMap) + 2;
   pool::UpstreamStatus FromDriver(CUresult result);
   // Ring records and counters for memory taken from / given back to the driver.
   void Reserved(std::uintptr_t address, std::size_t bytes);
@@ -84,6 +93,7 @@ class DriverUpstream final : public pool::Upstream {
   int device_ = 0;
   bool vmm_ = false;
   std::size_t granularity_ = 0;
+  std::size_t piece_ = 0;                     // the smallest piece (0: one physical handle per Map)
   CUmemAccessDesc access_[kMaxDevices] = {};  // the owning device first, then its peers
   int access_count_ = 0;
   std::atomic<CUmemAllocationHandleType> shareable_{CU_MEM_HANDLE_TYPE_NONE};

@@ -55,7 +55,9 @@ struct IpcWireHandle {
 static_assert(sizeof(IpcWireHandle) == sizeof(CUipcMemHandle));
 
 inline constexpr std::uint32_t kIpcSlots = 1024;
-inline constexpr std::uint32_t kIpcMaxChunks = 32;  // chunks a block may span to be exported
+// Chunks (physical handles) a block may span to be exported: a block inside one mapping spans at
+// most pool::kMaxPiecesPerMap + 2 pieces (driver_upstream.h), one across two mappings twice that.
+inline constexpr std::uint32_t kIpcMaxChunks = 132;  // 2 x (64 + 2): checked in ipc_export.cc
 
 struct IpcChunk {
   std::uint64_t offset;  // from the first chunk's start

@@ -29,6 +29,10 @@
 #include "ring_events.h"
 #include "slots.h"
 #include "state.h"
+#include "vramscope/pool/upstream.h"
+
+static_assert(vramscope::interposer::kIpcMaxChunks >= 2 * (vramscope::pool::kMaxPiecesPerMap + 2),
+              "an export must hold a block that spans two mappings' pieces");
 
 namespace vramscope::interposer {
 

@@ -271,7 +271,7 @@ TEST_F(GpuWaitTest, QueuedRoundsGoOverAsOneRoundOfOneEventPerStream) {
     // The helper's round for this free (a queued fence of its own).
     ASSERT_TRUE(Eventually([&] { return Calls("cuEventRecord") > records; }));
   }
-  const std::uint64_t grows = Calls("cuMemCreate") + Calls("cuMemAlloc_v2");
+  const std::uint64_t grows = Calls("cuMemSetAccess") + Calls("cuMemAlloc_v2");
   std::atomic<bool> done{false};
   CUdeviceptr got[3] = {};
   std::thread worker([&] {
@@ -287,7 +287,7 @@ TEST_F(GpuWaitTest, QueuedRoundsGoOverAsOneRoundOfOneEventPerStream) {
     live_.push_back(g);
     EXPECT_TRUE(g == blocks[0] || g == blocks[1] || g == blocks[2]) << "not a freed block";
   }
-  EXPECT_EQ(Calls("cuMemCreate") + Calls("cuMemAlloc_v2"), grows) << "the pool grew";
+  EXPECT_EQ(Calls("cuMemSetAccess") + Calls("cuMemAlloc_v2"), grows) << "the pool grew";
   EXPECT_EQ(vramscope_fake_pending_kernels_on(old_), 2);
   EXPECT_EQ(vramscope_fake_pending_kernels_on(other), 1);
   CUstream fresh = nullptr;
@@ -342,9 +342,10 @@ TEST_F(GpuWaitTest, BelowTheLagBoundTheOldestFenceIsStillHandedOver) {
   CUdeviceptr ballast = 0;
   ASSERT_EQ(api_.cuMemAlloc_v2(&ballast, 640 * kMiB), CUDA_SUCCESS);
   live_.push_back(ballast);
-  const std::uint64_t grows = Calls("cuMemCreate") + Calls("cuMemAlloc_v2");
+  // A growth: one cuMemSetAccess per Map (one cuMemCreate per piece), or one cuMemAlloc.
+  const std::uint64_t grows = Calls("cuMemSetAccess") + Calls("cuMemAlloc_v2");
   const CUdeviceptr p = HandedOverBlock();  // fails if the pool grew instead (another block)
-  EXPECT_LE(Calls("cuMemCreate") + Calls("cuMemAlloc_v2"), grows + 1)
+  EXPECT_LE(Calls("cuMemSetAccess") + Calls("cuMemAlloc_v2"), grows + 1)
       << "the pool grew for the second 32 MiB";
   Launch(nullptr);
   EXPECT_EQ(vramscope_fake_unordered_at_last_work(CU_STREAM_LEGACY), 0);

@@ -29,7 +29,9 @@ class CompletedFences final : public pool::FenceTracker {
 
 // Feeds the engine what the shim's ring would hold for `trace` replayed through the default pool.
 v1::DeviceReport EngineReport(const LoadedTrace& trace) {
-  pool::VirtualUpstream upstream;
+  // As the replay's: whole pieces of the shim's default size (ReplayOptions::map_piece_bytes).
+  pool::VirtualUpstream upstream(pool::VirtualUpstreamOptions{
+      .allow_partial_unmap = false, .map_piece_bytes = pool::kDefaultMapPieceBytes});
   CompletedFences fences;
   std::unique_ptr<pool::Pool> p = pool::MakePool(&upstream, &fences, pool::PoolOptions{});
   collector::ProcessStatsEngine engine;

@@ -148,14 +148,19 @@ constexpr std::chrono::milliseconds kTimingBudget(250);
 
 // A pool and its upstream, destroyed in the right order (the pool first).
 struct PoolUnderTest {
+  explicit PoolUnderTest(std::size_t map_piece_bytes)
+      : upstream(vramscope::pool::VirtualUpstreamOptions{.allow_partial_unmap = false,
+                                                         .map_piece_bytes = map_piece_bytes}) {}
   VirtualUpstream upstream;
   CompletedFences fences;
   std::unique_ptr<Pool> pool;
 };
 
+// Over an upstream that unmaps whole pieces of `map_piece_bytes` (the shim's driver upstream).
 absl::StatusOr<std::unique_ptr<PoolUnderTest>> MakePoolUnderTest(std::string_view policy,
+                                                                 std::size_t map_piece_bytes,
                                                                  FenceTracker* model = nullptr) {
-  auto under_test = std::make_unique<PoolUnderTest>();
+  auto under_test = std::make_unique<PoolUnderTest>(map_piece_bytes);
   vramscope::pool::PoolOptions options;
   options.policy = policy;
   under_test->pool = vramscope::pool::MakePool(
@@ -183,7 +188,7 @@ absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
   const bool modelled = options.fence != FenceModel::kNone;
   ModelFences model(options);
   absl::StatusOr<std::unique_ptr<PoolUnderTest>> made =
-      MakePoolUnderTest(policy, modelled ? &model : nullptr);
+      MakePoolUnderTest(policy, options.map_piece_bytes, modelled ? &model : nullptr);
   if (!made.ok()) return made.status();
   PoolUnderTest& t = **made;
   result->policy = std::string(t.pool->policy());
@@ -259,7 +264,8 @@ absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
 // Timed runs: only the pool's calls (and a vector walk) inside the clock; the fastest run per
 // event into result->ns_per_event.
 absl::Status TimedRuns(const LoadedTrace& trace, std::string_view policy,
-                       const ReplayProgress& progress, ReplayResult* result) {
+                       const ReplayProgress& progress, std::size_t map_piece_bytes,
+                       ReplayResult* result) {
   const std::vector<ReplayOp>& ops = trace.ops;
   std::vector<std::uintptr_t> addresses(trace.alloc_events, 0);
   std::chrono::nanoseconds best = std::chrono::nanoseconds::max();
@@ -267,7 +273,8 @@ absl::Status TimedRuns(const LoadedTrace& trace, std::string_view policy,
   int planned_runs = 1;  // for the progress bar: re-estimated after the first run
   while (result->timed_runs < kMaxTimedRuns && (result->timed_runs == 0 || total < kTimingBudget)) {
     std::fill(addresses.begin(), addresses.end(), 0);
-    absl::StatusOr<std::unique_ptr<PoolUnderTest>> made = MakePoolUnderTest(policy);
+    absl::StatusOr<std::unique_ptr<PoolUnderTest>> made =
+        MakePoolUnderTest(policy, map_piece_bytes);
     if (!made.ok()) return made.status();
     Pool& pool = *(*made)->pool;
     std::chrono::nanoseconds run(0);
@@ -332,7 +339,9 @@ absl::StatusOr<ReplayResult> ReplayTrace(const LoadedTrace& trace, std::string_v
       !measured.ok()) {
     return measured;
   }
-  if (absl::Status timed = TimedRuns(trace, policy, progress, &result); !timed.ok()) return timed;
+  if (absl::Status timed = TimedRuns(trace, policy, progress, options.map_piece_bytes, &result);
+      !timed.ok())
+    return timed;
   return result;
 }
 

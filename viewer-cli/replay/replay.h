@@ -48,6 +48,9 @@ struct ReplayOptions {
   std::uint64_t handover_fraction = 256;  // kGpuWait; 0: hand over only past the lag bound
   std::uint64_t batch_frees = 1024;       // kDeviceSync
   std::uint64_t batch_bytes = std::uint64_t{2253} << 20;  // kDeviceSync: 1/64 of an H200
+  // The upstream unmaps whole pieces of this many bytes, as the shim's driver upstream does
+  // (VRAMSCOPE_VMM_PIECE); the map granularity (2 MiB) unmaps any granules, 0 whole Maps only.
+  std::size_t map_piece_bytes = vramscope::pool::kDefaultMapPieceBytes;
 };
 
 struct ReplayResult {

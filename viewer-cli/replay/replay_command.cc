@@ -188,6 +188,12 @@ void DefineFlags(CLI::App& app, ReplayFlags* flags) {
                  "fences (as VRAMSCOPE_FENCE_LAG_FRACTION; 0: grow)")
       ->type_name("N")
       ->check(CLI::Range(0, 1000000));
+  app.add_option("--map-piece", flags->options.map_piece_bytes,
+                 "the physical handle size of the shim's vmm pool, bytes (as VRAMSCOPE_VMM_PIECE): "
+                 "memory goes back to the driver in whole pieces; the map granularity (2 MiB) "
+                 "gives back any free granule, 0 only whole mappings")
+      ->type_name("BYTES")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 40));
   app.add_option("--handover-fraction", flags->options.handover_fraction,
                  "gpuwait: hand every free so far over rather than grow while over 1/N of what "
                  "the pool holds waits for fences (as VRAMSCOPE_FENCE_HANDOVER_FRACTION, default "

@@ -14,6 +14,22 @@
 
 namespace vramscope::pool {
 
+// The smallest piece of the shim's driver upstream by default (Upstream::MapPieceBytes(),
+// VRAMSCOPE_VMM_PIECE), which `vramscope replay` models, and the most pieces one Map is cut into.
+inline constexpr std::size_t kDefaultMapPieceBytes = std::size_t{2} << 20;
+inline constexpr std::size_t kMaxPiecesPerMap = 64;
+
+// The piece size of a Map of `map_bytes` for an upstream whose smallest piece is `least` (a
+// power of two; 0: none): `least`, doubled until the Map holds at most kMaxPiecesPerMap of them,
+// so a block inside one Map spans at most kMaxPiecesPerMap + 2 pieces (its IPC export sends one
+// handle per piece) while small Maps give memory back granule by granule.
+inline std::size_t PieceBytesFor(std::size_t least, std::size_t map_bytes) {
+  if (least == 0) return 0;
+  std::size_t piece = least;
+  while (map_bytes / piece > kMaxPiecesPerMap) piece *= 2;
+  return piece;
+}
+
 enum class [[nodiscard]] UpstreamStatus{
     kOk = 0,
     kOutOfMemory,      // the device (or the virtual capacity) has no room
@@ -52,6 +68,11 @@ class Upstream {
   // pool return free granules wherever they are, which keeps reserved memory much closer to
   // live memory (traces/gpt2_train: 1.03 instead of 1.07 of peak).
   virtual bool UnmapsPartialMaps() const { return false; }
+  // Without UnmapsPartialMaps(): a Map of `map_bytes` is backed by one physical handle per
+  // piece, cut at every address that is a multiple of this (a power-of-two multiple of
+  // MapGranularity(), PieceBytesFor), so Unmap may take any run of whole pieces, not only whole
+  // Maps. 0: one handle per Map.
+  virtual std::size_t MapPieceBytes(std::size_t /*map_bytes*/) const { return 0; }
   // Backs [address, address + bytes) with physical memory (cuMemCreate + cuMemMap +
   // cuMemSetAccess). Both are multiples of MapGranularity() inside a reserved range.
   virtual UpstreamStatus Map(std::uintptr_t /*address*/, std::size_t /*bytes*/) {

@@ -29,6 +29,10 @@ struct VirtualUpstreamOptions {
   // UnmapsPartialMaps(): Unmap may cut a Map in parts (a driver upstream with one handle per
   // granule). False: only whole Maps, adjacent ones together, anything else is kInvalidArgument.
   bool allow_partial_unmap = true;
+  // The smallest piece (without allow_partial_unmap; a power of two): each Map is recorded as
+  // pieces cut at the multiples of PieceBytesFor(this, its size), as the shim's driver upstream
+  // creates one handle per piece; 0: whole Maps.
+  std::size_t map_piece_bytes = 0;
   // First address handed out; addresses are never reused, so stale pointers are always detected.
   std::uintptr_t base_address = std::uintptr_t{0x7f0000000000};
 };
@@ -62,6 +66,9 @@ class VirtualUpstream final : public Upstream {
   UpstreamStatus ReserveRange(std::size_t bytes, std::uintptr_t* address) override;
   UpstreamStatus ReleaseRange(std::uintptr_t address, std::size_t bytes) override;
   bool UnmapsPartialMaps() const override { return options_.allow_partial_unmap; }
+  std::size_t MapPieceBytes(std::size_t map_bytes) const override {
+    return options_.allow_partial_unmap ? 0 : PieceBytesFor(options_.map_piece_bytes, map_bytes);
+  }
   // Unmap must cover whole Maps (adjacent ones together) unless allow_partial_unmap.
   UpstreamStatus Map(std::uintptr_t address, std::size_t bytes) override;
   UpstreamStatus Unmap(std::uintptr_t address, std::size_t bytes) override;
