@@ -79,7 +79,7 @@ struct Config {
   // mapping would hold over pool::kMaxPiecesPerMap), so the pool can give free memory back piece
   // by piece (pool::Upstream::MapPieceBytes). 0: one handle per mapping, which gives back whole
   // mappings only (traces/gpt2_train: 1.073 of peak live instead of 1.040).
-  std::size_t vmm_piece_bytes = std::size_t{2} << 20;  // pool::kDefaultMapPieceBytes
+  std::size_t vmm_piece_bytes = std::size_t{64} << 20;  // pool::kDefaultMapPieceBytes
   // VRAMSCOPE_QUICK_REUSE=0: no quick bins in the pools (pool::PoolOptions::quick_reuse).
   bool quick_reuse = true;
   // VRAMSCOPE_CAP_PENDING=0: the vmm pool's soft cap ignores pending bytes (as before).

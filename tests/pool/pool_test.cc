@@ -252,6 +252,53 @@ TEST(VmmTest, KeepsFreeGranulesMappedUntilAskedOrCapped) {
   EXPECT_EQ(pool->Stats().current_reserved_bytes, 2 * kMiB);
 }
 
+// Over an upstream that unmaps whole Maps only, one live sliver pins its whole Map; one that maps
+// pieces (one physical handle each, the shim's VRAMSCOPE_VMM_PIECE) gives back every whole free
+// piece around it, and every Unmap it is asked for covers whole pieces (the upstream refuses any
+// other, counting it in invalid_calls).
+TEST(VmmTest, PiecesAroundALiveSliverGoBackWhereAWholeMapCannot) {
+  for (const std::size_t piece : {std::size_t{0}, 8 * kMiB}) {
+    VirtualUpstream upstream(
+        VirtualUpstreamOptions{.allow_partial_unmap = false, .map_piece_bytes = piece});
+    FakeFences fences;
+    auto pool = MakeWith(&upstream, &fences, "vmm");
+    std::uintptr_t big = 0;
+    ASSERT_EQ(pool->Allocate(64 * kMiB, &big), PoolStatus::kOk);
+    ASSERT_EQ(upstream.Counters().map_calls, 1u);
+    ASSERT_EQ(pool->Free(big, 0), PoolStatus::kOk);
+    // The same range again, as a small block at its start and the rest free.
+    std::uintptr_t sliver = 0;
+    ASSERT_EQ(pool->Allocate(kMiB, &sliver), PoolStatus::kOk);
+    ASSERT_EQ(sliver, big);
+    const std::size_t mapped = pool->Stats().current_reserved_bytes;  // 64 MiB and map-ahead
+    const std::size_t released = pool->ReleaseIdle();
+    EXPECT_EQ(pool->Stats().current_reserved_bytes, mapped - released);
+    if (piece == 0) {
+      EXPECT_EQ(released, 0u) << "a whole Map with a live block in it cannot go back";
+    } else {
+      // Everything but the pieces the sliver touches (one, or two where the Map began mid-piece).
+      EXPECT_LE(mapped - released, 2 * piece) << piece;
+      EXPECT_GE(mapped, 64 * kMiB);
+    }
+    EXPECT_EQ(upstream.Counters().invalid_calls, 0u) << piece;
+    ASSERT_EQ(pool->Free(sliver, 0), PoolStatus::kOk);
+    (void)pool->ReleaseIdle();
+    EXPECT_EQ(upstream.Counters().current_physical_bytes, 0u) << piece;
+    EXPECT_EQ(upstream.Counters().invalid_calls, 0u) << piece;
+  }
+}
+
+// A Map holds at most kMaxPiecesPerMap pieces: the piece doubles for larger Maps.
+TEST(VmmTest, PiecesGrowWithTheMap) {
+  EXPECT_EQ(PieceBytesFor(0, 1024 * kMiB), 0u);
+  EXPECT_EQ(PieceBytesFor(2 * kMiB, 64 * kMiB), 2 * kMiB);
+  EXPECT_EQ(PieceBytesFor(2 * kMiB, kMaxPiecesPerMap * 2 * kMiB), 2 * kMiB);
+  EXPECT_EQ(PieceBytesFor(2 * kMiB, kMaxPiecesPerMap * 2 * kMiB + 2 * kMiB), 4 * kMiB);
+  for (std::size_t bytes = 2 * kMiB; bytes <= (std::size_t{64} << 30); bytes *= 3) {
+    EXPECT_LE(bytes / PieceBytesFor(64 * kMiB, bytes), kMaxPiecesPerMap) << bytes;
+  }
+}
+
 TEST(VmmTest, PhysicalMemoryIsNeverFragmentedAcrossGranules) {
   // Ten 2 MiB blocks fill the device; freeing every other one leaves five separate free
   // granules, which segments could not join. The VMM layout unmaps them and maps a contiguous

@@ -299,6 +299,42 @@ TEST(IpcMany, ThreeImportersWriteTheirSlices) {
   EXPECT_EQ(Join(exporter), 0);
 }
 
+// A block larger than one physical piece (VRAMSCOPE_VMM_PIECE, 64 MiB by default): the pool's
+// Map holds several handles, the export lists each, and the importer sees and writes the whole
+// block through them.
+TEST(IpcMany, BlockOfSeveralPiecesRoundTrips) {
+  constexpr size_t kBig = 200 * kMiB + 1000;
+  Pipe to_importer;
+  Pipe to_exporter;
+  const pid_t exporter = Child([&]() -> int {
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 10);
+    Exported e;
+    CHECK_OR(Export(api, kBig, 61, &e), 11);
+    CHECK_OR(ChunksOf(e.handle) >= 3, 12);  // 200 MiB over 64 MiB pieces
+    CHECK_OR(Send(to_importer.w, &e.handle, sizeof(e.handle)), 13);
+    CHECK_OR(Await(to_exporter.r), 14);
+    CHECK_OR(Holds(e.block, kBig, 62), 15);
+    CHECK_OR(api.cuMemFree_v2(e.block) == CUDA_SUCCESS, 16);
+    return 0;
+  });
+  const pid_t importer = Child([&]() -> int {
+    DriverApi api;
+    CHECK_OR(Init(&api, "direct"), 30);
+    CUipcMemHandle handle{};
+    CHECK_OR(Recv(to_importer.r, &handle, sizeof(handle)), 31);
+    CUdeviceptr p = 0;
+    CHECK_OR(api.cuIpcOpenMemHandle_v2(&p, handle, 0) == CUDA_SUCCESS, 32);
+    CHECK_OR(Holds(p, kBig, 61), 33);
+    Fill(p, kBig, 62);
+    CHECK_OR(api.cuIpcCloseMemHandle(p) == CUDA_SUCCESS, 34);
+    Token(to_exporter.w);
+    return 0;
+  });
+  EXPECT_EQ(Join(importer), 0);
+  EXPECT_EQ(Join(exporter), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Routes, IpcTest, ::testing::Values("direct", "dlsym", "procaddress"));
 
 // The exporter frees the block while the importer holds it: the pool hands it to nobody (the

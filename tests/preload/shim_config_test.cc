@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <utility>
+
 #include "interposer/shim/config.h"
 
 namespace vramscope::interposer {
@@ -38,6 +40,19 @@ TEST(ShimConfigTest, GarbageKeepsTheDefault) {
   setenv("VRAMSCOPE_FENCE_BATCH_FREES", "16", 1);
   EXPECT_EQ(ReadConfig().fence_batch_frees, 16u);
   unsetenv("VRAMSCOPE_FENCE_BATCH_FREES");
+}
+
+// VRAMSCOPE_VMM_PIECE: a size, rounded down to a power of two; 0 turns pieces off.
+TEST(ShimConfigTest, VmmPieceIsAPowerOfTwoOrOff) {
+  EXPECT_EQ(Config().vmm_piece_bytes, 64ull << 20);
+  for (const auto& [value, want] : {std::pair<const char*, std::size_t>{"0", 0},
+                                    {"2MiB", 2ull << 20},
+                                    {"3MiB", 2ull << 20},
+                                    {"64M", 64ull << 20}}) {
+    setenv("VRAMSCOPE_VMM_PIECE", value, 1);
+    EXPECT_EQ(ReadConfig().vmm_piece_bytes, want) << value;
+  }
+  unsetenv("VRAMSCOPE_VMM_PIECE");
 }
 
 }  // namespace

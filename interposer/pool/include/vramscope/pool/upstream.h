@@ -16,7 +16,7 @@ namespace vramscope::pool {
 
 // The smallest piece of the shim's driver upstream by default (Upstream::MapPieceBytes(),
 // VRAMSCOPE_VMM_PIECE), which `vramscope replay` models, and the most pieces one Map is cut into.
-inline constexpr std::size_t kDefaultMapPieceBytes = std::size_t{2} << 20;
+inline constexpr std::size_t kDefaultMapPieceBytes = std::size_t{64} << 20;
 inline constexpr std::size_t kMaxPiecesPerMap = 64;
 
 // The piece size of a Map of `map_bytes` for an upstream whose smallest piece is `least` (a
