@@ -141,6 +141,7 @@ UpstreamStatus VirtualUpstream::Map(std::uintptr_t address, std::size_t bytes) {
         piece == 0 ? address + bytes
                    : std::min<std::uintptr_t>(address + bytes, (at / piece + 1) * piece);
     range->mapped.emplace(at, stop - at);
+    ++counters_.mapped_pieces;
     at = stop;
   }
   AddPhysical(bytes);

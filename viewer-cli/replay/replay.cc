@@ -258,6 +258,7 @@ absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
   }
   result->stats = t.pool->Stats();
   result->upstream_peak_physical_bytes = t.upstream.Counters().peak_physical_bytes;
+  result->upstream_mapped_pieces = t.upstream.Counters().mapped_pieces;
   return absl::OkStatus();
 }
 

@@ -65,6 +65,8 @@ struct ReplayResult {
   // uses to find the moment of peak reserved; equal to stats.peak_reserved_bytes for a pool whose
   // "reserved" means what its upstream holds.
   std::uint64_t upstream_peak_physical_bytes = 0;
+  // Physical handles the upstream mapped (one cuMemCreate + cuMemMap each in the shim).
+  std::uint64_t upstream_mapped_pieces = 0;
   std::uint64_t failed_allocs = 0;  // allocations the pool refused (their frees are skipped)
   double ns_per_event = 0;          // fastest timed run: pool time / replayed events
   int timed_runs = 0;

@@ -233,6 +233,7 @@ std::string FormatReplayJson(const LoadedTrace& trace, const ReplayResult& resul
   field("upstream_shrink_calls", absl::StrCat(s.upstream_shrink_calls));
   field("upstream_calls_per_alloc",
         absl::StrFormat("%.6f", Ratio(upstream_calls, trace.alloc_events)));
+  field("upstream_mapped_pieces", absl::StrCat(result.upstream_mapped_pieces));
   field("ns_per_event", absl::StrFormat("%.1f", result.ns_per_event));
   field("timed_runs", absl::StrCat(result.timed_runs));
   field("oom_count", absl::StrCat(s.oom_count));
@@ -279,6 +280,8 @@ std::string FormatReplayText(const LoadedTrace& trace, const ReplayResult& resul
       absl::StrFormat("%s (%s grow, %s shrink; %.4f per alloc)", Thousands(upstream_calls),
                       Thousands(s.upstream_grow_calls), Thousands(s.upstream_shrink_calls),
                       Ratio(upstream_calls, trace.alloc_events)));
+  row("physical handles", absl::StrFormat("%s mapped (pieces of --map-piece)",
+                                          Thousands(result.upstream_mapped_pieces)));
   row("pool host time", absl::StrFormat("%.1f ns per event (fastest of %d runs)",
                                         result.ns_per_event, result.timed_runs));
   row("out of memory", absl::StrCat(s.oom_count, result.failed_allocs > s.oom_count

@@ -44,6 +44,9 @@ struct VirtualUpstreamCounters {
   std::uint64_t reserve_calls = 0;
   std::uint64_t release_calls = 0;
   std::uint64_t map_calls = 0;
+  // Physical handles the Maps made (one per piece; one per Map without pieces): the driver's
+  // cuMemCreate + cuMemMap pairs a driver upstream would make.
+  std::uint64_t mapped_pieces = 0;
   std::uint64_t unmap_calls = 0;
   std::uint64_t oom_count = 0;               // calls answered kOutOfMemory
   std::uint64_t invalid_calls = 0;           // calls answered kInvalidArgument (a pool bug)
