@@ -178,6 +178,9 @@ absl::Status FreeFailed(const ReplayOp& op, PoolStatus status) {
                       op.slot, op.size, vramscope::pool::PoolStatusName(status)));
 }
 
+// The shim's floor of the lag and handover bounds (reuse_policy.h's kLagFloor).
+constexpr std::uint64_t kLagFloor = std::uint64_t{16} << 20;
+
 // The measured run: every op through a fresh pool (under the fence model, if any), peaks and
 // fragmentation at peak into *result. Fails only on a pool bug (a refused free).
 absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
@@ -193,7 +196,6 @@ absl::Status MeasuredRun(const LoadedTrace& trace, std::string_view policy,
   PoolUnderTest& t = **made;
   result->policy = std::string(t.pool->policy());
   std::uint64_t physical_high = 0;
-  constexpr std::uint64_t kLagFloor = std::uint64_t{16} << 20;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const ReplayOp& op = ops[i];
     if (modelled) model.Advance(op.time_us);
