@@ -136,10 +136,7 @@ UpstreamStatus VirtualUpstream::Map(std::uintptr_t address, std::size_t bytes) {
   }
   const std::size_t piece = MapPieceBytes(bytes);
   for (std::uintptr_t at = address; at < address + bytes;) {
-    // One mapping per piece: cut at every multiple of the piece size.
-    const std::uintptr_t stop =
-        piece == 0 ? address + bytes
-                   : std::min<std::uintptr_t>(address + bytes, (at / piece + 1) * piece);
+    const std::uintptr_t stop = PieceEnd(at, address + bytes, piece);  // one mapping per piece
     range->mapped.emplace(at, stop - at);
     ++counters_.mapped_pieces;
     at = stop;

@@ -280,9 +280,7 @@ pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t byt
   int count = 0;
   CUresult result = CUDA_SUCCESS;
   for (std::uintptr_t at = address; at < address + bytes && result == CUDA_SUCCESS;) {
-    const std::uintptr_t stop =
-        piece == 0 ? address + bytes
-                   : std::min<std::uintptr_t>(address + bytes, (at / piece + 1) * piece);
+    const std::uintptr_t stop = pool::PieceEnd(at, address + bytes, piece);
     result = MapOne(&prop, at, stop - at);
     if (result == CUDA_SUCCESS) pieces[count++] = {at, stop - at};
     at = stop;

@@ -12,6 +12,7 @@
 #include "slots.h"
 #include "state.h"
 #include "stream_fence.h"
+#include "vramscope/ring/ring_writer.h"
 
 namespace vramscope::interposer {
 namespace {
@@ -39,13 +40,6 @@ struct Worker {
 };
 
 constinit Worker g_worker{};
-
-std::uint64_t NowNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 // With w.mu held: marks the helper busy, serves `slot` without the lock, takes it back: an event
 // round when event fences are on (it covers every pool), else (or if it cannot be issued) a
@@ -86,10 +80,10 @@ inline void CpuRelax() {
 // Watches for a hint for up to `spin_ns`; true if one came (the helper is still watching).
 bool WatchForHint(Worker& w, std::uint64_t spin_ns) {
   if (spin_ns == 0) return false;
-  const std::uint64_t until = NowNs() + spin_ns;
+  const std::uint64_t until = RingNowNs() + spin_ns;
   for (unsigned i = 0;; ++i) {
     if (w.hint.load(std::memory_order_relaxed)) return true;
-    if ((i & 63) == 63 && NowNs() >= until) return false;
+    if ((i & 63) == 63 && RingNowNs() >= until) return false;
     CpuRelax();
   }
 }

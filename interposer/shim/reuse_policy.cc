@@ -1,6 +1,6 @@
 #include "reuse_policy.h"
 
-#include <time.h>
+#include "vramscope/ring/ring_writer.h"
 
 // The out-of-line halves of reuse_policy.h: what its inline checks decided is due.
 namespace vramscope::interposer::reuse {
@@ -20,11 +20,8 @@ __attribute__((noinline)) void MaybeSyncDue(Slot* slot, std::uint64_t frees,
 }
 
 bool RoundSpacingPassedSlow(const EventFenceRing& ring) {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  const std::uint64_t now =
-      static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
-  return now - ring.last_round_ns.load(std::memory_order_relaxed) >= Cfg().fence_round_us * 1000;
+  return RingNowNs() - ring.last_round_ns.load(std::memory_order_relaxed) >=
+         Cfg().fence_round_us * 1000;
 }
 
 __attribute__((noinline)) void AskForRound(Slot* slot) {

@@ -1,7 +1,5 @@
 #include "stream_fence.h"
 
-#include <time.h>
-
 #include "capture.h"
 #include "config.h"
 #include "counters.h"
@@ -9,6 +7,7 @@
 #include "log.h"
 #include "slots.h"
 #include "state.h"
+#include "vramscope/ring/ring_writer.h"
 
 namespace vramscope::interposer {
 
@@ -80,13 +79,6 @@ __attribute__((tls_model("initial-exec"))) constinit thread_local PerThreadWaite
 
 void ForgetOwedOfContext(CUcontext ctx);
 void ResetOwedInChild();
-
-std::uint64_t NowNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
-         static_cast<std::uint64_t>(ts.tv_nsec);
-}
 
 std::size_t HashOf(std::uintptr_t handle) {
   return static_cast<std::size_t>((handle >> 4) * 0x9E3779B97F4A7C15ull >> 54) & (kStreams - 1);
@@ -261,7 +253,7 @@ void QueueFence(Slot* slot, std::uint64_t epoch, bool legacy, StreamEntry** stre
     slot->fences.CompleteFromEvents(epoch);
     ring.bytes_since_round.store(0, std::memory_order_relaxed);
     ring.frees_since_round.store(0, std::memory_order_relaxed);
-    ring.last_round_ns.store(NowNs(), std::memory_order_relaxed);
+    ring.last_round_ns.store(RingNowNs(), std::memory_order_relaxed);
     pthread_mutex_unlock(&ring.mu);
     return;
   }
@@ -269,7 +261,7 @@ void QueueFence(Slot* slot, std::uint64_t epoch, bool legacy, StreamEntry** stre
   ring.in_flight.store(ring.count, std::memory_order_release);
   ring.bytes_since_round.store(0, std::memory_order_relaxed);
   ring.frees_since_round.store(0, std::memory_order_relaxed);
-  ring.last_round_ns.store(NowNs(), std::memory_order_relaxed);
+  ring.last_round_ns.store(RingNowNs(), std::memory_order_relaxed);
   if (!full) Counters().event_fences.Add(1);
   pthread_mutex_unlock(&ring.mu);
 }
@@ -409,7 +401,7 @@ bool PollEventFences(bool issue_due, std::uint64_t round_interval_ns) {
   const int count = LiveSlots(slots, kMaxSlots);
   bool queued = false;
   bool due = false;
-  const std::uint64_t now = issue_due ? NowNs() : 0;
+  const std::uint64_t now = issue_due ? RingNowNs() : 0;
   for (int i = 0; i < count; ++i) {
     Slot* slot = slots[i];
     EventFenceRing& ring = slot->event_fences;

@@ -198,57 +198,32 @@ TEST_F(GpuWaitTest, ThreadsOnTheirOwnStreamsNeverTouchABlockBeforeItsOldKernel) 
   vramscope_fake_set_blocking_sync(0);  // host waits (a full owed table) finish what they wait for
   constexpr int kThreads = 4;
   constexpr int kRounds = 300;
-  std::mutex mu;  // the test's own books: which kernel last used which block
-  struct Use {
+  struct Use {  // the test's own books: which kernel last used which block
     CUstream stream = nullptr;
     std::uint64_t kernel = 0;
   };
   std::vector<std::pair<CUdeviceptr, Use>> last_use;
-  std::atomic<int> violations{0};
-  std::atomic<int> checked{0};
-  std::atomic<int> running{kThreads};
+  int violations = 0;
+  int checked = 0;
   std::vector<CUstream> streams(kThreads);
   for (CUstream& s : streams)
     ASSERT_EQ(api_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
   const std::uint64_t handovers_before = Calls("cuStreamWaitEvent");
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      EXPECT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
-      for (int i = 0; i < kRounds; ++i) {
-        CUdeviceptr p = 0;
-        ASSERT_EQ(api_.cuMemAlloc_v2(&p, 4 * kMiB), CUDA_SUCCESS);
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          ASSERT_EQ(api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, streams[t], nullptr, nullptr),
-                    CUDA_SUCCESS);
-          const std::uint64_t kernel = vramscope_fake_last_kernel();
-          bool found = false;
-          for (auto& [address, use] : last_use) {
-            if (address != p) continue;
-            found = true;
-            ++checked;
-            if (vramscope_fake_kernel_unordered_at_last_work(streams[t], use.kernel) != 0) {
-              ++violations;
-            }
-            use = {streams[t], kernel};
-          }
-          if (!found) last_use.push_back({p, {streams[t], kernel}});
-        }
-        ASSERT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
-      }
-      --running;
-    });
-  }
-  std::thread completer([&] {
-    while (running.load() > 0) {
-      for (int t = 0; t < kThreads; ++t) (void)vramscope_fake_complete_kernels(streams[t], 1);
-      std::this_thread::yield();
+  ChurnOnOwnStreams(streams, kRounds, [&](int t, CUdeviceptr p) {
+    ASSERT_EQ(api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, streams[t], nullptr, nullptr),
+              CUDA_SUCCESS);
+    const std::uint64_t kernel = vramscope_fake_last_kernel();
+    bool found = false;
+    for (auto& [address, use] : last_use) {
+      if (address != p) continue;
+      found = true;
+      ++checked;
+      if (vramscope_fake_kernel_unordered_at_last_work(streams[t], use.kernel) != 0) ++violations;
+      use = {streams[t], kernel};
     }
+    if (!found) last_use.push_back({p, {streams[t], kernel}});
   });
-  for (std::thread& thread : threads) thread.join();
-  completer.join();
-  EXPECT_EQ(violations.load(), 0) << "of " << checked.load() << " reuses";
+  EXPECT_EQ(violations, 0) << "of " << checked << " reuses";
   EXPECT_GT(Calls("cuStreamWaitEvent"), handovers_before) << "no block was handed over early";
   vramscope_fake_complete_all_events();
   for (CUstream s : streams) EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);

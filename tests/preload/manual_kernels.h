@@ -8,9 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <cuda.h>
 
@@ -66,6 +69,40 @@ class ManualKernelsTest : public ::testing::Test {
   void Launch(CUstream stream) {
     ASSERT_EQ(api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, stream, nullptr, nullptr),
               CUDA_SUCCESS);
+  }
+
+  // One thread per stream of `streams`: `rounds` times, allocates a 4 MiB block, calls
+  // `use(t, block)` under one lock shared by all threads (it launches thread t's kernel on
+  // streams[t] and keeps the test's books), and frees the block; meanwhile another thread
+  // completes kernels in stream order. Blocks of the one size move between threads and streams.
+  template <typename Use>
+  void ChurnOnOwnStreams(const std::vector<CUstream>& streams, int rounds, Use use) {
+    std::mutex mu;
+    std::atomic<int> running{static_cast<int>(streams.size())};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < static_cast<int>(streams.size()); ++t) {
+      threads.emplace_back([&, t] {
+        EXPECT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+        for (int i = 0; i < rounds; ++i) {
+          CUdeviceptr p = 0;
+          ASSERT_EQ(api_.cuMemAlloc_v2(&p, std::size_t{4} << 20), CUDA_SUCCESS);
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            use(t, p);
+          }
+          ASSERT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
+        }
+        --running;
+      });
+    }
+    std::thread completer([&] {
+      while (running.load() > 0) {
+        for (CUstream s : streams) (void)vramscope_fake_complete_kernels(s, 1);
+        std::this_thread::yield();
+      }
+    });
+    for (std::thread& thread : threads) thread.join();
+    completer.join();
   }
 
   inline static DriverApi api_;

@@ -260,58 +260,35 @@ TEST_F(StreamFenceTest, ThreadsOnTheirOwnStreamsNeverGetABlockStillInUse) {
   vramscope_fake_set_blocking_sync(0);  // host waits finish the kernels they wait for
   constexpr int kThreads = 4;
   constexpr int kRounds = 300;
-  std::mutex mu;  // the test's own books: which kernel last used which block
   std::vector<std::uint64_t> launched(kThreads, 0);
-  struct Use {
+  struct Use {  // the test's own books: which kernel last used which block
     int thread = -1;
     std::uint64_t kernel = 0;
   };
   std::vector<std::pair<CUdeviceptr, Use>> last_use;
-  std::atomic<int> violations{0};
-  std::atomic<int> running{kThreads};
+  int violations = 0;
   std::vector<CUstream> streams(kThreads);
   for (CUstream& s : streams) s = NewStream(CU_STREAM_NON_BLOCKING);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      EXPECT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
-      for (int i = 0; i < kRounds; ++i) {
-        CUdeviceptr p = 0;
-        ASSERT_EQ(api_.cuMemAlloc_v2(&p, 4 * kMiB), CUDA_SUCCESS);
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          for (auto& [address, use] : last_use) {
-            if (address != p || use.thread < 0) continue;
-            const auto pending =
-                static_cast<std::uint64_t>(vramscope_fake_pending_kernels_on(streams[use.thread]));
-            if (launched[use.thread] - pending < use.kernel) ++violations;
-          }
-          ASSERT_EQ(api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, streams[t], nullptr, nullptr),
-                    CUDA_SUCCESS);
-          const std::uint64_t kernel = ++launched[t];
-          bool found = false;
-          for (auto& [address, use] : last_use) {
-            if (address == p) {
-              use = {t, kernel};
-              found = true;
-            }
-          }
-          if (!found) last_use.push_back({p, {t, kernel}});
-        }
-        ASSERT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
-      }
-      --running;
-    });
-  }
-  std::thread completer([&] {
-    while (running.load() > 0) {
-      for (int t = 0; t < kThreads; ++t) (void)vramscope_fake_complete_kernels(streams[t], 1);
-      std::this_thread::yield();
+  ChurnOnOwnStreams(streams, kRounds, [&](int t, CUdeviceptr p) {
+    for (auto& [address, use] : last_use) {
+      if (address != p || use.thread < 0) continue;
+      const auto pending =
+          static_cast<std::uint64_t>(vramscope_fake_pending_kernels_on(streams[use.thread]));
+      if (launched[use.thread] - pending < use.kernel) ++violations;
     }
+    ASSERT_EQ(api_.cuLaunchKernel(kKernel, 1, 1, 1, 1, 1, 1, 0, streams[t], nullptr, nullptr),
+              CUDA_SUCCESS);
+    const std::uint64_t kernel = ++launched[t];
+    bool found = false;
+    for (auto& [address, use] : last_use) {
+      if (address == p) {
+        use = {t, kernel};
+        found = true;
+      }
+    }
+    if (!found) last_use.push_back({p, {t, kernel}});
   });
-  for (std::thread& thread : threads) thread.join();
-  completer.join();
-  EXPECT_EQ(violations.load(), 0);
+  EXPECT_EQ(violations, 0);
   vramscope_fake_complete_all_events();
   for (CUstream s : streams) EXPECT_EQ(api_.cuStreamDestroy_v2(s), CUDA_SUCCESS);
 }

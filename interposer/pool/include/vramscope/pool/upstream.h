@@ -30,6 +30,14 @@ inline std::size_t PieceBytesFor(std::size_t least, std::size_t map_bytes) {
   return piece;
 }
 
+// The end of the piece of a Map ending at `end` that starts at `at`: the next multiple of `piece`
+// after `at`, or `end` (piece 0: the whole Map is one piece).
+inline std::uintptr_t PieceEnd(std::uintptr_t at, std::uintptr_t end, std::size_t piece) {
+  if (piece == 0) return end;
+  const std::uintptr_t next = (at / piece + 1) * piece;
+  return next < end ? next : end;
+}
+
 enum class [[nodiscard]] UpstreamStatus{
     kOk = 0,
     kOutOfMemory,      // the device (or the virtual capacity) has no room
