@@ -109,6 +109,11 @@ struct ShimCounters {
   // what the fences cost the driver, next to the fence thread's CPU time in the summary.
   Counter event_records;
   Counter event_queries;
+  // Pieces whose unmap waited for owed rounds of GPU-side waits instead of a synchronisation,
+  // and the times a map met them and synchronised (DriverUpstream's deferred unmaps).
+  Counter deferred_unmaps;
+  Counter deferred_flushes;
+  Counter deferred_reused;  // of those pieces, mapped again at a new address before the unmap
 };
 
 // The process's counters (zeroed in a fork child: ResetCountersInChild, shim.cc's fork table).

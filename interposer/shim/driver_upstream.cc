@@ -176,7 +176,16 @@ void DriverUpstream::Abandon(bool context_alive) {
   mapped.swap(mapped_);
   held.swap(held_);
   pthread_mutex_unlock(&mu_);
+  std::vector<Deferred> deferred;
+  pthread_mutex_lock(&deferred_mu_);
+  deferred.swap(deferred_);
+  deferred_count_.store(0, std::memory_order_release);
+  pthread_mutex_unlock(&deferred_mu_);
   for (const auto& [address, size] : (vmm_ ? mapped : held)) Released(address, size);
+  for (const Deferred& d : deferred) {
+    if (!d.aliased) Released(d.address, d.bytes);  // an aliased one is counted where it went
+    mapped[d.address] = d.bytes;
+  }
   if (!vmm_ || Exiting()) return;
   const RealDriver& real = Real();
   if (context_alive) {
@@ -254,6 +263,7 @@ pool::UpstreamStatus DriverUpstream::ReleaseRange(std::uintptr_t address, std::s
   pthread_mutex_unlock(&mu_);
   if (!known) return FromDriver(CUDA_ERROR_INVALID_VALUE);
   if (!Usable()) return pool::UpstreamStatus::kOk;
+  if (HasDeferred() && DeferredOverlaps(address, bytes, 0)) FlushDeferred();
   DriverCallScope scope(ctx_);
   const CUresult result = Real().cuMemAddressFree(address, bytes);
   if (result == CUDA_SUCCESS || result == CUDA_ERROR_DEINITIALIZED) {
@@ -264,6 +274,21 @@ pool::UpstreamStatus DriverUpstream::ReleaseRange(std::uintptr_t address, std::s
 
 pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t bytes) {
   if (!vmm_) return pool::UpstreamStatus::kNotSupported;
+  if (HasDeferred()) {
+    ReapDeferred(/*all=*/false);
+    if (DeferredOverlaps(address, bytes, MapPieceBytes(bytes))) FlushDeferred();
+  }
+  pool::UpstreamStatus status = MapPieces(address, bytes);
+  if (status != pool::UpstreamStatus::kOk && HasDeferred()) {
+    // The deferred pieces still hold their memory (or an address the driver found mapped): give
+    // them back and try once more.
+    FlushDeferred();
+    status = MapPieces(address, bytes);
+  }
+  return status;
+}
+
+pool::UpstreamStatus DriverUpstream::MapPieces(std::uintptr_t address, std::size_t bytes) {
   if (!Usable()) return FromDriver(CUDA_ERROR_CONTEXT_IS_DESTROYED);
   const RealDriver& real = Real();
   DriverCallScope scope(ctx_);
@@ -281,7 +306,9 @@ pool::UpstreamStatus DriverUpstream::Map(std::uintptr_t address, std::size_t byt
   CUresult result = CUDA_SUCCESS;
   for (std::uintptr_t at = address; at < address + bytes && result == CUDA_SUCCESS;) {
     const std::uintptr_t stop = pool::PieceEnd(at, address + bytes, piece);
-    result = MapOne(&prop, at, stop - at);
+    result = TakeBackDeferred(at, stop - at) || MapDeferred(at, stop - at, address, bytes)
+                 ? CUDA_SUCCESS
+                 : MapOne(&prop, at, stop - at);
     if (result == CUDA_SUCCESS) pieces[count++] = {at, stop - at};
     at = stop;
   }
@@ -348,7 +375,17 @@ pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t b
     }
     more = count == 64;
     pthread_mutex_unlock(&mu_);
-    if (count != 0 && fences_ != nullptr && Usable()) fences_->BeforeReturningMemory();
+    if (count != 0 && fences_ != nullptr && Usable()) {
+      // Blocks handed over to GPU-side waits whose rounds are still owed: unmapped once they are
+      // retired, not after a synchronisation. With none owed, only ordered reuse's settled frees
+      // can still be in use.
+      const std::uint64_t cover = fences_->OwedToCover();
+      fences_->WaitSettled();
+      if (cover != 0) {
+        Defer(ranges, count, cover);
+        continue;
+      }
+    }
     for (int i = 0; i < count; ++i) {
       Released(ranges[i].first, ranges[i].second);
       if (!Usable()) continue;
@@ -361,6 +398,124 @@ pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t b
     }
   }
   return status;
+}
+
+void DriverUpstream::Defer(const std::pair<std::uintptr_t, std::size_t>* ranges, int count,
+                           std::uint64_t gen) {
+  pthread_mutex_lock(&deferred_mu_);
+  for (int i = 0; i < count; ++i) {
+    deferred_.push_back({ranges[i].first, ranges[i].second, gen, /*aliased=*/false});
+  }
+  deferred_count_.store(static_cast<int>(deferred_.size()), std::memory_order_seq_cst);
+  pthread_mutex_unlock(&deferred_mu_);
+  Counters().deferred_unmaps.Add(static_cast<std::uint64_t>(count));
+  // The helper may have retired the rounds just before it could see these pieces.
+  if (fences_->owed_floor() > gen) ReapDeferred(/*all=*/false);
+}
+
+bool DriverUpstream::MapDeferred(std::uintptr_t address, std::size_t bytes,
+                                 std::uintptr_t map_start, std::size_t map_bytes) {
+  if (!HasDeferred()) return false;
+  const RealDriver& real = Real();
+  if (real.cuMemRetainAllocationHandle == nullptr) return false;
+  bool mapped = false;
+  std::uintptr_t from = 0;
+  pthread_mutex_lock(&deferred_mu_);
+  for (Deferred& d : deferred_) {
+    // Never one inside the mapping being made: that one is taken back where it is.
+    if (d.aliased || d.bytes != bytes ||
+        (d.address < map_start + map_bytes && map_start < d.address + d.bytes)) {
+      continue;
+    }
+    CUmemGenericAllocationHandle handle = 0;
+    if (real.cuMemRetainAllocationHandle(&handle, reinterpret_cast<void*>(d.address)) !=
+        CUDA_SUCCESS) {
+      continue;
+    }
+    mapped = real.cuMemMap(address, bytes, 0, handle, 0) == CUDA_SUCCESS;
+    (void)real.cuMemRelease(handle);
+    if (!mapped) break;
+    d.aliased = true;
+    from = d.address;
+    break;
+  }
+  pthread_mutex_unlock(&deferred_mu_);
+  if (!mapped) return false;
+  // The memory moves: counted at the new address from here (Map's Reserved), no longer at the
+  // old one, whose mapping goes when its rounds are retired.
+  Released(from, bytes);
+  Counters().deferred_reused.Add(1);
+  return true;
+}
+
+void DriverUpstream::ReapDeferred(bool all) {
+  if (!HasDeferred()) return;
+  pthread_mutex_lock(&deferred_mu_);
+  const std::uint64_t floor = fences_ != nullptr ? fences_->owed_floor() : EpochFences::kNoneOwed;
+  std::size_t kept = 0;
+  for (const Deferred& d : deferred_) {
+    if (!all && d.gen >= floor) {
+      deferred_[kept++] = d;
+      continue;
+    }
+    if (!d.aliased) Released(d.address, d.bytes);
+    if (!Usable()) continue;
+    DriverCallScope scope(ctx_);
+    const CUresult result = Real().cuMemUnmap(d.address, d.bytes);
+    DevCounters(device_).driver_free_calls.Add(1);
+    if (result != CUDA_SUCCESS && result != CUDA_ERROR_DEINITIALIZED) {
+      VRAMSCOPE_LOG_ONCE(kWarn, "device %d: cuMemUnmap of a deferred piece failed (%d)", device_,
+                         static_cast<int>(result));
+    }
+  }
+  deferred_.resize(kept);
+  deferred_count_.store(static_cast<int>(kept), std::memory_order_seq_cst);
+  pthread_mutex_unlock(&deferred_mu_);
+}
+
+bool DriverUpstream::DeferredOverlaps(std::uintptr_t address, std::size_t bytes,
+                                      std::size_t piece) const {
+  pthread_mutex_lock(&deferred_mu_);
+  bool overlaps = false;
+  for (const Deferred& d : deferred_) {
+    if (d.address >= address + bytes || address >= d.address + d.bytes) continue;
+    // A piece the new mapping would cut exactly there is taken back as it is (MapPieces).
+    const bool same_piece =
+        piece != 0 && !d.aliased && d.address >= address &&
+        (d.address == address || d.address % piece == 0) &&
+        pool::PieceEnd(d.address, address + bytes, piece) == d.address + d.bytes;
+    overlaps = overlaps || !same_piece;
+  }
+  pthread_mutex_unlock(&deferred_mu_);
+  return overlaps;
+}
+
+bool DriverUpstream::TakeBackDeferred(std::uintptr_t address, std::size_t bytes) {
+  if (!HasDeferred()) return false;
+  bool found = false;
+  pthread_mutex_lock(&deferred_mu_);
+  for (std::size_t i = 0; i < deferred_.size() && !found; ++i) {
+    if (deferred_[i].address != address || deferred_[i].bytes != bytes || deferred_[i].aliased) {
+      continue;
+    }
+    deferred_[i] = deferred_.back();
+    deferred_.pop_back();
+    deferred_count_.store(static_cast<int>(deferred_.size()), std::memory_order_seq_cst);
+    found = true;
+  }
+  pthread_mutex_unlock(&deferred_mu_);
+  if (!found) return false;
+  // Still counted as reserved; Map's Reserved counts the whole mapping again.
+  Released(address, bytes);
+  Counters().deferred_reused.Add(1);
+  return true;
+}
+
+void DriverUpstream::FlushDeferred() {
+  Counters().deferred_flushes.Add(1);
+  // Synchronises unless one already covered every handover (EpochFences::BeforeReturningMemory).
+  if (fences_ != nullptr && Usable()) fences_->BeforeReturningMemory();
+  ReapDeferred(/*all=*/true);
 }
 
 int DriverUpstream::MappingsCovering(std::uintptr_t address, std::size_t bytes,

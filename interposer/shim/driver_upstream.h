@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include <cuda.h>
 
@@ -78,7 +79,44 @@ class DriverUpstream final : public pool::Upstream {
   pool::UpstreamStatus Map(std::uintptr_t address, std::size_t bytes) override;
   pool::UpstreamStatus Unmap(std::uintptr_t address, std::size_t bytes) override;
 
+  // Deferred unmaps. With GPU-side waits (stream_fence.h) a free block may still be in use by
+  // work queued before its handover, so memory could go back to the driver only after a context
+  // synchronisation, which would cost the program its lead over the GPU at every unmap. Instead
+  // Unmap keeps such pieces mapped (and counted as reserved) until every owed round up to the
+  // newest at the time (EpochFences::OwedToCover) is retired; ReapDeferred then unmaps them. The
+  // helper thread calls it as it retires rounds, Map and Unmap on their way; a Map over a deferred
+  // piece, or one the driver refuses for memory while some are deferred, synchronises and unmaps
+  // them all first. A Map maps a deferred piece's memory again where sizes match (MapDeferred),
+  // so the memory is not held twice while the GPU catches up. True while pieces wait.
+  bool HasDeferred() const { return deferred_count_.load(std::memory_order_acquire) != 0; }
+  // Unmaps the deferred pieces whose rounds are retired; every one with `all` (the caller made
+  // sure the GPU passed them). Any thread.
+  void ReapDeferred(bool all);
+
  private:
+  struct Deferred {
+    std::uintptr_t address;
+    std::size_t bytes;
+    std::uint64_t gen;  // the newest owed round when the pool unmapped it
+    bool aliased;       // its memory is mapped elsewhere too now (MapDeferred)
+  };
+  pool::UpstreamStatus MapPieces(std::uintptr_t address, std::size_t bytes);
+  // Maps the physical memory of a deferred piece of exactly `bytes` at `address` as well, instead
+  // of creating new memory: as safe as handing the block over, since work that reaches the new
+  // address pays every owed round first (stream_fence.h). Never a piece inside the mapping being
+  // made, [map_start, map_start + map_bytes), which TakeBackDeferred takes back where it is.
+  // True if it did.
+  bool MapDeferred(std::uintptr_t address, std::size_t bytes, std::uintptr_t map_start,
+                   std::size_t map_bytes);
+  // Keeps `count` pieces mapped until the owed rounds up to `gen` are retired.
+  void Defer(const std::pair<std::uintptr_t, std::size_t>* ranges, int count, std::uint64_t gen);
+  // True if a deferred piece overlaps [address, address + bytes) other than as a whole piece a
+  // Map cutting it into `piece`s makes there (0: any overlap).
+  bool DeferredOverlaps(std::uintptr_t address, std::size_t bytes, std::size_t piece) const;
+  // The deferred piece [address, address + bytes), still mapped, taken back for a Map.
+  bool TakeBackDeferred(std::uintptr_t address, std::size_t bytes);
+  // Synchronises the context as memory given back requires, then unmaps every deferred piece.
+  void FlushDeferred();
   bool Usable() const;
   // cuMemCreate + cuMemMap of one piece (the handle released once mapped); the driver's result.
   CUresult MapOne(CUmemAllocationProp* prop, std::uintptr_t address, std::size_t bytes);
@@ -102,6 +140,10 @@ class DriverUpstream final : public pool::Upstream {
   mutable pthread_mutex_t mu_ = PTHREAD_MUTEX_INITIALIZER;
   std::map<std::uintptr_t, std::size_t> held_;    // segments or reserved ranges
   std::map<std::uintptr_t, std::size_t> mapped_;  // VMM mappings
+  // Held around the deferred pieces' list and their unmaps (never with mu_).
+  mutable pthread_mutex_t deferred_mu_ = PTHREAD_MUTEX_INITIALIZER;
+  std::vector<Deferred> deferred_;
+  std::atomic<int> deferred_count_{0};
 };
 
 // The VMM/peer setup of a new pool on `device` (its context current): the policy ("vmm" where the

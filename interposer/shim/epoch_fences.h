@@ -73,8 +73,7 @@ class EpochFences final : public pool::FenceTracker {
   // Fences handed over to GPU-side waits (stream_fence.h) completed for reuse, not for giving
   // the memory back either: a synchronisation covers them first.
   void BeforeReturningMemory() {
-    const std::uint64_t fence = settled_fence_.load(std::memory_order_acquire);
-    if (fence != 0 && !IsComplete(fence)) (void)Sync(/*forced=*/true);
+    WaitSettled();
     for (int i = 0; i < 4 && gpu_owed_.load(std::memory_order_seq_cst) != 0; ++i) {
       const std::uint64_t owed = gpu_owed_.exchange(0, std::memory_order_seq_cst);
       if (!Sync(/*forced=*/true)) {
@@ -83,8 +82,33 @@ class EpochFences final : public pool::FenceTracker {
       }
     }
   }
+  // Synchronises until ordered reuse's settled frees completed (the first half of
+  // BeforeReturningMemory).
+  void WaitSettled() {
+    const std::uint64_t fence = settled_fence_.load(std::memory_order_acquire);
+    if (fence != 0 && !IsComplete(fence)) (void)Sync(/*forced=*/true);
+  }
   // A fence of this pool was completed by handing it over to GPU-side waits.
   void NoteGpuOwed() { gpu_owed_.fetch_add(1, std::memory_order_seq_cst); }
+
+  // The owed rounds of GPU-side waits (stream_fence.h) this pool handed over, by generation:
+  // stream_fence.cc sets both under its owed lock, the newest before the round's epochs complete.
+  // A block free in the pool was freed before the newest round read after it, so memory may go
+  // back to the driver without a synchronisation once every round up to that one is retired (its
+  // events completed): DriverUpstream::Unmap defers the unmap until then.
+  static constexpr std::uint64_t kNoneOwed = ~std::uint64_t{0};
+  void SetOwed(std::uint64_t newest, std::uint64_t floor) {
+    owed_newest_.store(newest, std::memory_order_seq_cst);
+    owed_floor_.store(floor, std::memory_order_seq_cst);
+  }
+  std::uint64_t owed_newest() const { return owed_newest_.load(std::memory_order_seq_cst); }
+  // The oldest round still owed (kNoneOwed: none).
+  std::uint64_t owed_floor() const { return owed_floor_.load(std::memory_order_seq_cst); }
+  // The newest round to wait for before memory free now goes back; 0 when none is still owed.
+  std::uint64_t OwedToCover() const {
+    const std::uint64_t newest = owed_newest();  // first: see the comment above SetOwed
+    return owed_floor() <= newest ? newest : 0;
+  }
   bool CompletesInOrder() const override { return true; }
   bool NeedsRetire() const override { return false; }
   // Synchronises even while a capture is live (in relaxed mode: the pool relies on Wait to
@@ -122,6 +146,8 @@ class EpochFences final : public pool::FenceTracker {
   static constexpr std::uint64_t kUnended = ~std::uint64_t{0};
   std::atomic<std::uint64_t> settled_fence_{0};
   std::atomic<std::uint64_t> gpu_owed_{0};  // handovers since the last BeforeReturningMemory
+  std::atomic<std::uint64_t> owed_newest_{0};
+  std::atomic<std::uint64_t> owed_floor_{kNoneOwed};
   // About one VMM map (cuMemCreate + cuMemMap + cuMemSetAccess) or one cuMemAlloc.
   static constexpr std::uint64_t kCheapSyncNs = 50000;
   std::atomic<std::uint64_t> sync_ns_{0};  // moving average of Sync's cuCtxSynchronize

@@ -267,7 +267,8 @@ void PrintSummary() {
   used = AppendF(line, used, kSize,
                  " ipc_refused=%llu ordered_end_waits=%llu event_fences=%llu"
                  " event_fence_syncs=%llu event_fence_waits=%llu gpu_wait_handovers=%llu"
-                 " gpu_waits=%llu event_records=%llu event_queries=%llu fence_thread_cpu_us=%llu\n",
+                 " gpu_waits=%llu event_records=%llu event_queries=%llu fence_thread_cpu_us=%llu"
+                 " deferred_unmaps=%llu deferred_reused=%llu deferred_flushes=%llu\n",
                  static_cast<unsigned long long>(counters.ipc_refused.Get()),
                  static_cast<unsigned long long>(counters.ordered_end_waits.Get()),
                  static_cast<unsigned long long>(counters.event_fences.Get()),
@@ -277,7 +278,10 @@ void PrintSummary() {
                  static_cast<unsigned long long>(counters.gpu_waits.Get()),
                  static_cast<unsigned long long>(counters.event_records.Get()),
                  static_cast<unsigned long long>(counters.event_queries.Get()),
-                 static_cast<unsigned long long>(FenceWorkerCpuNs() / 1000));
+                 static_cast<unsigned long long>(FenceWorkerCpuNs() / 1000),
+                 static_cast<unsigned long long>(counters.deferred_unmaps.Get()),
+                 static_cast<unsigned long long>(counters.deferred_reused.Get()),
+                 static_cast<unsigned long long>(counters.deferred_flushes.Get()));
   if (line[used - 1] != '\n') line[used - 1] = '\n';
   WriteStderr(line, static_cast<std::size_t>(used));
 }

@@ -1,5 +1,7 @@
 #include "stream_fence.h"
 
+#include <algorithm>
+
 #include "capture.h"
 #include "config.h"
 #include "counters.h"
@@ -421,6 +423,14 @@ bool PollEventFences(bool issue_due, std::uint64_t round_interval_ns) {
   }
   if (due && IssueEventRound()) queued = true;
   if (RetireOwedWaits()) queued = true;  // keep polling while rounds are owed
+  // Pieces waiting for the rounds just retired go back to the driver (keep polling while some
+  // still wait).
+  for (int i = 0; i < count; ++i) {
+    DriverUpstream& upstream = slots[i]->upstream;
+    if (!upstream.HasDeferred()) continue;
+    upstream.ReapDeferred(/*all=*/false);
+    queued = queued || upstream.HasDeferred();
+  }
   return queued;
 }
 
@@ -503,7 +513,10 @@ bool AnyEventFenceQueued() {
   Slot* slots[kMaxSlots];
   const int count = LiveSlots(slots, kMaxSlots);
   for (int i = 0; i < count; ++i) {
-    if (slots[i]->event_fences.in_flight.load(std::memory_order_acquire) != 0) return true;
+    if (slots[i]->event_fences.in_flight.load(std::memory_order_acquire) != 0 ||
+        slots[i]->upstream.HasDeferred()) {
+      return true;
+    }
   }
   return false;
 }
@@ -665,6 +678,16 @@ int TakeOwedLocked(Done done, OwedRound* out) {
     round.gen = 0;
     round.count = 0;
     g_owed_live.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  // The pools whose rounds went: their oldest round still owed (EpochFences::SetOwed).
+  for (int i = 0; i < taken; ++i) {
+    Slot* slot = out[i].slot;
+    if (slot == nullptr || (i > 0 && out[i - 1].slot == slot)) continue;
+    std::uint64_t floor = EpochFences::kNoneOwed;
+    for (const OwedRound& round : g_owed) {
+      if (round.gen != 0 && round.slot == slot) floor = std::min(floor, round.gen);
+    }
+    slot->fences.SetOwed(slot->fences.owed_newest(), floor);
   }
   return taken;
 }
@@ -841,6 +864,8 @@ bool HandOverEventFences(Slot* slot) {
   free_round->count = merged.count;
   for (int i = 0; i < merged.count; ++i) free_round->events[i] = merged.events[i];
   free_round->gen = gen;
+  const std::uint64_t floor = slot->fences.owed_floor();
+  slot->fences.SetOwed(gen, floor == EpochFences::kNoneOwed ? gen : floor);
   // Owed before the epochs complete: whoever gets a block of them sees the round (the store
   // happens before the allocation returns the block).
   g_owed_live.fetch_add(1, std::memory_order_seq_cst);

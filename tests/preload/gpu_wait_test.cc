@@ -327,6 +327,49 @@ TEST_F(GpuWaitTest, BelowTheLagBoundTheOldestFenceIsStillHandedOver) {
   (void)p;
 }
 
+// Memory handed over while its old kernel runs goes back to the driver only once the GPU passed
+// it, and without a host wait: the pool's soft cap unmaps the free 192 MiB block (between two
+// live ones, so a 512 MiB request cannot use it) while the round is owed; the unmap waits for the
+// round, not for a context synchronisation (which would hang here), and the new mapping takes
+// the deferred pieces' memory. Fails if the unmap synchronises (the allocation never returns),
+// happens under the running kernel, or the memory is created anew beside the deferred pieces.
+TEST_F(GpuWaitTest, UnmapOfHandedOverMemoryWaitsForTheRoundNotTheHost) {
+  CUdeviceptr held[4] = {};
+  const size_t sizes[4] = {2 * kMiB, 192 * kMiB, 2 * kMiB, kBlock};
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(api_.cuMemAlloc_v2(&held[i], sizes[i]), CUDA_SUCCESS);
+  live_.push_back(held[0]);
+  live_.push_back(held[2]);
+  Launch(old_);
+  ASSERT_EQ(api_.cuMemFree_v2(held[1]), CUDA_SUCCESS);
+  ASSERT_EQ(api_.cuMemFree_v2(held[3]), CUDA_SUCCESS);
+  const std::uint64_t unmaps = Calls("cuMemUnmap");
+  const std::uint64_t retains = Calls("cuMemRetainAllocationHandle");
+  const std::uint64_t under_work = vramscope_fake_unmaps_under_pending_work();
+  std::atomic<bool> done{false};
+  CUdeviceptr got[2] = {};
+  std::thread worker([&] {
+    EXPECT_EQ(api_.cuCtxSetCurrent(ctx_), CUDA_SUCCESS);
+    EXPECT_EQ(api_.cuMemAlloc_v2(&got[0], kBlock), CUDA_SUCCESS);  // the handover
+    EXPECT_EQ(api_.cuMemAlloc_v2(&got[1], 512 * kMiB), CUDA_SUCCESS);
+    done = true;
+  });
+  const bool returned = Eventually([&] { return done.load(); });
+  if (!returned) vramscope_fake_complete_all_events();
+  worker.join();
+  ASSERT_TRUE(returned) << "an allocation waited on the host for the old kernel";
+  live_.push_back(got[0]);
+  live_.push_back(got[1]);
+  EXPECT_EQ(vramscope_fake_pending_kernels_on(old_), 1) << "the old kernel must still run";
+  EXPECT_EQ(Calls("cuMemUnmap"), unmaps) << "memory went back under the old kernel";
+  EXPECT_EQ(vramscope_fake_unmaps_under_pending_work(), under_work);
+  // Its whole 64 MiB pieces went into the new mapping rather than new memory beside them.
+  EXPECT_GT(Calls("cuMemRetainAllocationHandle"), retains) << "the memory was held twice";
+  // Once the kernel is done, the helper retires the round and the deferred pieces go back.
+  ASSERT_EQ(vramscope_fake_complete_kernels(old_, -1), 1);
+  EXPECT_TRUE(Eventually([&] { return Calls("cuMemUnmap") > unmaps; }))
+      << "the soft cap never gave the free block back";
+}
+
 // A fork child inherits no owed round: its calls never touch the parent's events.
 TEST_F(GpuWaitTest, ForkChildOwesNothing) {
   HandedOverBlock();
