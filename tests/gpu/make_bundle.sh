@@ -10,7 +10,7 @@ targets=(interposer/shim/libvramscope.so viewer-cli/vramscope examples/alloc_chu
          examples/alloc_churn_shared_rt tests/gpu/thrust_loop tests/gpu/stream_stress
          tests/gpu/alloc_bench tests/gpu/alloc_bench_shared tests/gpu/multi_gpu_stress examples/nvtx_phases
          tests/bench/pool_bench tests/gpu/graph_array tests/gpu/ordered_probe
-         tests/gpu/ordered_probe_ptds tests/gpu/ipc_multi tests/stacks/stack_bench
+         tests/gpu/ordered_probe_ptds tests/gpu/ipc_multi tests/gpu/vmm_cost tests/stacks/stack_bench
          collector/vramscope-collector agent/vramscope-agent tests/load/fleet_load
          tests/pipeline/ingest_bench tests/pipeline/ingest_history_bench
          tests/pipeline/collector_core_bench)
