@@ -370,6 +370,52 @@ TEST_F(GpuWaitTest, UnmapOfHandedOverMemoryWaitsForTheRoundNotTheHost) {
       << "the soft cap never gave the free block back";
 }
 
+// Many deferred unmaps: blocks of 2 MiB up to 80-320 MiB (mappings of several pieces) allocated
+// and freed at random while the kernels that used them complete in batches, so the soft cap gives
+// memory back under owed rounds again and again and new mappings meet deferred pieces of every
+// kind (taken back in place, mapped again elsewhere, in the way). Every allocation must succeed.
+// Host waits are allowed here (a Map in the way of a deferred piece synchronises). Fails, for
+// one, if a Map maps the memory of a deferred piece lying inside the mapping it is making (that
+// piece's address then stays mapped and the driver refuses the mapping), which the H200 found
+// and this test finds too (the fourth case's 490th allocation).
+TEST_F(GpuWaitTest, RandomChurnWithDeferredUnmapsNeverFailsAnAllocation) {
+  vramscope_fake_set_blocking_sync(0);
+  // (seed, largest block in 2 MiB granules)
+  const std::pair<std::uint64_t, std::uint64_t> cases[] = {{1, 40}, {2, 80}, {4, 160}, {3, 160}};
+  for (const auto& [seed, granules] : cases) {
+    if (HasFailure()) break;
+    std::uint64_t state = seed;
+    auto next = [&state] {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      return state;
+    };
+    std::vector<std::pair<CUdeviceptr, size_t>> held;
+    size_t live = 0;
+    for (int i = 0; i < 2000 && !HasFailure(); ++i) {
+      const size_t bytes = (1 + next() % granules) * 2 * kMiB;
+      while (live + bytes > 448 * kMiB || (!held.empty() && next() % 3 == 0)) {
+        const size_t at = next() % held.size();
+        ASSERT_EQ(api_.cuMemFree_v2(held[at].first), CUDA_SUCCESS);
+        live -= held[at].second;
+        held[at] = held.back();
+        held.pop_back();
+      }
+      CUdeviceptr p = 0;
+      ASSERT_EQ(api_.cuMemAlloc_v2(&p, bytes), CUDA_SUCCESS)
+          << "seed " << seed << ", allocation " << i;
+      held.emplace_back(p, bytes);
+      live += bytes;
+      Launch(old_);
+      if (next() % 8 == 0)
+        (void)vramscope_fake_complete_kernels(old_, static_cast<int>(next() % 6));
+    }
+    vramscope_fake_complete_all_events();
+    for (const auto& [p, bytes] : held) EXPECT_EQ(api_.cuMemFree_v2(p), CUDA_SUCCESS);
+  }
+}
+
 // A fork child inherits no owed round: its calls never touch the parent's events.
 TEST_F(GpuWaitTest, ForkChildOwesNothing) {
   HandedOverBlock();
