@@ -71,7 +71,8 @@ class EpochFences final : public pool::FenceTracker {
     (void)settled_fence_.compare_exchange_strong(expected, fence, std::memory_order_acq_rel);
   }
   // Fences handed over to GPU-side waits (stream_fence.h) completed for reuse, not for giving
-  // the memory back either: a synchronisation covers them first.
+  // the memory back either: a synchronisation covers them first (DriverUpstream's vmm unmaps
+  // wait for the owed rounds instead, OwedToCover).
   void BeforeReturningMemory() {
     WaitSettled();
     for (int i = 0; i < 4 && gpu_owed_.load(std::memory_order_seq_cst) != 0; ++i) {

@@ -42,8 +42,10 @@
 // captured work runs only when the graph is launched, and the launch's stream waits (a wait on an
 // event recorded outside the capture would invalidate it); cuStreamBeginCapture pays before the
 // capture begins. The helper thread retires an owed round once its events completed; while none
-// is owed the submission path costs one relaxed load. Giving pooled memory back to the driver
-// synchronises first (EpochFences::BeforeReturningMemory); an IPC export, an unknown entry point
+// is owed the submission path costs one relaxed load. Pooled memory goes back to the driver once
+// every round owed when the pool let it go is retired (DriverUpstream's deferred unmaps, which the
+// helper reaps as it retires rounds; a segment free or a range release synchronises first,
+// EpochFences::BeforeReturningMemory); an IPC export, an unknown entry point
 // and a fork child end every owed round on the host (DrainOwedWaitsOnHost, cuEventSynchronize); a
 // context destroyed forgets its rounds. A fence that is not exact (it falls back to a device
 // synchronisation) is never handed over, nor is one when the owed table (64 rounds) is full:
