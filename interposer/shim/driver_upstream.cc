@@ -299,16 +299,20 @@ pool::UpstreamStatus DriverUpstream::MapPieces(std::uintptr_t address, std::size
   prop.location.id = device_;
   prop.requestedHandleTypes = shareable_type();  // exportable for IPC (ipc.h)
   // One physical handle per piece (cut at the multiples of the piece size), mapped in turn; one
-  // access grant for the whole range.
+  // access grant for the whole range. A deferred piece inside a piece's window is taken back as
+  // it is, and the window's rest mapped around it (Map let at most kMaxMapPieces of them in).
   const std::size_t piece = MapPieceBytes(bytes);
-  std::pair<std::uintptr_t, std::size_t> pieces[kMaxMapPieces];
+  std::pair<std::uintptr_t, std::size_t> pieces[3 * kMaxMapPieces];
   int count = 0;
   CUresult result = CUDA_SUCCESS;
   for (std::uintptr_t at = address; at < address + bytes && result == CUDA_SUCCESS;) {
-    const std::uintptr_t stop = pool::PieceEnd(at, address + bytes, piece);
-    result = TakeBackDeferred(at, stop - at) || MapDeferred(at, stop - at, address, bytes)
-                 ? CUDA_SUCCESS
-                 : MapOne(&prop, at, stop - at);
+    const std::uintptr_t window_end = pool::PieceEnd(at, address + bytes, piece);
+    std::uintptr_t stop = at + TakeBackDeferred(at, window_end);
+    if (stop == at) {
+      stop = NextDeferredStart(at, window_end);
+      result =
+          MapDeferred(at, stop - at, address, bytes) ? CUDA_SUCCESS : MapOne(&prop, at, stop - at);
+    }
     if (result == CUDA_SUCCESS) pieces[count++] = {at, stop - at};
     at = stop;
   }
@@ -400,6 +404,14 @@ pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t b
   return status;
 }
 
+namespace {
+constinit std::atomic<void (*)()> g_deferred_waker{nullptr};
+}  // namespace
+
+void DriverUpstream::SetDeferredWaker(void (*wake)()) {
+  g_deferred_waker.store(wake, std::memory_order_release);
+}
+
 void DriverUpstream::Defer(const std::pair<std::uintptr_t, std::size_t>* ranges, int count,
                            std::uint64_t gen) {
   pthread_mutex_lock(&deferred_mu_);
@@ -409,8 +421,10 @@ void DriverUpstream::Defer(const std::pair<std::uintptr_t, std::size_t>* ranges,
   deferred_count_.store(static_cast<int>(deferred_.size()), std::memory_order_seq_cst);
   pthread_mutex_unlock(&deferred_mu_);
   Counters().deferred_unmaps.Add(static_cast<std::uint64_t>(count));
-  // The helper may have retired the rounds just before it could see these pieces.
+  // The helper may have retired the rounds just before it could see these pieces, or gone to
+  // sleep with rounds still owed: wake it to poll until they are retired.
   if (fences_->owed_floor() > gen) ReapDeferred(/*all=*/false);
+  if (void (*wake)() = g_deferred_waker.load(std::memory_order_acquire); wake != nullptr) wake();
 }
 
 bool DriverUpstream::MapDeferred(std::uintptr_t address, std::size_t bytes,
@@ -477,38 +491,49 @@ bool DriverUpstream::DeferredOverlaps(std::uintptr_t address, std::size_t bytes,
                                       std::size_t piece) const {
   pthread_mutex_lock(&deferred_mu_);
   bool overlaps = false;
+  int inside = 0;
   for (const Deferred& d : deferred_) {
-    if (d.address >= address + bytes || address >= d.address + d.bytes) continue;
-    // A piece the new mapping would cut exactly there is taken back as it is (MapPieces).
-    const bool same_piece =
-        piece != 0 && !d.aliased && d.address >= address &&
-        (d.address == address || d.address % piece == 0) &&
-        pool::PieceEnd(d.address, address + bytes, piece) == d.address + d.bytes;
-    overlaps = overlaps || !same_piece;
+    const std::uintptr_t end = d.address + d.bytes;
+    if (d.address >= address + bytes || address >= end) continue;
+    // One inside the new mapping and inside one of its pieces' windows is taken back as it is
+    // (MapPieces); the pool's chunks of the new mapping then hold it whole.
+    const bool fits = piece != 0 && !d.aliased && d.address >= address && end <= address + bytes &&
+                      d.address / piece == (end - 1) / piece;
+    overlaps = overlaps || !fits || ++inside > kMaxMapPieces;
   }
   pthread_mutex_unlock(&deferred_mu_);
   return overlaps;
 }
 
-bool DriverUpstream::TakeBackDeferred(std::uintptr_t address, std::size_t bytes) {
-  if (!HasDeferred()) return false;
-  bool found = false;
+std::size_t DriverUpstream::TakeBackDeferred(std::uintptr_t address, std::uintptr_t limit) {
+  if (!HasDeferred()) return 0;
+  std::size_t bytes = 0;
   pthread_mutex_lock(&deferred_mu_);
-  for (std::size_t i = 0; i < deferred_.size() && !found; ++i) {
-    if (deferred_[i].address != address || deferred_[i].bytes != bytes || deferred_[i].aliased) {
-      continue;
-    }
+  for (std::size_t i = 0; i < deferred_.size() && bytes == 0; ++i) {
+    const Deferred& d = deferred_[i];
+    if (d.address != address || d.address + d.bytes > limit || d.aliased) continue;
+    bytes = d.bytes;
     deferred_[i] = deferred_.back();
     deferred_.pop_back();
     deferred_count_.store(static_cast<int>(deferred_.size()), std::memory_order_seq_cst);
-    found = true;
   }
   pthread_mutex_unlock(&deferred_mu_);
-  if (!found) return false;
+  if (bytes == 0) return 0;
   // Still counted as reserved; Map's Reserved counts the whole mapping again.
   Released(address, bytes);
   Counters().deferred_reused.Add(1);
-  return true;
+  return bytes;
+}
+
+std::uintptr_t DriverUpstream::NextDeferredStart(std::uintptr_t after, std::uintptr_t limit) const {
+  if (!HasDeferred()) return limit;
+  pthread_mutex_lock(&deferred_mu_);
+  std::uintptr_t next = limit;
+  for (const Deferred& d : deferred_) {
+    if (d.address > after && d.address < next) next = d.address;
+  }
+  pthread_mutex_unlock(&deferred_mu_);
+  return next;
 }
 
 void DriverUpstream::FlushDeferred() {

@@ -92,6 +92,9 @@ class DriverUpstream final : public pool::Upstream {
   // Unmaps the deferred pieces whose rounds are retired; every one with `all` (the caller made
   // sure the GPU passed them). Any thread.
   void ReapDeferred(bool all);
+  // What wakes the helper thread when a piece is deferred (the lifecycle passes it down:
+  // WakeFenceWorker); without one, pieces wait for the next Map, Unmap or poll.
+  static void SetDeferredWaker(void (*wake)());
 
  private:
   struct Deferred {
@@ -110,11 +113,14 @@ class DriverUpstream final : public pool::Upstream {
                    std::size_t map_bytes);
   // Keeps `count` pieces mapped until the owed rounds up to `gen` are retired.
   void Defer(const std::pair<std::uintptr_t, std::size_t>* ranges, int count, std::uint64_t gen);
-  // True if a deferred piece overlaps [address, address + bytes) other than as a whole piece a
-  // Map cutting it into `piece`s makes there (0: any overlap).
+  // True if a deferred piece overlaps [address, address + bytes) other than inside it and inside
+  // one window of `piece` bytes (0: any overlap), or more than kMaxMapPieces lie inside.
   bool DeferredOverlaps(std::uintptr_t address, std::size_t bytes, std::size_t piece) const;
-  // The deferred piece [address, address + bytes), still mapped, taken back for a Map.
-  bool TakeBackDeferred(std::uintptr_t address, std::size_t bytes);
+  // The deferred piece that starts at `address` and ends by `limit`, still mapped, taken back for
+  // a Map: its bytes, or 0 if there is none.
+  std::size_t TakeBackDeferred(std::uintptr_t address, std::uintptr_t limit);
+  // The first deferred piece's start after `after` and before `limit`, else `limit`.
+  std::uintptr_t NextDeferredStart(std::uintptr_t after, std::uintptr_t limit) const;
   // Synchronises the context as memory given back requires, then unmaps every deferred piece.
   void FlushDeferred();
   bool Usable() const;

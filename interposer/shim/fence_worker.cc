@@ -181,6 +181,15 @@ bool RequestBackgroundSync(Slot* slot) {
   return ok;
 }
 
+void WakeFenceWorker() {
+  Worker& w = g_worker;
+  w.hint.store(true, std::memory_order_seq_cst);
+  if (w.watching.load(std::memory_order_seq_cst)) return;  // it sees the hint
+  pthread_mutex_lock(&w.mu);
+  if (StartLocked(w)) pthread_cond_signal(&w.wake);
+  pthread_mutex_unlock(&w.mu);
+}
+
 void QuiesceFenceWorker(int timeout_ms) {
   Worker& w = g_worker;
   timespec deadline{};

@@ -20,6 +20,9 @@ struct Slot;
 // helper cannot run (thread creation failed): the caller then synchronises itself.
 bool RequestBackgroundSync(Slot* slot);
 
+// Wakes the helper to poll (it polls while event fences are queued or unmaps are deferred,
+// DriverUpstream::HasDeferred), starting it if needed.
+void WakeFenceWorker();
 // Waits up to `timeout_ms` for the helper to finish what it is doing.
 void QuiesceFenceWorker(int timeout_ms);
 

@@ -70,6 +70,7 @@ bool OrderedAllowed(const Config& config) {
 void ApplyConfig() {
   ConfigureOrdered(OrderedAllowed(g_config));
   ConfigureStreamFence(g_config.mode == Mode::kPool && g_config.fence_events);
+  DriverUpstream::SetDeferredWaker(g_config.fence_async ? WakeFenceWorker : nullptr);
   Counters().mode = static_cast<std::uint32_t>(g_config.mode);
 }
 

@@ -468,6 +468,7 @@ void PollSlotEventFences(Slot* slot) {
   PollRingLocked(slot, /*may_sync=*/false);
   pthread_mutex_unlock(&ring.mu);
   (void)RetireOwedWaits();
+  slot->upstream.ReapDeferred(/*all=*/false);  // what no helper thread reaps (fence_async off)
 }
 
 bool WaitOldestEventFence(Slot* slot) {
