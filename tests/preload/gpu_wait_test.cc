@@ -377,7 +377,7 @@ TEST_F(GpuWaitTest, UnmapOfHandedOverMemoryWaitsForTheRoundNotTheHost) {
 // Host waits are allowed here (a Map in the way of a deferred piece synchronises). Fails, for
 // one, if a Map maps the memory of a deferred piece lying inside the mapping it is making (that
 // piece's address then stays mapped and the driver refuses the mapping), which the H200 found
-// and this test finds too (the fourth case's 490th allocation).
+// and this test finds too (the first case's 536th allocation).
 TEST_F(GpuWaitTest, RandomChurnWithDeferredUnmapsNeverFailsAnAllocation) {
   vramscope_fake_set_blocking_sync(0);
   // (seed, largest block in 2 MiB granules)
