@@ -392,16 +392,19 @@ pool::UpstreamStatus DriverUpstream::Unmap(std::uintptr_t address, std::size_t b
     }
     for (int i = 0; i < count; ++i) {
       Released(ranges[i].first, ranges[i].second);
-      if (!Usable()) continue;
-      DriverCallScope scope(ctx_);
-      const CUresult result = Real().cuMemUnmap(ranges[i].first, ranges[i].second);
-      DevCounters(device_).driver_free_calls.Add(1);
-      if (result != CUDA_SUCCESS && result != CUDA_ERROR_DEINITIALIZED) {
-        status = FromDriver(result);
-      }
+      const CUresult result = UnmapOne(ranges[i].first, ranges[i].second);
+      if (result != CUDA_SUCCESS) status = FromDriver(result);
     }
   }
   return status;
+}
+
+CUresult DriverUpstream::UnmapOne(std::uintptr_t address, std::size_t bytes) {
+  if (!Usable()) return CUDA_SUCCESS;  // a dead context took it; after exit, nothing is called
+  DriverCallScope scope(ctx_);
+  const CUresult result = Real().cuMemUnmap(address, bytes);
+  DevCounters(device_).driver_free_calls.Add(1);
+  return result == CUDA_ERROR_DEINITIALIZED ? CUDA_SUCCESS : result;
 }
 
 namespace {
@@ -473,11 +476,7 @@ void DriverUpstream::ReapDeferred(bool all) {
       continue;
     }
     if (!d.aliased) Released(d.address, d.bytes);
-    if (!Usable()) continue;
-    DriverCallScope scope(ctx_);
-    const CUresult result = Real().cuMemUnmap(d.address, d.bytes);
-    DevCounters(device_).driver_free_calls.Add(1);
-    if (result != CUDA_SUCCESS && result != CUDA_ERROR_DEINITIALIZED) {
+    if (const CUresult result = UnmapOne(d.address, d.bytes); result != CUDA_SUCCESS) {
       VRAMSCOPE_LOG_ONCE(kWarn, "device %d: cuMemUnmap of a deferred piece failed (%d)", device_,
                          static_cast<int>(result));
     }

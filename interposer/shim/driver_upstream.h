@@ -84,10 +84,12 @@ class DriverUpstream final : public pool::Upstream {
   // synchronisation, which would cost the program its lead over the GPU at every unmap. Instead
   // Unmap keeps such pieces mapped (and counted as reserved) until every owed round up to the
   // newest at the time (EpochFences::OwedToCover) is retired; ReapDeferred then unmaps them. The
-  // helper thread calls it as it retires rounds, Map and Unmap on their way; a Map over a deferred
-  // piece, or one the driver refuses for memory while some are deferred, synchronises and unmaps
-  // them all first. A Map maps a deferred piece's memory again where sizes match (MapDeferred),
-  // so the memory is not held twice while the GPU catches up. True while pieces wait.
+  // helper thread calls it as it retires rounds (a deferral wakes it), Map on its way. A Map takes
+  // back the deferred pieces inside one window of its own pieces (TakeBackDeferred), maps the
+  // memory of one of the same size elsewhere at its new address (MapDeferred), so the memory is
+  // not held twice while the GPU catches up, and synchronises and unmaps them all first only where
+  // one lies across its range or a window's edge, or where the driver refuses it while some are
+  // deferred (FlushDeferred). True while pieces wait.
   bool HasDeferred() const { return deferred_count_.load(std::memory_order_acquire) != 0; }
   // Unmaps the deferred pieces whose rounds are retired; every one with `all` (the caller made
   // sure the GPU passed them). Any thread.
@@ -124,6 +126,9 @@ class DriverUpstream final : public pool::Upstream {
   // Synchronises the context as memory given back requires, then unmaps every deferred piece.
   void FlushDeferred();
   bool Usable() const;
+  // cuMemUnmap of one mapping while the context is usable; CUDA_SUCCESS otherwise or once the
+  // driver is deinitialised.
+  CUresult UnmapOne(std::uintptr_t address, std::size_t bytes);
   // cuMemCreate + cuMemMap of one piece (the handle released once mapped); the driver's result.
   CUresult MapOne(CUmemAllocationProp* prop, std::uintptr_t address, std::size_t bytes);
   static constexpr int kMaxMapPieces = static_cast<int>(pool::kMaxPiecesPerMap) + 2;

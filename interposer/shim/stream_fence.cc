@@ -426,10 +426,8 @@ bool PollEventFences(bool issue_due, std::uint64_t round_interval_ns) {
   // Pieces waiting for the rounds just retired go back to the driver (keep polling while some
   // still wait).
   for (int i = 0; i < count; ++i) {
-    DriverUpstream& upstream = slots[i]->upstream;
-    if (!upstream.HasDeferred()) continue;
-    upstream.ReapDeferred(/*all=*/false);
-    queued = queued || upstream.HasDeferred();
+    slots[i]->upstream.ReapDeferred(/*all=*/false);
+    queued = queued || slots[i]->upstream.HasDeferred();
   }
   return queued;
 }
