@@ -6,9 +6,11 @@ usage: check_snapshot.py FILE [--allocs N] [--live N] [--devices N] [--frame NAM
 
 Exit 0 when the file holds {'segments': [...], 'device_traces': [[...], ...]} and, per device:
 every entry has an action memory_viz knows, non-negative int addr/size/stream/time_us and
-frames of {'filename': str, 'line': int, 'name': str}; time never goes back; every alloc lies
-inside live segments (segment_alloc'd, not yet segment_free'd; adjacent ones together) of that
-device; every alloc is
+frames of {'filename': str, 'line': int, 'name': str}; time never goes back; a segment_free
+frees a whole segment_alloc'd one; a segment_map maps memory not mapped yet and a segment_unmap
+unmaps mapped memory (parts of mappings or several adjacent ones, as memory_viz joins and splits
+them); neither frees memory under a live block; every alloc lies inside live segments (allocated
+or mapped, not yet freed; adjacent ones together) of that device; every alloc is
 followed by exactly one free_requested and then one free_completed of the same address and
 size, or else is still live at the end and is an 'active_allocated' block of the same size in
 the segments; the segments' blocks tile each segment exactly, and allocated_size is the sum of
@@ -59,8 +61,26 @@ def covered(segments, addr, size):
     return False
 
 
+def unmap(segments, addr, size):
+    """Takes [addr, addr + size) out of the mapped ranges; False unless all of it was mapped."""
+    if not covered(segments, addr, size):
+        return False
+    end = addr + size
+    for start, n in sorted(segments.items()):
+        stop = start + n
+        if stop <= addr or start >= end:
+            continue
+        del segments[start]
+        if start < addr:
+            segments[start] = addr - start
+        if stop > end:
+            segments[end] = stop - end
+    return True
+
+
 def check_device(device, trace, live_blocks, seen):
-    segments = {}  # addr -> size, live now
+    segments = {}  # addr -> size, live now (segment_alloc'd)
+    mapped = {}  # addr -> size, mapped now (segment_map'd, what is left of it)
     live = {}  # addr -> [size, state]: 'alloc' then 'requested'
     last = 0
     for i, e in enumerate(trace):
@@ -75,9 +95,17 @@ def check_device(device, trace, live_blocks, seen):
         elif a == "segment_free":
             need(segments.pop(addr, None) == size, f"{where}: segment_free of unknown {addr:#x}")
             need(not any(addr <= b < addr + size for b in live), f"{where}: freed with live blocks")
+        elif a == "segment_map":
+            need(not any(s < addr + size and addr < s + n for s, n in mapped.items()),
+                 f"{where}: segment_map over mapped memory at {addr:#x}")
+            mapped[addr] = size
+        elif a == "segment_unmap":
+            need(unmap(mapped, addr, size), f"{where}: segment_unmap of unmapped {addr:#x}+{size}")
+            need(not any(b < addr + size and addr < b + v[0] for b, v in live.items()),
+                 f"{where}: unmapped under a live block")
         elif a == "alloc":
             need(addr not in live, f"{where}: alloc of live {addr:#x}")
-            need(covered(segments, addr, size),
+            need(covered({**segments, **mapped}, addr, size),
                  f"{where}: alloc {addr:#x}+{size} outside the live segments")
             live[addr] = [size, "alloc"]
             seen["allocs"] += 1

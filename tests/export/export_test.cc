@@ -76,10 +76,11 @@ void Reserve(ProcessEvents& p, std::uint64_t ms, std::uint32_t device, std::uint
 }
 
 // Device 0: a 64 MiB pool reservation, 6 pooled allocations of 4 MiB (site 1, symbolized, inside
-// NVTX range "fwd"), 4 freed; a 2 MiB passthrough allocation (site 2, raw frames) freed; a host
-// allocation and an IPC import (both left out). Device 1: a reservation released after its only
-// allocation's free, then a second reservation with one live allocation. An OOM on device 1. Then
-// device 0 again: a block spanning two adjacent reservations.
+// NVTX range "fwd"), 4 freed, 16 MiB in the middle of the reservation released; a 2 MiB passthrough
+// allocation (site 2, raw frames) freed; a host allocation and an IPC import (both left out).
+// Device 1: a reservation released after its only allocation's free, then a second reservation with
+// one live allocation. An OOM on device 1. Then device 0 again: a block spanning two adjacent
+// reservations.
 ProcessEvents Crafted() {
   ProcessEvents p;
   p.key.set_host("h");
@@ -110,6 +111,8 @@ ProcessEvents Crafted() {
   Alloc(p, 10, 0, 0x600000, kMiB, v1::ALLOCATION_KIND_HOST, 0, 0);
   Alloc(p, 10, 0, 0x7d0000000000, kMiB, v1::ALLOCATION_KIND_IPC_IMPORT, 0, 0);
   for (int i = 0; i < 4; ++i) Free(p, 11 + i, 0, kPool0 + i * 4 * kMiB);
+  // The vmm pool gives 16 MiB in the middle of its 64 MiB mapping back (one piece of it).
+  Reserve(p, 15, 0, kPool0 + 32 * kMiB, 16 * kMiB, true);
   Free(p, 15, 0, 0x7e0000000000);
   v1::Event pop = At(16, 0);
   pop.mutable_nvtx_pop()->set_range_id(9);
@@ -163,8 +166,9 @@ TEST(TorchSnapshotTest, PythonReadsAConsistentSnapshot) {
   EXPECT_EQ(stats.allocs, 10u);  // the host allocation and the IPC import are left out
   EXPECT_EQ(stats.frees, 6u);
   EXPECT_EQ(stats.devices, 2u);
-  // The 64 MiB pool, the two adjacent mappings as one, and device 1's second reservation.
-  EXPECT_EQ(stats.segments_at_end, 3u);
+  // The 64 MiB pool less its middle 16 MiB (two segments), the two adjacent mappings as one,
+  // and device 1's second reservation.
+  EXPECT_EQ(stats.segments_at_end, 4u);
   CheckWithPython(pickle,
                   "--allocs 10 --live 4 --devices 2 --frame 'Model::forward()' --frame fwd "
                   "--frame /usr/lib/libfoo.so+0x1234");
@@ -268,10 +272,10 @@ TEST(PerfettoTraceTest, ParsesBackWithSlicesCountersCallstacksAndRanges) {
   EXPECT_EQ(t.instants, 1);  // the OOM
   EXPECT_TRUE(t.names.contains("fwd"));
   // Device 0: two 4 MiB blocks and the 3 MiB one live (requested 100 B less each); reserved =
-  // the pool and the two mappings.
+  // the pool less the 16 MiB it gave back, and the two mappings.
   EXPECT_EQ(Counter(t, "cuda:0 allocated"), 11 * kMiB);
   EXPECT_EQ(Counter(t, "cuda:0 requested"), 11 * kMiB - 300);
-  EXPECT_EQ(Counter(t, "cuda:0 reserved"), 68 * kMiB);
+  EXPECT_EQ(Counter(t, "cuda:0 reserved"), 52 * kMiB);
   EXPECT_EQ(Counter(t, "cuda:1 allocated"), 3 * kMiB);
   EXPECT_EQ(Counter(t, "cuda:1 reserved"), 8 * kMiB);
   // Six blocks from site 1 at once: six lanes on device 0, plus one for the passthrough block.

@@ -47,6 +47,7 @@ struct Live {
 struct Segment {
   std::uint32_t device;
   std::uint64_t size;
+  bool own = false;  // an allocation's own memory, not pool reservations
 };
 
 class SnapshotBuilder {
@@ -58,6 +59,7 @@ class SnapshotBuilder {
   void OnAlloc(const v1::Event& event);
   void OnFree(const v1::Event& event);
   bool InReservation(std::uint32_t device, std::uint64_t addr, std::uint64_t size) const;
+  void Unreserve(std::uint32_t device, std::uint64_t addr, std::uint64_t size);
   void Push(std::uint32_t device, Entry entry) { traces_[device].push_back(entry); }
   void WriteFrames(pickle::PickleWriter& w, std::uint64_t site, std::uint32_t nvtx) const;
   void WriteEntry(pickle::PickleWriter& w, const Entry& e) const;
@@ -82,16 +84,20 @@ void SnapshotBuilder::Add(const v1::Event& event) {
     case v1::Event::kFree:
       OnFree(event);
       break;
+    // Pool memory is mapped and unmapped piece by piece (a release may cover part of a
+    // reservation, or several): memory_viz's segment_map / segment_unmap, which join adjacent
+    // mapped memory of one stream and split it again, as for PyTorch's expandable segments.
     case v1::Event::kPoolReserve: {
       const auto& r = event.pool_reserve();
+      Unreserve(event.device(), r.address(), r.bytes());  // a lost release: never twice
       reservations_[r.address()] = Segment{event.device(), r.bytes()};
-      Push(event.device(), Entry{"segment_alloc", r.address(), r.bytes(), 0, us});
+      Push(event.device(), Entry{"segment_map", r.address(), r.bytes(), 0, us});
       break;
     }
     case v1::Event::kPoolRelease: {
       const auto& r = event.pool_release();
-      reservations_.erase(r.address());
-      Push(event.device(), Entry{"segment_free", r.address(), r.bytes(), 0, us});
+      Unreserve(event.device(), r.address(), r.bytes());
+      Push(event.device(), Entry{"segment_unmap", r.address(), r.bytes(), 0, us});
       break;
     }
     case v1::Event::kNvtxPush:
@@ -129,6 +135,26 @@ bool SnapshotBuilder::InReservation(std::uint32_t device, std::uint64_t addr,
     if (covered >= end) return true;
   }
   return false;
+}
+
+// Takes [addr, addr + size) out of the device's reservations: those inside go, those that
+// straddle an edge keep the part outside.
+void SnapshotBuilder::Unreserve(std::uint32_t device, std::uint64_t addr, std::uint64_t size) {
+  const std::uint64_t end = addr + size;
+  auto it = reservations_.upper_bound(addr);
+  if (it != reservations_.begin()) --it;
+  while (it != reservations_.end() && it->first < end) {
+    const std::uint64_t start = it->first;
+    const Segment segment = it->second;
+    const std::uint64_t stop = start + segment.size;
+    if (stop <= addr || segment.device != device) {
+      ++it;
+      continue;
+    }
+    it = reservations_.erase(it);
+    if (start < addr) reservations_[start] = Segment{device, addr - start};
+    if (stop > end) it = reservations_.emplace(end, Segment{device, stop - end}).first;
+  }
 }
 
 void SnapshotBuilder::OnAlloc(const v1::Event& event) {
@@ -229,7 +255,7 @@ void SnapshotBuilder::WriteSegment(pickle::PickleWriter& w, std::uint64_t addr,
     at = it->first + live.size;
     allocated += live.size;
     requested += live.requested;
-    stream = live.stream;
+    if (segment.own) stream = live.stream;  // pool memory: stream 0, as its segment_map
     if (live.own_segment) break;
   }
   if (at < end) blocks.push_back(Block{at, end - at, 0, false, 0, 0});
@@ -253,7 +279,7 @@ void SnapshotBuilder::WriteSegment(pickle::PickleWriter& w, std::uint64_t addr,
   w.Int(0);
   w.EndTuple();
   w.String("is_expandable");
-  w.Bool(false);
+  w.Bool(!segment.own);
   w.String("frames");
   w.BeginList();
   w.EndList();
@@ -292,7 +318,7 @@ void SnapshotBuilder::WriteSegments(pickle::PickleWriter& w, TorchSnapshotStats*
     segments[addr] = reservation;
   }
   for (const auto& [addr, live] : live_) {
-    if (live.own_segment) segments[addr] = Segment{live.device, live.size};
+    if (live.own_segment) segments[addr] = Segment{live.device, live.size, /*own=*/true};
   }
   w.BeginList();
   for (const auto& [addr, segment] : segments) WriteSegment(w, addr, segment);
