@@ -41,16 +41,16 @@ struct Config {
   // VRAMSCOPE_FENCE_EAGER=1: allocations ask the helper thread for a reuse synchronisation even
   // when recent synchronisations were slow (the program far ahead of the GPU).
   bool fence_eager = false;
-  // VRAMSCOPE_FENCE_EVENTS=1: the stream-aware event fences (stream_fence.h) beside the amortised
-  // device synchronisation. Off by default: on the H200 they hold far less memory (the GPT-2
-  // no-cache step 1.27x requested instead of 1.8x; stream stress 1.5x instead of 40x) but made
-  // that step 10-25% slower (BENCHMARKS.md section 4).
-  bool fence_events = false;
-  // VRAMSCOPE_FENCE_GPU_WAIT=1 (with event fences): an allocation that would wait on the host for
-  // a fence (the lag bound) or grow (the handover bound) takes every block freed so far at once
-  // instead, and every stream waits on the GPU for those frees' events before its next work
-  // (stream_fence.h, "GPU-side waits").
-  bool fence_gpu_wait = false;
+  // VRAMSCOPE_FENCE_EVENTS (default on; 0: off): the stream-aware event fences (stream_fence.h)
+  // beside the amortised device synchronisation, which alone is the rule with 0.
+  bool fence_events = true;
+  // VRAMSCOPE_FENCE_GPU_WAIT (default on; 0: off, host waits), with event fences: an allocation
+  // that would wait on the host for a fence (the lag bound) or grow (the handover bound) takes
+  // every block freed so far at once instead, and every stream waits on the GPU for those frees'
+  // events before its next work (stream_fence.h, "GPU-side waits"). On the H200 the GPT-2
+  // no-cache step holds 1.06-1.14x requested this way, 1.5-1.9x with the device synchronisation
+  // alone, at the same speed (BENCHMARKS.md section 4).
+  bool fence_gpu_wait = true;
   // VRAMSCOPE_FENCE_LAG_FRACTION: with event fences, an allocation that would grow waits for the
   // oldest fence while more than 1/N of the device's pooled memory waits for fences (at least
   // 16 MiB). 0: never wait (grow).

@@ -387,10 +387,12 @@ row "stream stress (legacy, ordered)" "-" "races=${races:-?}, end_reused=${reuse
 fi  # section
 if want 5b; then
 echo "== 5b. stream-aware event fences (issue 18): memory held against requested, host waits or GPU waits"
-# The stream-aware event fence (interposer/shim/stream_fence.h) is opt-in, VRAMSCOPE_FENCE_EVENTS=1;
-# VRAMSCOPE_FENCE_GPU_WAIT=1 on top hands the oldest fence's blocks out at once where an
-# allocation would wait on the host (the lag bound) and makes every stream wait for that fence
-# on the GPU before its next work. The default is the amortised device synchronisation alone.
+# The default rule is the stream-aware event fence (interposer/shim/stream_fence.h) with GPU-side
+# waits: where an allocation would grow or wait on the host, every block freed so far is handed
+# out at once and every stream waits for those frees on the GPU before its next work.
+# VRAMSCOPE_FENCE_GPU_WAIT=0 makes the allocation wait on the host instead (events);
+# VRAMSCOPE_FENCE_EVENTS=0 leaves the amortised device synchronisation alone (devsync, the
+# default before 2026-12-02).
 # Goals: stream stress (plain and free-while-busy) <= 3x reserved/requested, no races, in pool
 # and strict modes; the GPT-2 no-cache step's figures are section 5c's (interleaved rounds).
 # "events" = event fences with host waits, "gpuwait" = event fences with GPU waits; strict mode
@@ -420,7 +422,7 @@ side_ms() { grep -ho '"ms_per_step": [0-9.]*' "$logs/$1.out" | awk '{print $2}';
 for v in devsync events gpuwait; do
   case $v in
     devsync) envs=(VRAMSCOPE_FENCE_EVENTS=0) ;;
-    events) envs=(VRAMSCOPE_FENCE_EVENTS=1) ;;
+    events) envs=(VRAMSCOPE_FENCE_EVENTS=1 VRAMSCOPE_FENCE_GPU_WAIT=0) ;;
     gpuwait) envs=(VRAMSCOPE_FENCE_EVENTS=1 VRAMSCOPE_FENCE_GPU_WAIT=1) ;;
   esac
   PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run "torch.side.$v" env "${envs[@]}" "${under_shim[@]}" "$python" tests/gpu/torch_gpt2.py 16 --side-stream
@@ -432,11 +434,11 @@ row "torch no-cache, side stream" "devsync $(ratio_of torch.side.devsync)x, $(si
 fi  # section
 if want 5c; then
 echo "== 5c. event fences, host waits against GPU waits (issue 18): GPT-2 no-cache step, interleaved rounds"
-# Each round runs, in turn, 16 steps each: the default rule (devsync: the amortised device
-# synchronisation), event fences whose lag bound waits on the host (events:
-# VRAMSCOPE_FENCE_EVENTS=1), and event fences whose lag bound hands the oldest fence out at once
-# with GPU-side waits (gpuwait: VRAMSCOPE_FENCE_GPU_WAIT=1 too). Medians of ms/step over the
-# rounds, the largest peak reserved/requested; goal: <= 1.15x at devsync's speed (within 2%).
+# Each round runs, in turn, 16 steps each: the rule before event fences (devsync: the amortised
+# device synchronisation alone, VRAMSCOPE_FENCE_EVENTS=0), event fences whose lag bound waits on
+# the host (events: VRAMSCOPE_FENCE_GPU_WAIT=0), and event fences with GPU-side waits (gpuwait,
+# the default rule: set explicitly). Medians of ms/step over the rounds, the largest peak
+# reserved/requested; goal: <= 1.15x at devsync's speed (within 2%).
 # gpuwait hands fences over past its own bound (VRAMSCOPE_FENCE_HANDOVER_FRACTION, 1/256 of the
 # pool); gpuwaitlag only where the host wait's lag bound (1/16) is due; gpuwait64 is that with
 # the lag bound at 1/64. cache: PyTorch's own caching allocator, no shim (its ms/step is the
@@ -465,7 +467,7 @@ for rep in $(seq $rounds); do
     IFS=+ read -r -a parts <<< "$v"
     case ${parts[0]} in
       devsync) envs=(VRAMSCOPE_FENCE_EVENTS=0) ;;
-      events) envs=(VRAMSCOPE_FENCE_EVENTS=1) ;;
+      events) envs=(VRAMSCOPE_FENCE_EVENTS=1 VRAMSCOPE_FENCE_GPU_WAIT=0) ;;
       gpuwait) envs=(VRAMSCOPE_FENCE_EVENTS=1 VRAMSCOPE_FENCE_GPU_WAIT=1) ;;
       gpuwaitlag) envs=(VRAMSCOPE_FENCE_EVENTS=1 VRAMSCOPE_FENCE_GPU_WAIT=1 VRAMSCOPE_FENCE_HANDOVER_FRACTION=0) ;;
       gpuwait64) envs=(VRAMSCOPE_FENCE_EVENTS=1 VRAMSCOPE_FENCE_GPU_WAIT=1 VRAMSCOPE_FENCE_HANDOVER_FRACTION=0 VRAMSCOPE_FENCE_LAG_FRACTION=64) ;;

@@ -12,7 +12,9 @@
 # its caching off under `vramscope run` (pool and passthrough), each rank's peak requested bytes
 # in the report against the rank's requested peak plus that library memory (1%), and against its
 # max_memory_allocated, as is the report's libc10_cuda entry of peak requested bytes by calling
-# library (--stacks; tests/gpu/ddp_ranks.py, by_library.py). A table comes last, within
+# library (--stacks; tests/gpu/ddp_ranks.py, by_library.py); the DDP step's time under the
+# default reuse rule (GPU-side waits) against the amortised device synchronisation, paired
+# (step e). A table comes last, within
 # VRAMSCOPE_X2_BUDGET_S seconds (default 500). Logs go to $OUT (or /tmp/vramscope-gpu2). Exit
 # status: 0 when every check passed.
 set -uo pipefail
@@ -249,6 +251,45 @@ for mode in pool passthrough; do
     row "rank $r libc10_cuda ($mode)" "max_alloc ${maxm:-?} B" "libc10_cuda ${c10:-?} B" "${verdict:0:110}"
   done
 done
+
+# e: the reuse rule's false dependencies. With GPU-side waits (the default rule) a handed-over
+# free makes every stream, NCCL's included, wait on the GPU for the free's event before its next
+# work, which may cost the overlap of communication and compute. Each round runs the DDP step
+# (cache off, under the shim, X2E_STEPS steps, default 12) with the amortised device
+# synchronisation alone (VRAMSCOPE_FENCE_EVENTS=0, the rule before) and with the default, in
+# turn; X2E_ROUNDS rounds (default 2). Paired: the median over the rounds of rank 0's ms/step
+# over the devsync run's of the same round; goal within 2%. Memory: the largest peak reserved
+# over peak requested of any rank (the shim's summary, one line per rank).
+echo "== e. DDP step, cache off, under the shim: devsync against the default rule (GPU-side waits)"
+x2e_rounds=${X2E_ROUNDS:-2}
+x2e_steps=${X2E_STEPS:-12}
+max_ratio() {  # max_ratio LOGNAME -> the largest peak_reserved/peak_requested of any devN group
+  grep -h '^vramscope: mode=' "$logs/$1.err" | awk '{
+    for (i = 1; i <= NF; ++i) {
+      if (index($i, "peak_requested=") == 1) q = substr($i, 16)
+      if (index($i, "peak_reserved=") == 1 && q > 0) { r = substr($i, 15) / q; if (r > m) m = r }
+    }
+  } END { if (m > 0) printf "%.3f", m }'
+}
+for rep in $(seq "$x2e_rounds"); do
+  for v in devsync default; do
+    envs=()
+    [ $v = devsync ] && envs=(VRAMSCOPE_FENCE_EVENTS=0)
+    PYTHONUNBUFFERED=1 PYTORCH_NO_CUDA_MEMORY_CACHING=1 run "ddp.fence.$v.$rep" 180 \
+      env "${envs[@]}" "${under_shim[@]}" "${torchrun[@]}" tests/gpu/torch_ddp_step.py "$x2e_steps"
+    echo "ddp $v round $rep: status $?, rank 0 $(rank_field "ddp.fence.$v.$rep" 0 ms_per_step) ms/step, rank 1 $(rank_field "ddp.fence.$v.$rep" 1 ms_per_step), max reserved/requested $(max_ratio "ddp.fence.$v.$rep")x"
+  done
+done
+pairs=$(for rep in $(seq "$x2e_rounds"); do
+  awk -v a="$(rank_field "ddp.fence.default.$rep" 0 ms_per_step)" -v b="$(rank_field "ddp.fence.devsync.$rep" 0 ms_per_step)" \
+    'BEGIN{if (a>0 && b>0) printf "%.4f\n", a/b}'
+done | sort -g | awk '{x[NR]=$1} END{if (NR) printf "%.1f", 100*(((NR%2) ? x[(NR+1)/2] : (x[NR/2]+x[NR/2+1])/2)-1)}')
+ratios=$(for rep in $(seq "$x2e_rounds"); do max_ratio "ddp.fence.default.$rep"; echo; done | sort -g | tail -1)
+dratios=$(for rep in $(seq "$x2e_rounds"); do max_ratio "ddp.fence.devsync.$rep"; echo; done | sort -g | tail -1)
+verdict=$(awk -v p="$pairs" -v r="$ratios" 'BEGIN{
+  if (p == "" || r+0 <= 0) {print "FAIL missing runs"; exit}
+  printf "%s paired %+.1f%% (goal 2%%), max %.3fx", (p+0 <= 2) ? "ok" : "no", p, r}')
+row "ddp no-cache step, fence rules" "devsync max ${dratios:-?}x" "default max ${ratios:-?}x" "$verdict"
 
 echo
 echo "== summary (logs in $logs)"

@@ -39,11 +39,11 @@ std::string ModeName() {
 }
 bool Pooled() { return ModeName() != "passthrough"; }
 bool Strict() { return ModeName() == "strict"; }
-// Pool mode with the stream-aware event fences (VRAMSCOPE_FENCE_EVENTS=1, the shim_pool_events
-// run; by default the amortised device synchronisation alone).
+// Pool mode with the stream-aware event fences: the default; VRAMSCOPE_FENCE_EVENTS=0 (the
+// shim_pool_devsync run) leaves the amortised device synchronisation alone.
 bool EventFences() {
   const char* events = getenv("VRAMSCOPE_FENCE_EVENTS");
-  return ModeName() == "pool" && events != nullptr && std::string_view(events) == "1";
+  return ModeName() == "pool" && (events == nullptr || std::string_view(events) != "0");
 }
 
 // Driver calls that take device memory for the pool (segments or VMM) or for the program.

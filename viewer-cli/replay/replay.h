@@ -2,12 +2,14 @@
 // bookkeeping only, no GPU. By default every free is reusable at once (fence token 0): the
 // replay measures layout and host cost. A fence model (ReplayOptions) instead makes each free
 // wait as the shim's fence would with the GPU running `gpu_lag_us` behind the trace's host times:
-//  - kEvents (the shim's event fences, interposer/shim/stream_fence.h): a free is reusable once
+//  - kEvents (the shim's event fences with host waits, VRAMSCOPE_FENCE_GPU_WAIT=0,
+//    interposer/shim/stream_fence.h): a free is reusable once
 //    the GPU passed it, at max(free time + lag, its free_completed time); an allocation the pool
 //    cannot serve from what it holds, while more than max(16 MiB, reserved / lag_fraction) waits
 //    for fences, waits for the oldest fence instead of growing (the host then runs later: every
 //    later event is shifted by the wait, counted in host_wait_us);
-//  - kGpuWait (event fences with VRAMSCOPE_FENCE_GPU_WAIT=1): as kEvents, but where the pool
+//  - kGpuWait (event fences with GPU-side waits, the shim's default rule): as kEvents, but where
+//  the pool
 //    would grow while more than max(16 MiB, reserved / handover_fraction) waits for fences, or
 //    where the lag bound would wait on the host, every free so far is handed over instead (the
 //    shim's round for the newest frees and all queued fences as one): complete for reuse at once,

@@ -165,12 +165,13 @@ void DefineFlags(CLI::App& app, ReplayFlags* flags) {
          "a snapshot's device trace to replay")
       ->type_name("N");
   app.add_option("--fence", flags->options.fence,
-                 "when a free becomes reusable: none (default: at once), events (the shim's "
-                 "stream-aware event fences: once the GPU passed the free, with the lag bound that "
-                 "waits for the oldest fence rather than grow), gpuwait (events with "
-                 "VRAMSCOPE_FENCE_GPU_WAIT=1: rather than grow or wait on the host, every free so "
-                 "far is handed over to waits on the GPU), devsync (VRAMSCOPE_FENCE_EVENTS=0: "
-                 "a device synchronisation after 1,024 frees or 2.2 GB, one at a time)")
+                 "when a free becomes reusable: none (default: at once), gpuwait (the shim's "
+                 "default rule: stream-aware event fences, reusable once the GPU passed the free; "
+                 "rather than grow or wait on the host, every free so far is handed over to waits "
+                 "on the GPU), events (VRAMSCOPE_FENCE_GPU_WAIT=0: the event fences with the lag "
+                 "bound that waits on the host for the oldest fence rather than grow), devsync "
+                 "(VRAMSCOPE_FENCE_EVENTS=0: a device synchronisation after 1,024 frees or 2.2 GB, "
+                 "one at a time)")
       ->type_name("MODEL")
       ->transform(CLI::CheckedTransformer(
           std::map<std::string, FenceModel>{{"none", FenceModel::kNone},
