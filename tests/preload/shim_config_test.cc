@@ -55,5 +55,28 @@ TEST(ShimConfigTest, VmmPieceIsAPowerOfTwoOrOff) {
   unsetenv("VRAMSCOPE_VMM_PIECE");
 }
 
+// The reuse rule: event fences with GPU-side waits by default (their rounds 500 us apart, polls
+// every 100 us); VRAMSCOPE_FENCE_GPU_WAIT=0 gives host waits (50 us, 20 us),
+// VRAMSCOPE_FENCE_EVENTS=0 the amortised device synchronisation alone.
+TEST(ShimConfigTest, GpuSideWaitsAreTheDefaultRule) {
+  unsetenv("VRAMSCOPE_FENCE_EVENTS");
+  unsetenv("VRAMSCOPE_FENCE_GPU_WAIT");
+  Config config = ReadConfig();
+  EXPECT_TRUE(config.fence_events);
+  EXPECT_TRUE(config.fence_gpu_wait);
+  EXPECT_EQ(config.fence_round_us, Config::kGpuWaitRoundUs);
+  EXPECT_EQ(config.fence_poll_us, Config::kGpuWaitPollUs);
+  setenv("VRAMSCOPE_FENCE_GPU_WAIT", "0", 1);
+  config = ReadConfig();
+  EXPECT_TRUE(config.fence_events);
+  EXPECT_FALSE(config.fence_gpu_wait);
+  EXPECT_EQ(config.fence_round_us, 50u);
+  EXPECT_EQ(config.fence_poll_us, 20u);
+  unsetenv("VRAMSCOPE_FENCE_GPU_WAIT");
+  setenv("VRAMSCOPE_FENCE_EVENTS", "0", 1);
+  EXPECT_FALSE(ReadConfig().fence_events);
+  unsetenv("VRAMSCOPE_FENCE_EVENTS");
+}
+
 }  // namespace
 }  // namespace vramscope::interposer
