@@ -304,10 +304,12 @@ pool::UpstreamStatus DriverUpstream::MapPieces(std::uintptr_t address, std::size
   const std::size_t piece = MapPieceBytes(bytes);
   std::pair<std::uintptr_t, std::size_t> pieces[3 * kMaxMapPieces];
   int count = 0;
+  bool took_back = false;
   CUresult result = CUDA_SUCCESS;
   for (std::uintptr_t at = address; at < address + bytes && result == CUDA_SUCCESS;) {
     const std::uintptr_t window_end = pool::PieceEnd(at, address + bytes, piece);
     std::uintptr_t stop = at + TakeBackDeferred(at, window_end);
+    took_back = took_back || stop != at;
     if (stop == at) {
       stop = NextDeferredStart(at, window_end);
       result =
@@ -325,6 +327,9 @@ pool::UpstreamStatus DriverUpstream::MapPieces(std::uintptr_t address, std::size
     }
   }
   if (result != CUDA_SUCCESS) {
+    // A piece taken back was deferred because work queued before its handover may still use it:
+    // it goes back to the driver as a deferred piece would be flushed.
+    if (took_back && fences_ != nullptr) fences_->BeforeReturningMemory();
     for (int i = 0; i < count; ++i) (void)real.cuMemUnmap(pieces[i].first, pieces[i].second);
     return FromDriver(result);
   }
